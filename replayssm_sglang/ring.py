@@ -1,0 +1,152 @@
+"""The ring protocol: one owner for L, T, the committed count h, the flush rule and commit.
+
+Every kernel and every piece of SGLang glue asks this module; nothing else re-derives the rule.
+See docs/design.md ("The ring protocol") for the prose version.
+
+Per request slot and per linear-attention layer the ring holds:
+  u      [slots, HV, cap, V]   the correction u_j of each record (computed once, on its own step)
+  k      [slots, HK, cap, K]   the l2-normalised key of each record (HK = H for GDN: one key per
+                               key head, shared by the HV/H value heads of its group; HK = HV for KDA)
+  g      [slots, HV, cap, GK]  the cumulative log-decay since the checkpoint, including step j
+                               (GK = 1 for GDN's scalar decay, GK = K for KDA's per-K decay)
+  h      [slots] int32         records committed since the checkpoint was written
+
+The checkpoint itself is SGLang's mamba state pool `[slots, HV, V, K]`; the ring never holds a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Kind = Literal["gdn", "kda"]
+
+
+def ring_capacity(L: int, T_max: int = 1) -> int:
+    """Records a slot must hold for window L and at most T_max tokens per step.
+
+    The pre-step fold (``needs_prefold``) guarantees h + T <= L whenever a step appends without
+    folding, and T <= L after a fold, so L records suffice as long as T_max <= L.
+    """
+    if L < 1:
+        raise ValueError(f"ring length L must be >= 1, got {L}")
+    if T_max < 1:
+        raise ValueError(f"tokens per step T must be >= 1, got {T_max}")
+    if T_max > L:
+        raise ValueError(
+            f"tokens per step T={T_max} exceeds the ring length L={L}: raise "
+            f"--linear-replayssm-cache-len to at least {T_max}"
+        )
+    return L
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """Shapes of one layer's ring. Build with ``RingLayout.for_layer``."""
+
+    kind: Kind
+    L: int
+    T_max: int
+    H: int
+    HV: int
+    K: int
+    V: int
+
+    @classmethod
+    def for_layer(cls, kind: Kind, *, L: int, H: int, HV: int, K: int, V: int, T_max: int = 1) -> "RingLayout":
+        if kind not in ("gdn", "kda"):
+            raise ValueError(f"kind must be 'gdn' or 'kda', got {kind!r}")
+        if HV % H:
+            raise ValueError(f"HV={HV} must be a multiple of H={H}")
+        if kind == "kda" and H != HV:
+            raise ValueError(f"KDA has one key per value head: H={H} must equal HV={HV}")
+        ring_capacity(L, T_max)
+        return cls(kind, L, T_max, H, HV, K, V)
+
+    @property
+    def cap(self) -> int:
+        return ring_capacity(self.L, self.T_max)
+
+    @property
+    def HK(self) -> int:
+        return self.H if self.kind == "gdn" else self.HV
+
+    @property
+    def GK(self) -> int:
+        return 1 if self.kind == "gdn" else self.K
+
+    def shapes(self, slots: int) -> dict[str, tuple[int, ...]]:
+        return {
+            "u": (slots, self.HV, self.cap, self.V),
+            "k": (slots, self.HK, self.cap, self.K),
+            "g": (slots, self.HV, self.cap, self.GK),
+            "h": (slots,),
+        }
+
+    def record_bytes(self, record_dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of one record (one token) of one slot in this layer."""
+        e = torch.empty((), dtype=record_dtype).element_size()
+        return e * (self.HV * self.V + self.HK * self.K) + 4 * self.HV * self.GK
+
+    def bytes_per_slot(self, record_dtype: torch.dtype = torch.float32) -> int:
+        return self.cap * self.record_bytes(record_dtype) + 4
+
+    def allocate(self, slots: int, device="cpu", record_dtype: torch.dtype = torch.float32) -> "Ring":
+        s = self.shapes(slots)
+        return Ring(
+            layout=self,
+            u=torch.zeros(s["u"], dtype=record_dtype, device=device),
+            k=torch.zeros(s["k"], dtype=record_dtype, device=device),
+            g=torch.zeros(s["g"], dtype=torch.float32, device=device),
+            h=torch.zeros(s["h"], dtype=torch.int32, device=device),
+        )
+
+
+@dataclass
+class Ring:
+    layout: RingLayout
+    u: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    h: torch.Tensor
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Forget every record of these slots (their checkpoint is exact as it stands)."""
+        self.h.index_fill_(0, slots.to(device=self.h.device, dtype=torch.long), 0)
+
+
+# --- the rule, as tensor ops usable inside a CUDA graph (no host sync) -------------------------
+
+def needs_prefold(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
+    """Per row: fold the committed records before appending T new ones (h + T > L)."""
+    return (h + T) > L
+
+
+def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row, for a T = 1 decode step starting at committed count h: does the step write the
+    checkpoint (after committing its token)? True when the ring becomes full or a flush is forced.
+    A pre-step fold (h == L, only reachable after a verify step) also writes it."""
+    after = h + 1
+    out = (after >= L) | needs_prefold(h, 1, L)
+    if forced is not None:
+        out = out | forced.to(torch.bool)
+    return out
+
+
+def h_after_decode(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Committed count after a T = 1 decode step (0 when the step flushed)."""
+    start = torch.where(needs_prefold(h, 1, L), torch.zeros_like(h), h)
+    after = start + 1
+    flush = after >= L
+    if forced is not None:
+        flush = flush | forced.to(torch.bool)
+    return torch.where(flush, torch.zeros_like(after), after).to(h.dtype)
+
+
+def h_after_verify(h: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:
+    """Committed count after a verify step of T drafts of which ``accepted`` (bonus included,
+    1 <= accepted <= T) were accepted. Rejected records past it are simply overwritten later."""
+    start = torch.where(needs_prefold(h, T, L), torch.zeros_like(h), h)
+    return (start + accepted.to(h.dtype)).to(h.dtype)
