@@ -10,6 +10,9 @@ Per request slot and per linear-attention layer the ring holds:
   g      [slots, HV, cap, GK]  the cumulative log-decay since the checkpoint, including step j
                                (GK = 1 for GDN's scalar decay, GK = K for KDA's per-K decay)
   h      [slots] int32         records committed since the checkpoint was written
+  arrive [slots] int32         kernel scratch, 0 between launches: the decode kernel's programs of a
+                               row count their arrival here so that the last one writes h (no host
+                               sync, no second launch); see kernels/decode.py
 
 The checkpoint itself is SGLang's mamba state pool `[slots, HV, V, K]`; the ring never holds a state.
 """
@@ -83,6 +86,7 @@ class RingLayout:
             "k": (slots, self.HK, self.cap, self.K),
             "g": (slots, self.HV, self.cap, self.GK),
             "h": (slots,),
+            "arrive": (slots,),
         }
 
     def record_bytes(self, record_dtype: torch.dtype = torch.float32) -> int:
@@ -101,6 +105,7 @@ class RingLayout:
             k=torch.zeros(s["k"], dtype=record_dtype, device=device),
             g=torch.zeros(s["g"], dtype=torch.float32, device=device),
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
+            arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
         )
 
 
@@ -111,6 +116,7 @@ class Ring:
     k: torch.Tensor
     g: torch.Tensor
     h: torch.Tensor
+    arrive: torch.Tensor | None = None
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""
@@ -150,3 +156,56 @@ def h_after_verify(h: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> t
     1 <= accepted <= T) were accepted. Rejected records past it are simply overwritten later."""
     start = torch.where(needs_prefold(h, T, L), torch.zeros_like(h), h)
     return (start + accepted.to(h.dtype)).to(h.dtype)
+
+
+def verify_start(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
+    """Per row: the ring position where a step of T tokens appends its first record (0 after a
+    pre-step fold, else h). The records of the step land at r[start .. start+T-1]."""
+    return torch.where(needs_prefold(h, T, L), torch.zeros_like(h), h)
+
+
+def commit_verify_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:
+    """Commit after acceptance, in place on the device: h[slot] = h_after_verify(h[slot], ...) for
+    every row whose slot index is >= 0 (padded rows, slot -1, are left alone).
+
+    ``h`` is the committed count from BEFORE the verify step (the verify kernel never writes it);
+    ``accepted`` counts the accepted drafts including the bonus token (1 <= accepted <= T).
+    Rejected records stay past h and are overwritten by the next step: nothing is copied back.
+
+    Pure tensor ops without host syncs or data-dependent shapes, so it can be captured in a CUDA
+    graph. Each real row must own a distinct slot (as SGLang guarantees); padded rows add 0 to
+    slot 0 via index_add_, so they never race with a real row that owns slot 0.
+    """
+    if slot_idx.dim() != 1 or accepted.shape[0] != slot_idx.shape[0]:
+        raise ValueError(f"slot_idx [B] and accepted [B] expected, got {tuple(slot_idx.shape)} and {tuple(accepted.shape)}")
+    valid = slot_idx >= 0
+    safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).to(torch.long)
+    old = h.index_select(0, safe)
+    new = h_after_verify(old, T, L, accepted.to(h.dtype))
+    delta = torch.where(valid, new - old, torch.zeros_like(old))
+    h.index_add_(0, safe, delta)
+    return h
+
+
+def check_draft_shape(topk: int | None, num_draft_tokens: int | None, L: int | None = None) -> int:
+    """Validate a speculative configuration for the ring and return T (draft tokens verified per
+    step). Linear draft chains only: NEXTN/MTP, or EAGLE with topk 1.
+
+    Raises ValueError naming the fix for an EAGLE tree (topk > 1), whose drafts branch: records of
+    sibling branches would need one ring position each and the triangular solve over a chain
+    does not hold for a tree.
+    """
+    if topk is not None and topk > 1:
+        raise ValueError(
+            f"ReplaySSM speculative verify supports linear draft chains only, got "
+            f"--speculative-eagle-topk {topk} (an EAGLE tree). Fix: set --speculative-eagle-topk 1 "
+            f"(or use NEXTN/MTP), or turn off --enable-linear-replayssm for tree drafting."
+        )
+    if num_draft_tokens is None:
+        raise ValueError("speculative decoding needs --speculative-num-draft-tokens (T) to size the ring")
+    T = int(num_draft_tokens)
+    if T < 1:
+        raise ValueError(f"--speculative-num-draft-tokens must be >= 1, got {T}")
+    if L is not None:
+        ring_capacity(L, T)  # raises with the fix when T > L
+    return T

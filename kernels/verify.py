@@ -1,0 +1,439 @@
+"""Speculative verify in the ring (GDN and KDA): T draft outputs from the checkpoint read once plus
+the ring, output-only; the T draft records are appended at r[h..h+T-1]; nothing else is written
+except at a pre-step fold.
+
+Protocol (owned by ``replayssm_sglang.ring``; see docs/design.md, "Speculative verify in the ring"):
+- per row, with committed count h (read on the device, never written here) and T drafts:
+  if ``ring.needs_prefold(h, T, L)`` (h + T > L) the committed records r[0..h-1] are folded into the
+  checkpoint first (one state write) and the step appends at r[0..T-1]; else it appends at r[h..h+T-1];
+- the commit after acceptance is ``ring.commit_verify_`` (h += accepted, bonus included), a separate
+  tiny device op; rejected records lie past h and are overwritten by the next step.
+
+Math, per value head, with Gamma the cumulative log-decay since the checkpoint C and G_ref = Gamma at
+the last committed record (0 after a fold), Gl_i the draft-local cumulative log-decay (Gamma_i =
+G_ref + Gl_i):
+    W_i  = S_h Diag(exp Gl_i) k_i  = C (exp(Gamma_i) * k_i) + sum_{j<h} u_j <k_j * exp(Gamma_i - Gamma_j), k_i>
+    Q_i  = S_h Diag(exp Gl_i) q_i  (same with q_i)
+    u_i  = beta_i (v_i - W_i) - beta_i sum_{m<i} u_m <k_m * exp(Gl_i - Gl_m), k_i>
+    o_i  = Q_i + sum_{m<=i} u_m <k_m * exp(Gl_i - Gl_m), q_i>
+The u_i of the window depend on each other: (I + A) u = R with A strictly lower,
+A[i,m] = beta_i <k_m * exp(Gl_i - Gl_m), k_i>, R_i = beta_i (v_i - W_i); solved in-kernel by forward
+substitution of the T x T unit-lower-triangular system (UT transform), then u = R (I+A)^-T.
+Every exponent is kept <= 0 (history factors are taken relative to G_ref, intra-window KDA factors are
+built as running products of exp(g)), so nothing overflows however strong the decay.
+
+Two launches, both decided on the device (CUDA-graph capturable):
+1. ``_ring_prefold_kernel``: rows with h + T > L fold r[0..h-1] into C; every other row exits at once.
+   A separate launch because the fold reads the records the step then overwrites (r[0..T-1]), and the
+   key records are shared by all value-head programs of a key head.
+2. ``_ring_verify_kernel``: one program per (row, value head) (optionally split over V), looping over
+   V tiles so the K-side work (norms, gates, T x T solve, history scores) is done once per head.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_sglang import ring as ring_mod
+
+__all__ = ["ring_verify", "ring_prefold", "default_precision"]
+
+
+@triton.jit
+def _ring_prefold_kernel(
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_h,
+    slot_idx,
+    stride_state_slot,
+    stride_u_slot,
+    stride_k_slot,
+    stride_g_slot,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    CAP: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        return
+    h = tl.load(ring_h + slot).to(tl.int32)
+    # ring.needs_prefold: fold before appending T records when h + T > L.
+    if h + T <= L:
+        return
+    if h <= 0:
+        return
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_c = tl.arange(0, BC)
+    mk = o_k < K
+    mv = o_v < V
+    mc = o_c < h
+
+    p_C = state + slot * stride_state_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    C = tl.load(p_C, mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
+
+    # u records as [BV, BC] (transposed view of [cap, V])
+    p_u = ring_u + slot * stride_u_slot + i_hv * CAP * V + o_c[None, :] * V + o_v[:, None]
+    uT = tl.load(p_u, mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
+    p_k = ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :]
+    kh = tl.load(p_k, mask=mc[:, None] & mk[None, :], other=0.0).to(tl.float32)
+
+    if IS_KDA:
+        g_base = ring_g + slot * stride_g_slot + i_hv * CAP * K
+        Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
+        Glast = tl.load(g_base + (h - 1) * K + o_k, mask=mk, other=0.0)
+        # exp(Gamma_h - Gamma_j) <= 1 for j < h
+        w = tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Glast[None, :] - Gh, 0.0)), 0.0)
+        S = C * tl.exp(Glast)[None, :] + tl.dot(uT, kh * w, input_precision=DOT_PRECISION)
+    else:
+        g_base = ring_g + slot * stride_g_slot + i_hv * CAP
+        Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
+        Glast = tl.load(g_base + (h - 1))
+        w = tl.where(mc, tl.exp(tl.minimum(Glast - Gh, 0.0)), 0.0)
+        S = C * tl.exp(Glast) + tl.dot(uT * w[None, :], kh, input_precision=DOT_PRECISION)
+
+    tl.store(p_C, S.to(p_C.dtype.element_ty), mask=mv[:, None] & mk[None, :])
+
+
+@triton.jit
+def _ring_verify_kernel(
+    mixed,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    out,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_h,
+    slot_idx,
+    scale,
+    lower_bound,
+    stride_mixed_tok,
+    stride_a_tok,
+    stride_b_tok,
+    stride_state_slot,
+    stride_u_slot,
+    stride_k_slot,
+    stride_g_slot,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    CAP: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    BT: tl.constexpr,
+    VS: tl.constexpr,
+    NLOG: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    USE_LOWER_BOUND: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i_s = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_c = tl.arange(0, BC)
+    mt = o_t < T
+    mk = o_k < K
+    mtk = mt[:, None] & mk[None, :]
+    tok = i_n * T + o_t
+    v_lo = i_s * VS
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot < 0:
+        # padded row: zeros out, touch no state, record or h
+        for v0 in range(v_lo, v_lo + VS, BV):
+            o_v = v0 + tl.arange(0, BV)
+            mv = o_v < V
+            p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
+            tl.store(p_o, tl.zeros([BV, BT], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+        return
+
+    h = tl.load(ring_h + slot).to(tl.int32)
+    # ring.verify_start: 0 after a pre-step fold (ring.needs_prefold: h + T > L), else h.
+    h0 = tl.where(h + T > L, 0, h)
+    mc = o_c < h0
+
+    # ---- the T drafts: q, k (l2-normalised), beta, gates ----
+    p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
+    q = tl.load(p_q, mask=mtk, other=0.0).to(tl.float32)
+    k = tl.load(p_q + H * K, mask=mtk, other=0.0).to(tl.float32)
+    q = q / tl.sqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
+    k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+
+    bb = tl.load(b + tok * stride_b_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+    beta = tl.where(mt, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
+    A_val = tl.load(A_log + i_hv).to(tl.float32)
+
+    # strict lower (m < i) and causal (m <= i) masks over (i = row, m = column)
+    strict = (o_t[None, :] < o_t[:, None]) & mt[:, None] & mt[None, :]
+    causal = (o_t[None, :] <= o_t[:, None]) & mt[:, None] & mt[None, :]
+
+    # history keys [BC, BK] (key head i_h), committed records only
+    kh = tl.load(
+        ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
+        mask=mc[:, None] & mk[None, :],
+        other=0.0,
+    ).to(tl.float32)
+
+    if IS_KDA:
+        g_base = ring_g + slot * stride_g_slot + i_hv * CAP * K
+        aa = tl.load(a + tok[:, None] * stride_a_tok + i_hv * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+        dtb = tl.load(dt_bias + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        x = aa + dtb[None, :]
+        if USE_LOWER_BOUND:
+            g = lower_bound * tl.sigmoid(tl.exp(A_val) * x)
+        else:
+            g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        g = tl.where(mtk, g, 0.0)
+        Gl = tl.cumsum(g, axis=0)  # [BT, BK], <= 0
+        Gref = tl.load(g_base + (h0 - 1) * K + o_k, mask=mk & (h0 > 0), other=0.0)  # [BK]
+        el = tl.exp(Gl)  # exp(Gamma_i - G_ref) <= 1
+        kq = k * el
+        qq = q * el
+        eg = tl.exp(Gref)
+        kc = kq * eg[None, :]  # k_i * exp(Gamma_i)
+        qc = qq * eg[None, :]
+        # history scores: <k_j * exp(Gamma_i - Gamma_j), x_i> = <k_j exp(G_ref - Gamma_j), x_i exp(Gl_i)>
+        Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
+        khd = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
+        s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
+        s_q = tl.dot(khd, tl.trans(qq), input_precision=DOT_PRECISION)
+        # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
+        E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
+        kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
+        Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
+        Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
+    else:
+        g_base = ring_g + slot * stride_g_slot + i_hv * CAP
+        aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+        x = aa + tl.load(dt_bias + i_hv).to(tl.float32)
+        g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        g = tl.where(mt, g, 0.0)
+        Gl = tl.cumsum(g, axis=0)  # [BT]
+        Gref = tl.load(g_base + (h0 - 1), mask=h0 > 0, other=0.0)
+        ecol = tl.exp(Gref + Gl)  # exp(Gamma_i), applied to the checkpoint products
+        Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
+        wh = tl.where(mc[:, None] & mt[None, :], tl.exp(tl.minimum(Gref - Gh, 0.0))[:, None] * tl.exp(Gl)[None, :], 0.0)
+        s_k = tl.dot(kh, tl.trans(k), input_precision=DOT_PRECISION) * wh  # [BC, BT]
+        s_q = tl.dot(kh, tl.trans(q), input_precision=DOT_PRECISION) * wh
+        D = tl.where(causal, tl.exp(tl.minimum(Gl[:, None] - Gl[None, :], 0.0)), 0.0)
+        kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <k_i, k_m>
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <q_i, k_m>
+        Amat = tl.where(strict, beta[:, None] * kk * D, 0.0)
+        Fmat = tl.where(causal, qk * D, 0.0)
+
+    # ---- UT transform: Ti = (I + A)^-1. A is strictly lower (nilpotent, A^T = 0), so
+    # (I + A)^-1 = sum_{n<T} (-A)^n = (I - A)(I + A^2)(I + A^4)...: log2(T) small products ----
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    Np = -Amat
+    Ti = eye + Np
+    for _j in tl.static_range(1, NLOG):
+        Np = tl.dot(Np, Np, input_precision=DOT_PRECISION)
+        Ti = tl.dot(Ti, eye + Np, input_precision=DOT_PRECISION)
+
+    # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
+    st_base = state + slot * stride_state_slot + i_hv * V * K
+    u_base = ring_u + slot * stride_u_slot + i_hv * CAP * V
+    for v0 in range(v_lo, v_lo + VS, BV):
+        o_v = v0 + tl.arange(0, BV)
+        mv = o_v < V
+        C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
+        if IS_KDA:
+            wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
+            wq = tl.dot(C, tl.trans(qc), input_precision=DOT_PRECISION)
+        else:
+            wk = tl.dot(C, tl.trans(k), input_precision=DOT_PRECISION) * ecol[None, :]
+            wq = tl.dot(C, tl.trans(q), input_precision=DOT_PRECISION) * ecol[None, :]
+        wk += tl.dot(uT, s_k, input_precision=DOT_PRECISION)
+        wq += tl.dot(uT, s_q, input_precision=DOT_PRECISION)
+        vv = tl.load(
+            mixed + tok[None, :] * stride_mixed_tok + 2 * H * K + i_hv * V + o_v[:, None],
+            mask=mv[:, None] & mt[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        R = beta[None, :] * (vv - wk)  # [BV, BT]
+        U = tl.dot(R, tl.trans(Ti), input_precision=DOT_PRECISION)  # U[:, i] = sum_m Ti[i, m] R[:, m]
+        O = wq + tl.dot(U, tl.trans(Fmat), input_precision=DOT_PRECISION)  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
+        p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
+        tl.store(p_o, O.to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+        p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
+        tl.store(p_u, U.to(p_u.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+
+    # ---- key and log-decay records of the drafts (once per head) ----
+    if i_s == 0:
+        if i_hv == i_h * (HV // H):
+            p_k = ring_k + slot * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
+            tl.store(p_k, k.to(p_k.dtype.element_ty), mask=mtk)
+        if IS_KDA:
+            p_g = g_base + (h0 + o_t)[:, None] * K + o_k[None, :]
+            tl.store(p_g, Gref[None, :] + Gl, mask=mtk)
+        else:
+            tl.store(g_base + h0 + o_t, Gref + Gl, mask=mt)
+
+
+def default_precision(device) -> str:
+    """Dot precision: 'tf32x3' (three TF32 passes, about fp32 accuracy) on NVIDIA GPUs, 'ieee' elsewhere."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.version.hip is None:
+        return "tf32x3"
+    return "ieee"
+
+
+def _flat_tokens(x: torch.Tensor, BT_tokens: int, name: str) -> torch.Tensor:
+    if x.dim() == 3:
+        x = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+    if x.dim() != 2 or x.shape[0] != BT_tokens:
+        raise ValueError(f"`{name}` must be [B*T, ...] or [B, T, ...] with B*T={BT_tokens} tokens, got {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x
+
+
+def _check(ring: ring_mod.Ring, state: torch.Tensor, slot_idx: torch.Tensor, T: int):
+    lay = ring.layout
+    ring_mod.ring_capacity(lay.L, T)  # T <= L, with the fix in the message
+    if T > lay.T_max:
+        raise ValueError(f"T={T} exceeds the ring's T_max={lay.T_max}; allocate the ring with T_max >= {T}")
+    if state.dim() != 4 or tuple(state.shape[1:]) != (lay.HV, lay.V, lay.K):
+        raise ValueError(f"state pool must be [slots, HV={lay.HV}, V={lay.V}, K={lay.K}], got {tuple(state.shape)}")
+    if state.stride(-1) != 1 or state.stride(-2) != lay.K or state.stride(-3) != lay.V * lay.K:
+        raise ValueError("state pool slots must be contiguous [HV, V, K] blocks")
+    if slot_idx.dim() != 1:
+        raise ValueError("slot_idx must be 1-D [B]")
+    for name in ("u", "k", "g"):
+        t = getattr(ring, name)
+        if not t[0].is_contiguous():
+            raise ValueError(f"ring.{name} slots must be contiguous")
+
+
+def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None):
+    """Launch 1: fold the committed records of rows with h + T > L into their checkpoint."""
+    lay = ring.layout
+    B = slot_idx.shape[0]
+    if B == 0:
+        return
+    BK = triton.next_power_of_2(lay.K)
+    BV = min(block_v, triton.next_power_of_2(lay.V))
+    BC = max(16, triton.next_power_of_2(lay.cap))
+    precision = precision or default_precision(state.device)
+    grid = (triton.cdiv(lay.V, BV), B, lay.HV)
+    _ring_prefold_kernel[grid](
+        state, ring.u, ring.k, ring.g, ring.h, slot_idx,
+        state.stride(0), ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
+        T=T, L=lay.L, CAP=lay.cap, H=lay.HK, HV=lay.HV, K=lay.K, V=lay.V,
+        BK=BK, BV=BV, BC=BC, IS_KDA=(lay.kind == "kda"), DOT_PRECISION=precision,
+        num_warps=num_warps,
+    )
+
+
+def ring_verify(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring: ring_mod.Ring,
+    T: int,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    lower_bound: float | None = None,
+    block_v: int = 32,
+    nsplit: int = 1,
+    num_warps: int = 4,
+    fold_block_v: int = 64,
+    fold_num_warps: int = 4,
+    precision: str | None = None,
+) -> torch.Tensor:
+    """One verify step of T draft tokens per row, in the ring.
+
+    mixed_qkv: [B*T, 2*H*K + HV*V] or [B, T, ...] post-conv q|k|v (SGLang's packed layout);
+    a: [B*T, HV] (GDN) or [B*T, HV*K] (KDA); b: [B*T, HV]; A_log: [HV]; dt_bias: [HV] or [HV*K];
+    state: the pool [slots, HV, V, K] (fp32 or bf16), written only by a pre-step fold;
+    slot_idx: [B] int (-1 = padded row: zero output, nothing touched); ring: from ring.py.
+    Returns out [B*T, HV, V] (dtype of mixed_qkv unless ``out`` is given). Does not change ring.h:
+    call ``ring.commit_verify_(ring.h, slot_idx, T, L, accepted)`` after acceptance.
+    """
+    lay = ring.layout
+    _check(ring, state, slot_idx, T)
+    B = slot_idx.shape[0]
+    N = B * T
+    mixed_qkv = _flat_tokens(mixed_qkv, N, "mixed_qkv")
+    a = _flat_tokens(a, N, "a")
+    b = _flat_tokens(b, N, "b")
+    H, HV, K, V = lay.HK, lay.HV, lay.K, lay.V
+    if mixed_qkv.shape[1] != 2 * H * K + HV * V:
+        raise ValueError(f"mixed_qkv width {mixed_qkv.shape[1]} != 2*H*K + HV*V = {2 * H * K + HV * V}")
+    is_kda = lay.kind == "kda"
+    if a.shape[1] != (HV * K if is_kda else HV) or b.shape[1] != HV:
+        raise ValueError(f"a must be [B*T, {'HV*K' if is_kda else 'HV'}] and b [B*T, HV]")
+    if dt_bias.numel() != (HV * K if is_kda else HV) or A_log.numel() != HV:
+        raise ValueError("A_log must have HV entries and dt_bias HV (GDN) or HV*K (KDA)")
+    if lower_bound is not None and not is_kda:
+        raise ValueError("lower_bound (KDA safe gate) applies to KDA only")
+    if scale is None:
+        scale = K ** -0.5
+    if out is None:
+        out = torch.empty(N, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    elif out.shape != (N, HV, V) or not out.is_contiguous():
+        out = out.view(N, HV, V)
+    if B == 0:
+        return out
+    precision = precision or default_precision(mixed_qkv.device)
+
+    ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision)
+
+    BK = triton.next_power_of_2(K)
+    BV = min(block_v, triton.next_power_of_2(V))
+    BC = max(16, triton.next_power_of_2(lay.cap))
+    BT = max(8, triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
+    NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
+    VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
+    nsplit = triton.cdiv(V, VS)
+    grid = (nsplit, B, HV)
+    _ring_verify_kernel[grid](
+        mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
+        float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), state.stride(0),
+        ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
+        T=T, L=lay.L, CAP=lay.cap, H=H, HV=HV, K=K, V=V,
+        BK=BK, BV=BV, BC=BC, BT=BT, VS=VS, NLOG=NLOG,
+        IS_KDA=is_kda, USE_LOWER_BOUND=lower_bound is not None, SOFTPLUS_THRESHOLD=20.0,
+        DOT_PRECISION=precision,
+        num_warps=num_warps,
+    )
+    return out
