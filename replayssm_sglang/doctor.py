@@ -407,15 +407,23 @@ def collect(target: str | None = None, *, probe: bool = False) -> list[Check]:
 # --- output ---------------------------------------------------------------------------------------
 
 def format_report(checks: list[Check]) -> str:
+    import textwrap
+
     lines = ["replayssm-sglang doctor"]
     width = max(len(c.status) for c in checks) + 2
+    pad = " " * (width + 3)
+
+    def wrap(text: str, first: str, rest: str) -> list[str]:
+        return textwrap.wrap(text, width=100, initial_indent=first, subsequent_indent=rest,
+                             break_on_hyphens=False, break_long_words=False) or [first]
+
     for c in checks:
-        first, *rest = c.detail.split("\n")
-        lines.append(f"  {('[' + c.status + ']'):<{width}} {first}")
-        for r in rest:
-            lines.append(f"  {'':<{width}}   {r}")
+        first, *more = c.detail.split("\n")
+        lines += wrap(first, f"  {('[' + c.status + ']'):<{width}} ", pad)
+        for r in more:
+            lines += wrap(r, pad, pad + "  ")
         if c.action:
-            lines.append(f"  {'':<{width}}   -> {c.action}")
+            lines += wrap(c.action, pad + "-> ", pad + "   ")
     n_fail = sum(c.status == FAIL for c in checks)
     n_warn = sum(c.status == WARN for c in checks)
     lines.append("")

@@ -664,9 +664,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "plan",
         help="memory and state traffic of a GDN/KDA model under ReplaySSM vs conventional decode",
         description=(
-            "From a Hugging Face config.json of a GDN (Qwen3-Next, Qwen3.5) or KDA (Kimi-Linear) "
-            "model: per layer and per request, the recurrent state, the ring, memory per request, "
-            "and the state bytes moved per committed token by conventional decode, conventional "
+            "From a Hugging Face config.json of a GDN (Qwen3-Next, Qwen3.5) or KDA (Kimi-Linear)\n"
+            "model: per layer and per request, the recurrent state, the ring, memory per request,\n"
+            "and the state bytes moved per committed token by conventional decode, conventional\n"
             "speculative verify and ReplaySSM, with the ceiling speedup this implies."
         ),
         epilog=HELP_EPILOG,
