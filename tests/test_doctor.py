@@ -259,3 +259,20 @@ def test_add_parser_sets_func():
     D.add_parser(sub)
     args = ap.parse_args(["doctor", "--target", "/x", "--probe"])
     assert args.func is D.run and args.target == "/x" and args.probe
+
+
+@pytest.mark.sglang
+def test_real_engine_on_the_installed_sglang(monkeypatch):
+    """The real patch engine on the SGLang of this environment: the report names a known state and
+    every problem has an action. (GPU and kernels are faked: they are covered above.)"""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed in this environment")
+    monkeypatch.setattr(D, "_kernel_modules", lambda: (None, [("decode", None)]))
+    monkeypatch.setattr(D, "_torch_info", lambda: {"torch": "2.x", "cuda_build": "13.0", "available": False, "devices": []})
+    checks = D.collect()
+    s = by_name(checks, "series")
+    assert any(state in s.detail for state in D._STATE_ADVICE), s.detail
+    assert by_name(checks, "sglang").detail.startswith("SGLang ")
+    assert_actionable(checks)
