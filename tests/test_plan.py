@@ -317,3 +317,10 @@ def test_help_documents_the_formula():
     text = p.format_help()
     assert "S + S/L + (L-1)/2 R + R" in text
     assert "(T + 3) S / a" in text
+
+
+def test_registered_in_the_cli(tmp_path, capsys):
+    cli = pytest.importorskip("replayssm_sglang.cli")
+    rc = cli.main(["plan", "--config", str(write_cfg(tmp_path, SMALL_GDN)), "--cache-len", "4", "--json"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["per_request"]["replayssm_decode_bytes_per_token"] == 5400
