@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+"""End-to-end GPU harness: SGLang servers per arm, correctness, decode throughput, prefix caching, SSM share.
+
+Run on the GPU machine through scripts/gpu_e2e.sh (it unpacks .bundle/, generates the tiny models, and
+calls this). One call:
+
+    python scripts/gpu_e2e.py --model gdn=/tmp/models/gdn --arms conventional,upstream_replayssm \
+        --tasks correctness,spec,throughput,prefix,ssm_share --out $OUT
+
+Arms (extra server flags on top of the common launch line; SGLang's defaults otherwise: radix cache on,
+`auto` mamba cache strategy, overlap scheduler on, CUDA graphs on):
+  conventional          -- nothing extra
+  conventional_nobuf    -- --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule
+                           (the settings upstream's flag forces; isolates the kernel from the cache settings)
+  upstream_replayssm    -- --enable-linear-replayssm --mamba-radix-cache-strategy no_buffer
+                           --disable-overlap-schedule (upstream 0.5.17 refuses its flag under the defaults)
+  ours                  -- --enable-linear-replayssm with the defaults; needs our patch series applied
+                           (REPLAYSSM_SERIES_APPLIED=1, set by gpu_e2e.sh after a successful apply); skipped
+                           with a message otherwise.
+The first arm is the reference for correctness and the denominator of the throughput ratios.
+
+Tasks:
+  correctness -- fixed prompt set (seeded token ids), greedy, 32 new tokens, top-5 logprobs; per arm vs the
+                 reference: token agreement, common-prefix length, max |logprob diff| of the chosen tokens
+                 over the common prefix (the first 32 tokens); plus an output-diversity check (random
+                 weights must not give degenerate text).
+  spec        -- the same prompts with NEXTN speculative decoding (GDN model with its MTP layer): the greedy
+                 tokens must equal the same arm without speculation.
+  throughput  -- steady-state decode tokens/s at B = 1, 64, 256: input 32 tokens, ignore_eos; a warm-up
+                 call, then per repeat two calls with 64 and 256 new tokens; decode rate =
+                 B * (256 - 64) / (t256 - t64) (prefill and fixed costs cancel); median over repeats; also
+                 the server's own logged "gen throughput" for batches at that size.
+  prefix      -- generated-shared-prefix: 8 groups x 32 prompts, 2048-token system prompt per group,
+                 64-token questions, 64 new tokens, all sent at once (streaming); hit rate =
+                 sum(cached_tokens) / sum(prompt tokens) from meta_info (--enable-cache-report); mean TTFT.
+  ssm_share   -- after the servers stop: the conventional packed GDN/KDA decode kernel alone at B=256
+                 (fp32 state, slots permuted over a pool larger than L2), times the model's linear-layer
+                 count, divided by the conventional arm's measured decode step at B=256.
+Writes $OUT/e2e.json, $OUT/e2e.png, $OUT/e2e.log (servers' log tails and the run log).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ARMS = {
+    "conventional": [],
+    "conventional_nobuf": ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"],
+    "upstream_replayssm": ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer",
+                           "--disable-overlap-schedule"],
+    "ours": ["--enable-linear-replayssm"],
+}
+NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]
+# What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
+# flashinfer's attention/sampling, no grammar backend. The rest stays at SGLang's defaults.
+COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+          "--mem-fraction-static", "0.6", "--max-running-requests", "256", "--cuda-graph-max-bs", "256",
+          "--context-length", "4096", "--enable-cache-report", "--log-level", "info",
+          "--decode-log-interval", "20"]
+
+T0 = time.time()
+LOG: list[str] = []
+
+
+def log(msg: str) -> None:
+    line = f"[{time.time() - T0:7.1f}s] {msg}"
+    print(line, flush=True)
+    LOG.append(line)
+
+
+class Deadline(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, name: str, model: str, extra: list[str], port: int, logdir: Path, audit: Path | None):
+        self.name, self.model, self.port = name, model, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.logpath = logdir / f"server-{name}.log"
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
+                    "--host", "127.0.0.1", *COMMON, *extra]
+        self.audit = audit
+        self.proc = None
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        if self.audit is not None:
+            env["REPLAYSSM_LOAD_AUDIT"] = str(self.audit)
+        self.logf = open(self.logpath, "w")
+        log(f"launch {self.name}: {' '.join(self.cmd[3:])}")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.t_start = time.time()
+
+    def wait_ready(self, timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                log(f"{self.name}: server exited rc={self.proc.returncode}")
+                return False
+            try:
+                r = requests.get(self.url + "/health_generate", timeout=5)
+                if r.status_code == 200:
+                    self.startup_s = time.time() - self.t_start
+                    log(f"{self.name}: ready after {self.startup_s:.0f}s")
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        log(f"{self.name}: not ready after {timeout:.0f}s")
+        return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except Exception:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except Exception:
+                    pass
+        if getattr(self, "logf", None):
+            self.logf.close()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            lines = self.logpath.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        keep = [l for l in lines if "Warning" not in l or "rror" in l]
+        return "\n".join(keep[-n:])
+
+    def generate(self, payload: dict, timeout: float = 300) -> list | dict:
+        r = requests.post(self.url + "/generate", json=payload, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+
+# ------------------------------------------------------------------------------------------------- prompts
+
+def prompt_set(vocab: int, n: int = 16, seed: int = 1234) -> list[list[int]]:
+    rng = random.Random(seed)
+    lens = [8, 16, 24, 33, 47, 64, 100, 128, 150, 200, 255, 256, 300, 511, 700, 1000][:n]
+    return [[rng.randrange(10, vocab - 10) for _ in range(L)] for L in lens]
+
+
+def run_prompts(srv: Server, prompts: list[list[int]], new_tokens: int = 32, top: int = 5) -> list[dict]:
+    out = srv.generate({
+        "input_ids": prompts,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
+        "return_logprob": True, "top_logprobs_num": top, "logprob_start_len": -1,
+    })
+    res = []
+    for o in out:
+        mi = o["meta_info"]
+        toks = [t[1] for t in mi["output_token_logprobs"]]
+        lps = [t[0] for t in mi["output_token_logprobs"]]
+        tops = [[(x[1], x[0]) for x in step] for step in mi.get("output_top_logprobs") or []]
+        res.append({"tokens": toks, "logprobs": lps, "top": tops})
+    return res
+
+
+def compare(ref: list[dict], got: list[dict]) -> dict:
+    agree = total = 0
+    prefix_lens, max_lp, max_top = [], 0.0, 0.0
+    for a, b in zip(ref, got):
+        n = min(len(a["tokens"]), len(b["tokens"]))
+        total += n
+        agree += sum(1 for i in range(n) if a["tokens"][i] == b["tokens"][i])
+        p = 0
+        while p < n and a["tokens"][p] == b["tokens"][p]:
+            p += 1
+        prefix_lens.append(p)
+        for i in range(min(p + 1, n)):  # same context up to and including the first divergent step
+            if i < p:
+                max_lp = max(max_lp, abs(a["logprobs"][i] - b["logprobs"][i]))
+            if i < len(a["top"]) and i < len(b["top"]):
+                ta, tb = dict(a["top"][i]), dict(b["top"][i])
+                for t in set(ta) & set(tb):
+                    max_top = max(max_top, abs(ta[t] - tb[t]))
+    return {"token_agreement": agree / max(total, 1), "identical_prompts": sum(
+        1 for a, b in zip(ref, got) if a["tokens"] == b["tokens"]), "prompts": len(ref),
+        "min_common_prefix": min(prefix_lens), "mean_common_prefix": statistics.mean(prefix_lens),
+        "max_abs_logprob_diff": max_lp, "max_abs_top_logprob_diff": max_top}
+
+
+def diversity(res: list[dict]) -> dict:
+    toks = [t for r in res for t in r["tokens"]]
+    seqs = [tuple(r["tokens"]) for r in res]
+    top1 = [lp for r in res for lp in r["logprobs"]]
+    # a sequence is "stuck" when its second half is one repeated token
+    stuck = sum(1 for r in res if len(set(r["tokens"][len(r["tokens"]) // 2:])) <= 1)
+    return {"unique_tokens": len(set(toks)), "total_tokens": len(toks), "distinct_outputs": len(set(seqs)),
+            "stuck_outputs": stuck, "mean_chosen_logprob": statistics.mean(top1) if top1 else None,
+            "degenerate": len(set(toks)) < 0.2 * len(toks) or len(set(seqs)) < len(seqs) // 2,
+            "sample": res[0]["tokens"][:16] if res else []}
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+GEN_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+
+
+def server_gen_throughput(srv: Server, since_line: int) -> tuple[dict, int]:
+    lines = srv.logpath.read_text(errors="replace").splitlines()
+    by_b: dict[int, list[float]] = {}
+    for l in lines[since_line:]:
+        m = GEN_RE.search(l)
+        if m:
+            by_b.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+    return by_b, len(lines)
+
+
+def throughput(srv: Server, vocab: int, batches: list[int], repeats: int, deadline: float) -> dict:
+    rng = random.Random(99)
+
+    def call(B: int, out_len: int) -> float:
+        ids = [[rng.randrange(10, vocab - 10) for _ in range(32)] for _ in range(B)]
+        t = time.perf_counter()
+        srv.generate({"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": out_len,
+                                                            "ignore_eos": True}})
+        return time.perf_counter() - t
+
+    call(max(batches), 16)  # warm-up
+    res = {}
+    for B in batches:
+        rates, walls = [], []
+        _, mark = server_gen_throughput(srv, 0)
+        for _ in range(repeats):
+            if time.time() > deadline:
+                raise Deadline()
+            t64, t256 = call(B, 64), call(B, 256)
+            rates.append(B * (256 - 64) / max(t256 - t64, 1e-6))
+            walls.append(B * 256 / t256)
+        logged, _ = server_gen_throughput(srv, mark)
+        lg = logged.get(B, [])
+        res[str(B)] = {"decode_tok_s": statistics.median(rates), "decode_tok_s_all": rates,
+                       "wall_tok_s_256": statistics.median(walls),
+                       "server_logged_tok_s": statistics.median(lg) if lg else None,
+                       "step_ms": 1000 * B / statistics.median(rates)}
+        log(f"{srv.name}: B={B} decode {res[str(B)]['decode_tok_s']:.0f} tok/s "
+            f"(server log {res[str(B)]['server_logged_tok_s']}) step {res[str(B)]['step_ms']:.2f} ms")
+    return res
+
+
+# ------------------------------------------------------------------------------------------------- prefix
+
+async def _prefix_async(url: str, prompts: list[list[int]], out_len: int) -> list[dict]:
+    import aiohttp
+
+    async def one(session, ids):
+        payload = {"input_ids": ids, "stream": True,
+                   "sampling_params": {"temperature": 0.0, "max_new_tokens": out_len, "ignore_eos": True}}
+        t0 = time.perf_counter()
+        ttft, last = None, None
+        async with session.post(url + "/generate", json=payload) as r:
+            r.raise_for_status()
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                body = line[5:].strip()
+                if body == "[DONE]":
+                    break
+                d = json.loads(body)
+                if ttft is None and d.get("output_ids", d.get("text")):
+                    ttft = time.perf_counter() - t0
+                last = d
+        mi = (last or {}).get("meta_info", {})
+        return {"ttft": ttft, "latency": time.perf_counter() - t0, "cached": mi.get("cached_tokens", 0),
+                "prompt": mi.get("prompt_tokens", len(ids))}
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as s:
+        return await asyncio.gather(*[one(s, p) for p in prompts])
+
+
+def prefix_workload(srv: Server, vocab: int, groups=8, per_group=32, sys_len=2048, q_len=64, out_len=64,
+                    seed=7) -> dict:
+    rng = random.Random(seed)
+    sys_prompts = [[rng.randrange(10, vocab - 10) for _ in range(sys_len)] for _ in range(groups)]
+    prompts = [sp + [rng.randrange(10, vocab - 10) for _ in range(q_len)] for sp in sys_prompts
+               for _ in range(per_group)]
+    rng.shuffle(prompts)
+    t = time.perf_counter()
+    rs = asyncio.run(_prefix_async(srv.url, prompts, out_len))
+    wall = time.perf_counter() - t
+    cached, total = sum(r["cached"] for r in rs), sum(r["prompt"] for r in rs)
+    ttfts = [r["ttft"] for r in rs if r["ttft"] is not None]
+    # the best possible: every prompt after the first of its group reuses the system prompt
+    ideal = groups * (per_group - 1) * sys_len / total
+    out = {"hit_rate": cached / total, "ideal_hit_rate": ideal, "mean_ttft_s": statistics.mean(ttfts),
+           "p50_ttft_s": statistics.median(ttfts), "wall_s": wall, "requests": len(rs),
+           "output_tok_s": len(rs) * out_len / wall}
+    log(f"{srv.name}: prefix hit {out['hit_rate']:.3f} (ideal {ideal:.3f}) mean TTFT {out['mean_ttft_s']:.3f}s "
+        f"wall {wall:.1f}s")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- SSM share
+
+def ssm_kernel_us(kind: str, B: int = 256) -> dict:
+    import torch
+    import triton
+
+    from sglang.kernels.ops.attention.fla import fused_recurrent as fr
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    H, HV, K, V = (16, 32, 128, 128) if kind == "gdn" else (32, 32, 128, 128)
+    slots = 4 * B
+    state = torch.randn(slots, HV, V, K, device=dev, dtype=torch.float32) * 0.1
+    idx = torch.randperm(slots, device=dev)[:B].to(torch.int32)
+    qkv = torch.randn(B, 2 * H * K + HV * V, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(B, 1, HV, V, device=dev, dtype=torch.bfloat16)
+    A_log = torch.log(torch.rand(HV, device=dev) * 15 + 1)
+    if kind == "gdn":
+        a = torch.randn(B, HV, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(B, HV, device=dev, dtype=torch.bfloat16)
+        dt = torch.randn(HV, device=dev, dtype=torch.float32) * 0.1
+
+        def fn():
+            fr.fused_recurrent_gated_delta_rule_packed_decode(
+                mixed_qkv=qkv, a=a, b=b, A_log=A_log, dt_bias=dt, scale=K ** -0.5, initial_state=state,
+                out=out, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+    else:
+        a = torch.randn(B, HV * K, device=dev, dtype=torch.bfloat16)
+        b = torch.rand(B, HV, device=dev, dtype=torch.bfloat16)
+        dt = torch.randn(HV * K, device=dev, dtype=torch.float32) * 0.1
+
+        def fn():
+            fr.fused_recurrent_kda_packed_decode(
+                mixed_qkv=qkv, a=a, b=b, A_log=A_log, dt_bias=dt, scale=K ** -0.5, initial_state=state,
+                out=out, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+
+    fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(fn, warmup=25, rep=200)
+    moved = B * HV * V * K * 4 * 2
+    return {"kernel_us": ms * 1000, "state_bytes_rw": moved, "TBps": moved / (ms * 1e-3) / 1e12}
+
+
+# -------------------------------------------------------------------------------------------------- plot
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    width = 0.8 / max(1, sum(len(m["arms"]) for m in results["models"].values()))
+    i = 0
+    for mname, m in results["models"].items():
+        for arm, r in m["arms"].items():
+            tp = r.get("throughput") or {}
+            bs = sorted(int(b) for b in tp)
+            xs = [bs.index(b) + i * width for b in bs]
+            ax.bar(xs, [tp[str(b)]["decode_tok_s"] for b in bs], width, label=f"{mname}:{arm}")
+            i += 1
+    if i:
+        bs_all = sorted({int(b) for m in results["models"].values() for r in m["arms"].values()
+                         for b in (r.get("throughput") or {})})
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(bs_all))], [f"B={b}" for b in bs_all])
+    ax.set_ylabel("decode tokens/s")
+    ax.set_yscale("log")
+    ax.set_title("steady-state decode throughput")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    labels, hits, ttfts = [], [], []
+    for mname, m in results["models"].items():
+        for arm, r in m["arms"].items():
+            p = r.get("prefix")
+            if p:
+                labels.append(f"{mname}:{arm}")
+                hits.append(p["hit_rate"])
+                ttfts.append(p["mean_ttft_s"])
+    if labels:
+        ax.bar(range(len(labels)), hits, color="tab:green", label="hit rate")
+        ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=7)
+        ax.set_ylim(0, 1)
+        ax2 = ax.twinx()
+        ax2.plot(range(len(labels)), ttfts, "ko-", label="mean TTFT (s)")
+        ax2.set_ylabel("mean TTFT (s)")
+    ax.set_title("generated-shared-prefix 8x32, 2048-token system prompt")
+    fig.suptitle(f"SGLang 0.5.17 end to end, {results.get('gpu', '?')}, {results.get('date', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# --------------------------------------------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", action="append", required=True, help="label=path (label gdn or kda)")
+    ap.add_argument("--arms", default="conventional,upstream_replayssm")
+    ap.add_argument("--tasks", default="correctness,spec,throughput,prefix,ssm_share")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/e2e-out")))
+    ap.add_argument("--budget-s", type=float, default=540, help="stop starting new work after this")
+    ap.add_argument("--startup-timeout", type=float, default=300)
+    ap.add_argument("--port", type=int, default=31000)
+    ap.add_argument("--extra", default="", help="extra flags for every server (space separated)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    logdir = Path("/tmp/e2e-logs")
+    logdir.mkdir(exist_ok=True)
+    audit = logdir / "load-audit.jsonl"
+    deadline = T0 + args.budget_s
+    tasks = set(args.tasks.split(","))
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.extra:
+        COMMON.extend(args.extra.split())
+
+    import torch
+
+    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+               "commit": os.environ.get("REPLAYSSM_COMMIT", "?"), "common_flags": COMMON, "models": {},
+               "series_applied": os.environ.get("REPLAYSSM_SERIES_APPLIED") == "1", "skipped": []}
+    try:
+        import sglang
+
+        results["sglang"] = sglang.__version__
+    except Exception as e:
+        results["sglang"] = repr(e)
+    servers: list[Server] = []
+    port = args.port
+
+    def save():
+        (args.out / "e2e.json").write_text(json.dumps(results, indent=1))
+
+    try:
+        for spec in args.model:
+            mname, mpath = spec.split("=", 1)
+            cfg = json.loads(Path(mpath, "config.json").read_text())
+            vocab = cfg["vocab_size"]
+            n_lin = (sum(1 for t in cfg.get("layer_types", []) if t == "linear_attention")
+                     or len(cfg.get("linear_attn_config", {}).get("kda_layers", [])))
+            m = results["models"][mname] = {"path": mpath, "arch": cfg["architectures"][0],
+                                            "linear_layers": n_lin, "layers": cfg["num_hidden_layers"],
+                                            "hidden": cfg["hidden_size"], "arms": {}}
+            prompts = prompt_set(vocab)
+            ref = None
+            for arm in args.arms.split(","):
+                if time.time() > deadline:
+                    results["skipped"].append(f"{mname}:{arm} (time budget)")
+                    continue
+                if arm == "ours" and not results["series_applied"]:
+                    msg = f"{mname}:ours skipped: the replayssm-sglang patch series is not applied"
+                    log(msg)
+                    results["skipped"].append(msg)
+                    continue
+                r = m["arms"][arm] = {"flags": ARMS[arm]}
+                srv = Server(f"{mname}-{arm}", mpath, ARMS[arm], port, logdir, audit)
+                port += 1
+                servers.append(srv)
+                srv.start()
+                if not srv.wait_ready(min(args.startup_timeout, deadline - time.time())):
+                    r["error"] = "server did not start"
+                    r["log_tail"] = srv.tail(60)
+                    LOG.append(f"---- {srv.name} log tail ----\n{r['log_tail']}")
+                    srv.stop()
+                    save()
+                    continue
+                r["startup_s"] = srv.startup_s
+                try:
+                    if audit.exists():
+                        r["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
+                        audit.unlink()
+                        for a in r["load_audit"]:
+                            log(f"{srv.name}: load audit {a['model']}: {len(a['not_loaded'])} of {a['params']} "
+                                f"params not loaded {[x[0] for x in a['not_loaded']][:6]}")
+                    if "correctness" in tasks:
+                        res = run_prompts(srv, prompts)
+                        r["diversity"] = diversity(res)
+                        r["outputs"] = [x["tokens"] for x in res]
+                        log(f"{srv.name}: diversity {r['diversity']}")
+                        if ref is None:
+                            ref, m["reference_arm"] = res, arm
+                        else:
+                            r["vs_reference"] = compare(ref, res)
+                            log(f"{srv.name}: vs {m['reference_arm']}: {r['vs_reference']}")
+                        r["_res"] = res
+                    if "throughput" in tasks:
+                        r["throughput"] = throughput(srv, vocab, batches, args.repeats, deadline)
+                    if "prefix" in tasks and time.time() < deadline:
+                        r["prefix"] = prefix_workload(srv, vocab)
+                except Deadline:
+                    results["skipped"].append(f"{mname}:{arm}: rest of the tasks (time budget)")
+                except Exception as e:
+                    r["error"] = repr(e)[:500]
+                    log(f"{srv.name}: ERROR {e!r}")
+                r["log_tail"] = srv.tail(12)
+                srv.stop()
+                save()
+                # NEXTN speculative decoding on the same arm: same greedy tokens required
+                if ("spec" in tasks and mname == "gdn" and "_res" in r and time.time() < deadline - 60):
+                    ss = Server(f"{mname}-{arm}-nextn", mpath, ARMS[arm] + NEXTN, port, logdir, audit)
+                    port += 1
+                    servers.append(ss)
+                    ss.start()
+                    sr = r["nextn"] = {}
+                    if ss.wait_ready(min(args.startup_timeout, deadline - time.time())):
+                        try:
+                            if audit.exists():
+                                sr["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
+                                audit.unlink()
+                                for a in sr["load_audit"]:
+                                    log(f"{ss.name}: load audit {a['model']}: {len(a['not_loaded'])} of "
+                                        f"{a['params']} params not loaded {[x[0] for x in a['not_loaded']][:6]}")
+                            res = run_prompts(ss, prompts)
+                            sr["vs_same_arm_without_spec"] = compare(r["_res"], res)
+                            sr["same_greedy_text"] = all(a["tokens"] == b["tokens"] for a, b in zip(r["_res"], res))
+                            log(f"{ss.name}: vs no-spec {sr['vs_same_arm_without_spec']}")
+                            acc = re.findall(r"accept len: ([\d.]+)", ss.logpath.read_text(errors="replace"))
+                            sr["accept_len_logged"] = [float(x) for x in acc[-5:]]
+                        except Exception as e:
+                            sr["error"] = repr(e)[:500]
+                            log(f"{ss.name}: ERROR {e!r}")
+                    else:
+                        sr["error"] = "server did not start"
+                        sr["log_tail"] = ss.tail(60)
+                        LOG.append(f"---- {ss.name} log tail ----\n{sr['log_tail']}")
+                    ss.stop()
+                    save()
+                r.pop("_res", None)
+            # ratios vs the first arm
+            arms = list(m["arms"])
+            if arms and "throughput" in m["arms"][arms[0]]:
+                base = m["arms"][arms[0]]["throughput"]
+                for a in arms[1:]:
+                    tp = m["arms"][a].get("throughput")
+                    if tp:
+                        m["arms"][a]["ratio_vs_" + arms[0]] = {
+                            b: tp[b]["decode_tok_s"] / base[b]["decode_tok_s"] for b in tp if b in base}
+            for a in m["arms"].values():
+                a.pop("_res", None)
+            if "ssm_share" in tasks:
+                try:
+                    kind = "gdn" if "Qwen3Next" in m["arch"] else "kda"
+                    k = ssm_kernel_us(kind)
+                    m["ssm_kernel"] = k
+                    ref_arm = next((a for a in m["arms"].values() if "throughput" in a
+                                    and "256" in a["throughput"]), None)
+                    if ref_arm:
+                        step_us = ref_arm["throughput"]["256"]["step_ms"] * 1000
+                        m["ssm_share_b256"] = n_lin * k["kernel_us"] / step_us
+                    log(f"{mname}: {kind} kernel B=256 {k['kernel_us']:.1f} us ({k['TBps']:.2f} TB/s), "
+                        f"{n_lin} layers, share of decode step {m.get('ssm_share_b256')}")
+                except Exception as e:
+                    m["ssm_kernel_error"] = repr(e)[:500]
+                    log(f"{mname}: ssm kernel ERROR {e!r}")
+            save()
+    finally:
+        for s in servers:
+            s.stop()
+        results["elapsed_s"] = time.time() - T0
+        save()
+        try:
+            plot(results, args.out / "e2e.png")
+        except Exception as e:
+            log(f"plot failed: {e!r}")
+        (args.out / "e2e.log").write_text("\n".join(LOG) + "\n")
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
