@@ -1,0 +1,299 @@
+"""Speculative verify in the ring (kernels/verify.py) against the float64 references.
+
+CPU: Triton interpreter, fp32 state and records (the interpreter's bf16 tl.dot is wrong).
+GPU (marked ``gpu``): the same checks in bf16 activations with fp32 and bf16 state pools.
+
+Every run draws fresh random inputs (the seed is printed on failure), poisons the outputs with NaN,
+fills untouched pool slots with 1e30 and checks them bit-identical afterwards.
+"""
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import extra_cases
+from replayssm_sglang import ring as R
+from replayssm_sglang.kernels.verify import ring_verify
+from replayssm_sglang.reference_verify import ReferenceStream, random_inputs, random_params
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rms_ratio(x, ref):
+    x = x.double()
+    ref = ref.double()
+    if not torch.isfinite(x).all():
+        return math.inf  # NaN/inf never passes
+    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+# per-dtype tolerances (RMS ratio against float64)
+TOL = {
+    ("float32", "float32"): dict(out=2e-5, state=2e-5),  # fp32 activations, fp32 pool, fp32 records
+    ("bfloat16", "float32"): dict(out=1.5e-2, state=1.5e-2),  # bf16 inputs are exact; bf16 output rounding
+    ("bfloat16", "bfloat16"): dict(out=3e-2, state=3e-2),  # + bf16 checkpoint rounding at each fold
+}
+
+
+def run_sequence(
+    *,
+    kind,
+    B=1,
+    H=1,
+    HV=1,
+    K=16,
+    V=16,
+    L=8,
+    T=4,
+    steps=64,
+    seed=None,
+    act_dtype=torch.float32,
+    state_dtype=torch.float32,
+    record_dtype=torch.float32,
+    device=DEV,
+    pad_rows=1,
+    spare_slots=1,
+    T_choices=None,
+    lower_bound=None,
+    a_shift=0.0,
+):
+    """Drive `steps` verify steps with random acceptance; check every step against the float64
+    accepted-stream reference. Returns a dict of statistics."""
+    if kind == "kda":
+        H = HV
+    seed = random.randrange(1 << 30) if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    T_max = max(T_choices) if T_choices else T
+    lay = R.RingLayout.for_layer(kind, L=L, T_max=T_max, H=H, HV=HV, K=K, V=V)
+    n_slots = B + spare_slots
+    ring = lay.allocate(n_slots, device=device, record_dtype=record_dtype)
+    A_log, dt_bias = random_params(kind=kind, HV=HV, K=K, gen=gen)
+    A_log, dt_bias = A_log.to(device), dt_bias.to(device)
+    state = torch.full((n_slots, HV, V, K), 1e30, dtype=state_dtype)
+    perm = torch.randperm(n_slots, generator=gen)
+    real_slots = perm[:B]
+    S0 = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(state_dtype)
+    state[real_slots] = S0
+    state = state.to(device)
+    untouched = perm[B:]
+    untouched_before = state[untouched.to(device)].clone()
+    # rows: B real rows and pad_rows padded rows (-1) interleaved at random positions
+    rows = [int(s) for s in real_slots] + [-1] * pad_rows
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    rows = [rows[i] for i in order]
+    slot_idx = torch.tensor(rows, dtype=torch.int32, device=device)
+    real_pos = [i for i, s in enumerate(rows) if s >= 0]
+    NB = len(rows)
+    # the real slots in row order (the reference's rows)
+    real_slots = torch.tensor([rows[r] for r in real_pos], dtype=torch.long)
+    S0 = state[real_slots.to(device)].cpu()
+
+    ref = ReferenceStream(S0.double(), kind=kind, H=H, HV=HV, K=K, V=V, A_log=A_log.cpu(), dt_bias=dt_bias.cpu(),
+                          lower_bound=lower_bound)
+    tol = TOL[(str(act_dtype).split(".")[-1], str(state_dtype).split(".")[-1])]
+    stats = dict(seed=seed, folds=0, non_fold=0, max_out=0.0, max_state=0.0)
+    for step in range(steps):
+        Tt = T_choices[int(torch.randint(len(T_choices), (1,), generator=gen))] if T_choices else T
+        mixed, a, b = random_inputs(kind=kind, B=NB, T=Tt, H=H, HV=HV, K=K, V=V, dtype=act_dtype, device=device,
+                                    gen=gen, a_shift=a_shift)
+        h_before = ring.h.clone()
+        ck_before = state[real_slots.to(device)].clone()
+        fold = R.needs_prefold(h_before[real_slots.to(device)].cpu(), Tt, L)
+        out = torch.full((NB * Tt, HV, V), float("nan"), dtype=act_dtype, device=device)
+        ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, Tt, out=out, lower_bound=lower_bound)
+        assert torch.equal(ring.h, h_before), "the verify kernel must not write h"
+        # reference on the real rows only
+        rp = torch.tensor(real_pos)
+        tok = (rp[:, None] * Tt + torch.arange(Tt)[None, :]).reshape(-1)
+        o_ref = ref.verify(mixed.cpu()[tok], a.cpu()[tok], b.cpu()[tok], Tt).reshape(B, Tt, HV, V)
+        o = out.cpu().reshape(NB, Tt, HV, V)
+        for j, r in enumerate(real_pos):
+            for t in range(Tt):  # token by token
+                e = rms_ratio(o[r, t], o_ref[j, t])
+                stats["max_out"] = max(stats["max_out"], e)
+                assert e <= tol["out"], f"seed={seed} step={step} T={Tt} row={r} token={t}: output rms ratio {e:.3e}"
+        pad = [i for i, s in enumerate(rows) if s < 0]
+        if pad:
+            assert torch.equal(o[pad], torch.zeros_like(o[pad])), "padded rows must output zeros"
+        # checkpoint: folded rows equal the committed reference state; others bitwise untouched
+        ck_after = state[real_slots.to(device)]
+        for j in range(B):
+            if bool(fold[j]):
+                stats["folds"] += 1
+                e = rms_ratio(ck_after[j].cpu(), ref.S[j])
+                stats["max_state"] = max(stats["max_state"], e)
+                assert e <= tol["state"], f"seed={seed} step={step}: state at fold rms ratio {e:.3e}"
+            else:
+                stats["non_fold"] += 1
+                assert torch.equal(ck_after[j], ck_before[j]), f"seed={seed} step={step}: non-fold verify wrote the checkpoint"
+        acc = torch.randint(1, Tt + 1, (NB,), generator=gen)
+        R.commit_verify_(ring.h, slot_idx, Tt, L, acc.to(device))
+        ref.commit(acc[real_pos])
+        for j, r in enumerate(real_pos):
+            s = rows[r]
+            want = R.h_after_verify(h_before[s : s + 1].cpu(), Tt, L, acc[r : r + 1])
+            assert int(ring.h[s]) == int(want[0])
+    assert torch.equal(state[untouched.to(device)], untouched_before), "untouched slots changed"
+    # final: the committed state reconstructed from checkpoint + ring equals the reference
+    stats["final_state"] = final_state_error(ring, state, real_slots.to(device), ref.S)
+    assert stats["final_state"] <= tol["state"], f"seed={seed}: final committed state rms ratio {stats['final_state']:.3e}"
+    return stats
+
+
+def final_state_error(ring, state, slots, S_ref):
+    """Fold on the host (float64) what the ring holds past the checkpoint, compare with the reference."""
+    lay = ring.layout
+    worst = 0.0
+    for j, s in enumerate(slots.tolist()):
+        h = int(ring.h[s])
+        C = state[s].double().cpu()
+        if h > 0:
+            G = ring.g[s, :, :h].double().cpu()  # [HV, h, GK]
+            u = ring.u[s, :, :h].double().cpu()  # [HV, h, V]
+            kk = ring.k[s, :, :h].double().cpu().repeat_interleave(lay.HV // lay.HK, 0)  # [HV, h, K]
+            Gh = G[:, -1]  # [HV, GK]
+            C = C * torch.exp(Gh)[:, None, :] + torch.einsum("hjv,hjk->hvk", u, kk * torch.exp(Gh[:, None, :] - G))
+        worst = max(worst, rms_ratio(C, S_ref[j]))
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------
+# Random accept sequences of 64 steps for T in {1, 2, 4, 8} and L in {8, 16, 32}.
+# The interpreter runs about 10 verify steps a second, so the default CPU run covers every T and
+# every L for each kind (8 sequences of 64 steps); the full cross product (24 sequences) runs on
+# the GPU and on CPU with REPLAYSSM_FULL_SWEEP=1. Mixed-T sequences below add every T at every L.
+# ---------------------------------------------------------------------------------------------
+SWEEP = [(T, L) for L in (8, 16, 32) for T in (1, 2, 4, 8)]
+_DIAG = {"gdn": {(1, 8), (2, 16), (4, 32), (8, 8)}, "kda": {(1, 32), (2, 8), (4, 16), (8, 16)}}
+FULL = CUDA or os.environ.get("REPLAYSSM_FULL_SWEEP") == "1"
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("T,L", SWEEP, ids=[f"T{T}-L{L}" for T, L in SWEEP])
+def test_accept_sequence_matches_float64(kind, T, L):
+    if not FULL and (T, L) not in _DIAG[kind]:
+        pytest.skip("CPU default runs one (T, L) per T and per L; REPLAYSSM_FULL_SWEEP=1 runs all")
+    st = run_sequence(kind=kind, T=T, L=L, steps=64, K=16, V=16, pad_rows=0)
+    # the sequence must have exercised both branches of the protocol
+    assert st["non_fold"] > 0 and st["folds"] > 0, st
+
+
+def test_gqa_groups_and_several_rows_gdn():
+    # two value heads per key head (the k record is shared) and three rows in flight
+    run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=8, pad_rows=1, spare_slots=2)
+
+
+def test_kda_safe_gate_and_strong_decay():
+    # strong per-channel decay: exponents are kept <= 0 everywhere, nothing overflows
+    run_sequence(kind="kda", HV=1, K=32, V=16, L=8, T=8, steps=10, a_shift=4.0)
+    run_sequence(kind="kda", HV=1, K=16, V=16, L=8, T=4, steps=10, lower_bound=-5.0)
+
+
+@pytest.mark.parametrize("kind,L", [("gdn", 8), ("kda", 32)])
+def test_mixing_plain_and_speculative_steps_in_one_request(kind, L):
+    st = run_sequence(kind=kind, L=L, T_choices=[1, 1, 2, 4, 8], steps=32, pad_rows=0)
+    assert st["folds"] > 0
+
+
+def test_rejected_drafts_never_reach_the_state():
+    """Two runs with the same accepted stream but different (huge) rejected drafts give bitwise the
+    same outputs for the accepted tokens, the same records up to h and the same checkpoints."""
+    for kind in ("gdn", "kda"):
+        H = HV = 1
+        K = V = 16
+        L, T, steps = 8, 4, 10
+        seed = random.randrange(1 << 30)
+        results = []
+        for variant in range(2):
+            gen = torch.Generator().manual_seed(seed)
+            lay = R.RingLayout.for_layer(kind, L=L, T_max=T, H=H, HV=HV, K=K, V=V)
+            ring = lay.allocate(1)
+            A_log, dt_bias = random_params(kind=kind, HV=HV, K=K, gen=gen)
+            state = torch.randn(1, HV, V, K, generator=gen) * 0.3
+            slots = torch.zeros(1, dtype=torch.int32)
+            gen_rej = torch.Generator().manual_seed(seed + 1 + variant)
+            outs, cks = [], []
+            for _ in range(steps):
+                mixed, a, b = random_inputs(kind=kind, B=1, T=T, H=H, HV=HV, K=K, V=V, gen=gen)
+                acc = int(torch.randint(1, T + 1, (1,), generator=gen))
+                # rejected drafts (positions >= acc) differ between the variants, wildly
+                junk_m, junk_a, junk_b = random_inputs(kind=kind, B=1, T=T, H=H, HV=HV, K=K, V=V, gen=gen_rej)
+                mixed[acc:] = junk_m[acc:] * 50
+                a[acc:] = junk_a[acc:] * 5
+                b[acc:] = junk_b[acc:] * 5
+                out = ring_verify(mixed, a, b, A_log, dt_bias, state, slots, ring, T)
+                outs.append(out[:acc].clone())
+                cks.append(state.clone())
+                R.commit_verify_(ring.h, slots, T, L, torch.tensor([acc]))
+            h = int(ring.h[0])
+            results.append((outs, cks, h, ring.u[0, :, :h].clone(), ring.k[0, :, :h].clone(), ring.g[0, :, :h].clone()))
+        (o0, c0, h0, u0, k0, g0), (o1, c1, h1, u1, k1, g1) = results
+        assert h0 == h1
+        for x, y in zip(o0, o1):
+            assert torch.equal(x, y)
+        for x, y in zip(c0, c1):
+            assert torch.equal(x, y)
+        assert torch.equal(u0, u1) and torch.equal(k0, k1) and torch.equal(g0, g1)
+
+
+def test_T1_verify_equals_conventional_step():
+    """T = 1 with L = 1: every step folds the previous token (read, update, write), like the
+    conventional decode; the outputs match the float64 recurrence."""
+    for kind in ("gdn", "kda"):
+        run_sequence(kind=kind, L=1, T=1, steps=8)
+
+
+def test_refusals():
+    lay = R.RingLayout.for_layer("gdn", L=8, T_max=4, H=1, HV=1, K=16, V=16)
+    ring = lay.allocate(2)
+    state = torch.zeros(2, 1, 16, 16)
+    slots = torch.tensor([0], dtype=torch.int32)
+    A_log, dt = torch.zeros(1), torch.zeros(1)
+    mixed, a, b = random_inputs(kind="gdn", B=1, T=8, H=1, HV=1, K=16, V=16)
+    with pytest.raises(ValueError, match="T_max"):
+        ring_verify(mixed, a, b, A_log, dt, state, slots, ring, 8)
+    mixed, a, b = random_inputs(kind="gdn", B=1, T=2, H=1, HV=1, K=16, V=16)
+    with pytest.raises(ValueError, match="mixed_qkv"):
+        ring_verify(mixed[:, :-1], a, b, A_log, dt, state, slots, ring, 2)
+    with pytest.raises(ValueError, match="state pool"):
+        ring_verify(mixed, a, b, A_log, dt, state.transpose(-1, -2).contiguous()[:, :, :8], slots, ring, 2)
+
+
+@pytest.mark.parametrize("case", extra_cases(), ids=lambda c: str(c))
+def test_extra_cases(case):
+    c = dict(case)
+    kind = c.pop("kind", "gdn")
+    sd = c.pop("state_dtype", "float32")
+    seed = c.pop("seed", None)
+    run_sequence(kind=kind, seed=seed, state_dtype=getattr(torch, sd),
+                 act_dtype=torch.float32 if not CUDA else (torch.bfloat16 if sd == "bfloat16" else torch.float32),
+                 steps=c.pop("steps", 24), **c)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: bf16 activations, fp32 and bf16 pools, real shapes.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("T,L", SWEEP, ids=[f"T{T}-L{L}" for T, L in SWEEP])
+def test_gpu_bf16_accept_sequence(kind, state_dtype, T, L):
+    HV, H = (8, 4) if kind == "gdn" else (4, 4)
+    sd = getattr(torch, state_dtype)
+    run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=64, act_dtype=torch.bfloat16,
+                  state_dtype=sd, record_dtype=torch.float32, device="cuda", pad_rows=1, spare_slots=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
+def test_gpu_mixed_T_and_bf16_records():
+    for kind in ("gdn", "kda"):
+        run_sequence(kind=kind, B=4, H=2 if kind == "gdn" else 4, HV=4, K=128, V=128, L=16, T_choices=[1, 2, 4, 8],
+                      steps=64, act_dtype=torch.bfloat16, state_dtype=torch.bfloat16, record_dtype=torch.bfloat16,
+                      device="cuda")
