@@ -1,0 +1,52 @@
+"""Decode dispatch (patch 0003): the GDN and KDA backends hand their decode step to our kernel
+when ``--enable-linear-replayssm`` is on, and an extend over decoding rows (``--enable-mixed-chunk``)
+folds them first.
+
+SGLang's own ReplaySSM decode ring stays in the tree but is never allocated while ours is
+(patch 0002 turns its pool flag off), so its metadata code (cursor snapshot/advance, host-side
+flush mask) is inert and the conventional CUDA-graph fast path for state indices stays on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from replayssm_sglang.sglang_hooks import flush, pool
+
+
+def setup(backend: Any, model_runner: Any) -> None:
+    """``MambaAttnBackendBase.__init__``: tell our ring when to force flushes (the radix track
+    interval under extra_buffer; never otherwise)."""
+    rp = pool.of(getattr(backend, "req_to_token_pool", None))
+    if rp is None:
+        return
+    rp.track_interval = flush.track_interval_from_server_args(model_runner.server_args)
+
+
+def enabled(backend: Any) -> bool:
+    return pool.of(backend.req_to_token_pool) is not None
+
+
+def forward_decode(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: torch.Tensor, a: torch.Tensor,
+                   b: torch.Tensor, ssm_states: torch.Tensor, cache_indices: torch.Tensor,
+                   lower_bound: float | None = None) -> torch.Tensor:
+    """One layer's decode with our ring; returns [1, B, HV, V] (SGLang's packed-decode layout)."""
+    rtp = backend.req_to_token_pool
+    rp = pool.of(rtp)
+    layer_idx = rtp.mamba_map[layer.layer_id]
+    forced = rp.forced_mask(backend.forward_metadata, forward_batch.seq_lens)
+    return rp.decode(layer_idx=layer_idx, mixed_qkv=mixed_qkv, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                     scale=layer.head_k_dim ** -0.5, ssm_states=ssm_states, cache_indices=cache_indices,
+                     forced=forced, num_v_heads=layer.num_v_heads, head_v_dim=layer.head_v_dim,
+                     lower_bound=lower_bound)
+
+
+def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.Tensor) -> None:
+    """An extend that includes decoding rows (ForwardMode.MIXED) reads their checkpoints with the
+    chunk kernel: fold their records first (identity for the prefill rows, whose h is 0)."""
+    rp = pool.of(backend.req_to_token_pool)
+    if rp is None or not forward_batch.forward_mode.is_mixed():
+        return
+    pool.fold_slots(backend.req_to_token_pool, mamba_cache_indices.clamp(min=0))

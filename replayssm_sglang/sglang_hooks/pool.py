@@ -1,0 +1,228 @@
+"""Our ReplaySSM ring inside SGLang's mamba pool: allocation, budget and the lifecycle hooks.
+
+Patch 0002 calls ``attach`` at the end of ``MambaPool.__init__`` (flag on, spec flag off) and the
+lifecycle hooks from ``HybridReqToTokenPool.alloc``, ``MambaPool.copy_from``,
+``MambaPool.get_cpu_copy`` / ``load_cpu_copy``; patch 0004 calls ``fold_`` where the radix cache
+keeps a live slot; patch 0003 calls ``ReplayPool.decode`` from the GDN/KDA decode paths.
+
+The protocol (h, flush rule, record layout) is ring.py's; this module only owns *where* the ring
+lives and *when* SGLang's slot lifecycle forces a fold or a reset:
+
+* reset (h := 0, records forgotten): the slot's checkpoint is exact as it stands -- a freshly
+  allocated slot (prefill writes the checkpoint), a copy-on-write destination, a slot loaded back
+  from host memory;
+* fold (checkpoint := state after the h committed records, h := 0): the slot's *live* state is
+  about to be read by someone other than our decode kernel -- the radix cache keeping a finished
+  request's slot, a CPU backup of a retracted request, an extend (mixed chunk) over a decoding
+  row. A fold never loses an accepted update, and is the identity when h == 0.
+
+No function here syncs with the host: everything is device tensor ops (safe to call from the
+overlap scheduler's paths; the fold is not meant for CUDA-graph capture, it runs on lifecycle
+paths only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from replayssm_sglang import ring as ringmod
+
+
+def layer_kind(cache_params: Any) -> str:
+    """'kda' or 'gdn' from SGLang's linear-state cache params (``is_kda`` property)."""
+    return "kda" if bool(getattr(cache_params, "is_kda", False)) else "gdn"
+
+
+def layout_from_cache_params(cache_params: Any, L: int, T_max: int = 1) -> ringmod.RingLayout:
+    """One layer's RingLayout on this rank from SGLang's cache params (TP-sharded heads:
+    ``shape.temporal`` is ``(HV/tp, V, K)`` and ``shape.num_k_heads_per_tp`` is H/tp)."""
+    HV, V, K = (int(x) for x in cache_params.shape.temporal)
+    kind = layer_kind(cache_params)
+    H = int(getattr(cache_params.shape, "num_k_heads_per_tp", HV)) if kind == "gdn" else HV
+    return ringmod.RingLayout.for_layer(kind, L=L, H=H, HV=HV, K=K, V=V, T_max=T_max)
+
+
+def record_dtype_for(ssm_dtype: torch.dtype) -> torch.dtype:
+    """Records are stored in the state's dtype (fp32 state -> fp32 records, so a fold is exact to
+    fp32 rounding; a bf16 state keeps bf16 records, halving ring bytes)."""
+    return ssm_dtype
+
+
+def ring_bytes_per_slot(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1) -> int:
+    """Bytes our ring adds per ring slot, over all linear layers of this rank. This is the number
+    patch 0005 charges in SGLang's mamba memory budget next to ``mamba_cache_per_req``."""
+    lay = layout_from_cache_params(cache_params, L, T_max)
+    n = len(cache_params.layers) if num_layers is None else int(num_layers)
+    rec = record_dtype_for(cache_params.dtype.temporal)
+    # per layer: records + h + arrive (int32 each)
+    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4)
+
+
+@dataclass
+class ReplayPool:
+    """Per linear layer one ring (ring.Ring views into stacked tensors), rows indexed by mamba slot.
+
+    ``u/k/g`` are ``[layers, rows, ...]``; ``h`` and ``arrive`` are ``[layers, rows]`` int32 (each
+    layer's kernel writes its own h; all layers hold the same value between steps).
+    ``rows`` is the number of slots that own ring storage; a slot index >= rows has none (its h is
+    0 by construction) -- today rows == the pool's slot count (see docs/integration.md, "Memory").
+    """
+
+    layout: ringmod.RingLayout
+    u: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    h: torch.Tensor
+    arrive: torch.Tensor
+    track_interval: int | None = None  # forced flush every this many tokens (None: never)
+
+    @classmethod
+    def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
+                 record_dtype: torch.dtype = torch.float32, track_interval: int | None = None) -> "ReplayPool":
+        s = layout.shapes(rows)
+        z = lambda shape, dt: torch.zeros((num_layers,) + tuple(shape), dtype=dt, device=device)  # noqa: E731
+        return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
+                   g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
+                   track_interval=track_interval)
+
+    # --- shape facts ---------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.h.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.h.shape[1]
+
+    @property
+    def kind(self) -> str:
+        return self.layout.kind
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.u, self.k, self.g, self.h, self.arrive))
+
+    def ring(self, layer_idx: int) -> ringmod.Ring:
+        i = int(layer_idx)
+        return ringmod.Ring(layout=self.layout, u=self.u[i], k=self.k[i], g=self.g[i], h=self.h[i],
+                            arrive=self.arrive[i])
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def _rows_of(self, slots) -> torch.Tensor:
+        """Slots as a long tensor on the ring's device; a slot without ring storage maps to row 0
+        (SGLang's padding slot: never decoded, h always 0), so no host sync is needed to drop it."""
+        s = torch.as_tensor(slots, device=self.h.device).reshape(-1).to(torch.long)
+        return torch.where(s < self.rows, s, torch.zeros_like(s))
+
+    def reset_(self, slots) -> None:
+        """Forget the records of these slots in every layer (their checkpoint is exact as it is).
+        Slots must be real (>= 0)."""
+        s = self._rows_of(slots)
+        if s.numel():
+            self.h[:, s] = 0
+
+    def fold_(self, temporal: torch.Tensor, slots) -> None:
+        """Fold every committed record of these slots into their checkpoints, all layers, and set
+        h := 0. ``temporal`` is SGLang's state pool ``[layers, slots, HV, V, K]``. Afterwards
+        ``temporal[:, s]`` is the exact state after every token the slot has decoded (the
+        identity for h == 0). Computed in float32 (float64 when the state is float64)."""
+        s = self._rows_of(slots)
+        if s.numel() == 0:
+            return
+        lay = self.layout
+        acc = torch.float64 if temporal.dtype == torch.float64 else torch.float32
+        grp = torch.arange(lay.HV, device=temporal.device) // (lay.HV // lay.HK)
+        j = torch.arange(lay.cap, device=temporal.device)
+        for li in range(self.num_layers):
+            h = self.h[li, s].to(torch.long)  # [n]
+            valid = j[None, :] < h[:, None]  # [n, cap]
+            G = self.g[li, s].to(acc)  # [n, HV, cap, GK]
+            last = (h - 1).clamp(min=0)
+            G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
+            G_ref = torch.where((h > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [n, HV, GK]
+            w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
+            kk = self.k[li, s][:, grp].to(acc)  # [n, HV, cap, K]
+            uu = torch.where(valid[:, None, :, None], self.u[li, s].to(acc), torch.zeros((), dtype=acc, device=G.device))
+            C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
+            C = C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
+            temporal[li, s] = torch.where((h > 0).view(-1, 1, 1, 1), C.to(temporal.dtype), temporal[li, s])
+            self.h[li, s] = 0
+
+    # --- decode --------------------------------------------------------------------------------
+    def forced_mask(self, forward_metadata: Any, seq_lens: torch.Tensor) -> torch.Tensor | None:
+        """This forward's forced-flush flags, computed once per forward on the device and kept on
+        the forward metadata so every layer uses one tensor. The cache is keyed on the seq_lens
+        tensor and on whether a CUDA graph is being captured: warm-up runs before a capture reuse
+        the capture's metadata object, and a mask computed eagerly there must not be baked into
+        the graph as a constant (the first captured layer recomputes it inside the graph)."""
+        if self.track_interval is None:
+            return None
+        capturing = bool(seq_lens.is_cuda and torch.cuda.is_current_stream_capturing())
+        key = (id(seq_lens), capturing)
+        cached = getattr(forward_metadata, "_replayssm_forced", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        from replayssm_sglang.sglang_hooks.flush import forced_flush_mask
+
+        ff = forced_flush_mask(seq_lens, self.track_interval)
+        forward_metadata._replayssm_forced = (key, ff)
+        return ff
+
+    def decode(self, *, layer_idx: int, mixed_qkv, a, b, A_log, dt_bias, scale: float, ssm_states: torch.Tensor,
+               cache_indices: torch.Tensor, forced: torch.Tensor | None, num_v_heads: int, head_v_dim: int,
+               lower_bound: float | None = None) -> torch.Tensor:
+        """One buffered decode step of one layer (our kernel); returns [1, B, HV, V] like SGLang's
+        packed decode. Rows with cache index -1 (padding) get zeros and touch nothing."""
+        from replayssm_sglang.kernels.decode import replay_decode
+
+        B = mixed_qkv.shape[0]
+        out = mixed_qkv.new_empty(B, 1, num_v_heads, head_v_dim)
+        replay_decode(self.kind, mixed_qkv, a, b, A_log, dt_bias, ssm_states, self.ring(layer_idx),
+                      cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound)
+        return out.transpose(0, 1)
+
+
+def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | None = None) -> ReplayPool:
+    """Allocate our ring for ``mamba_pool`` (called at the end of ``MambaPool.__init__``), add its
+    bytes to ``mamba_pool.mem_usage`` (GB), and return it (stored as ``mamba_pool.replayssm_pool``)."""
+    temporal = mamba_pool.mamba_cache.temporal
+    layers, slots = int(temporal.shape[0]), int(temporal.shape[1])
+    lay = layout_from_cache_params(cache_params, L)
+    if tuple(temporal.shape[2:]) != (lay.HV, lay.V, lay.K):
+        raise RuntimeError(
+            f"--enable-linear-replayssm: the mamba state pool is {tuple(temporal.shape)}, expected "
+            f"[layers, slots, HV={lay.HV}, V={lay.V}, K={lay.K}] (SGLang's GDN/KDA layout); this "
+            "layout (page-major envelope, NPU/AMX transposes) is not supported: drop the flag"
+        )
+    pool = ReplayPool.allocate(lay, layers, slots, device=temporal.device,
+                               record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval)
+    if hasattr(mamba_pool, "mem_usage"):
+        mamba_pool.mem_usage += pool.nbytes() / (1 << 30)
+    return pool
+
+
+def of(obj: Any) -> ReplayPool | None:
+    """Our ReplayPool behind a MambaPool or a HybridReqToTokenPool (None when the flag is off)."""
+    mp = getattr(obj, "mamba_pool", obj)
+    return getattr(mp, "replayssm_pool", None)
+
+
+def on_copy(mamba_pool: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``MambaPool.copy_from``: the source must be exact (fold it; the identity for tree-held
+    slots, whose h is always 0) and the destination starts with no records."""
+    rp = of(mamba_pool)
+    if rp is None:
+        return
+    rp.fold_(mamba_pool.mamba_cache.temporal, src)
+    rp.reset_(dst)
+
+
+def fold_slots(pool_or_req_pool: Any, slots) -> None:
+    """Fold these live slots (any path that reads or keeps a live slot's state)."""
+    rp = of(pool_or_req_pool)
+    if rp is None:
+        return
+    mp = getattr(pool_or_req_pool, "mamba_pool", pool_or_req_pool)
+    rp.fold_(mp.mamba_cache.temporal, slots)
