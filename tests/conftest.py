@@ -1,0 +1,29 @@
+"""Shared test setup: the Triton interpreter on CPU, offline hub, and extra cases from the environment.
+
+TRITON_INTERPRET must be set before triton (or sglang) is imported, so it is set here at import time.
+"""
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+_CASE_KEYS = {"kind", "B", "H", "HV", "K", "V", "L", "T", "state_dtype", "seed"}
+
+
+def extra_cases(kind: str | None = None) -> list[dict]:
+    """Cases from REPLAYSSM_EXTRA_CASES: a JSON list of objects with any of
+    kind ("gdn"/"kda"), B, H, HV, K, V, L, T, state_dtype ("float32"/"bfloat16"), seed.
+    With ``kind`` given, only the cases of that kind (or naming no kind) are returned."""
+    raw = os.environ.get("REPLAYSSM_EXTRA_CASES", "").strip()
+    if not raw:
+        return []
+    cases = json.loads(raw)
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ValueError("REPLAYSSM_EXTRA_CASES must be a JSON list of objects")
+    for c in cases:
+        unknown = set(c) - _CASE_KEYS
+        if unknown:
+            raise ValueError(f"REPLAYSSM_EXTRA_CASES: unknown keys {sorted(unknown)} in {c}")
+    return [c for c in cases if kind is None or c.get("kind", kind) == kind]
