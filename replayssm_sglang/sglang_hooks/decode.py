@@ -44,9 +44,21 @@ def forward_decode(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: torc
 
 
 def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.Tensor) -> None:
-    """An extend that includes decoding rows (ForwardMode.MIXED) reads their checkpoints with the
-    chunk kernel: fold their records first (identity for the prefill rows, whose h is 0)."""
+    """Every non-decode forward, on the forward stream (so it is ordered after any in-flight
+    decode of a slot's previous owner under the overlap scheduler):
+    * a plain extend (prefill, chunked prefill): its rows start from the checkpoint prefill
+      extends, with no records (h := 0);
+    * ForwardMode.MIXED (--enable-mixed-chunk): decoding rows are read by the chunk kernel, so
+      their records are folded into the checkpoint first (the identity for the prefill rows,
+      whose h was reset when they were allocated).
+    Speculative forwards never reach here: server_args refuses speculative decoding with our flag.
+    Padded rows (-1) map to SGLang's padding slot 0, which never holds records."""
     rp = pool.of(backend.req_to_token_pool)
-    if rp is None or not forward_batch.forward_mode.is_mixed():
+    if rp is None:
         return
-    pool.fold_slots(backend.req_to_token_pool, mamba_cache_indices.clamp(min=0))
+    slots = mamba_cache_indices.clamp(min=0)
+    mode = forward_batch.forward_mode
+    if mode.is_mixed():
+        pool.fold_slots(backend.req_to_token_pool, slots)
+    elif mode.is_extend() and not mode.is_target_verify():
+        rp.reset_(slots)

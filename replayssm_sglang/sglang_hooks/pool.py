@@ -1,9 +1,14 @@
 """Our ReplaySSM ring inside SGLang's mamba pool: allocation, budget and the lifecycle hooks.
 
 Patch 0002 calls ``attach`` at the end of ``MambaPool.__init__`` (flag on, spec flag off) and the
-lifecycle hooks from ``HybridReqToTokenPool.alloc``, ``MambaPool.copy_from``,
-``MambaPool.get_cpu_copy`` / ``load_cpu_copy``; patch 0004 calls ``fold_`` where the radix cache
-keeps a live slot; patch 0003 calls ``ReplayPool.decode`` from the GDN/KDA decode paths.
+lifecycle hooks from ``HybridReqToTokenPool.alloc`` (reset), ``MambaPool.copy_from`` (reset the
+destination), ``MambaPool.get_cpu_copy`` (fold) / ``load_cpu_copy`` (reset); patch 0004 folds
+where the radix cache keeps a live slot; patch 0003 runs ``ReplayPool.decode`` from the GDN/KDA
+decode paths and resets/folds the rows of an extend batch on the forward stream.
+
+Invariant: only *live* slots (a running request's ``mamba_pool_idx``) are ever folded. A slot in
+any other role (radix node, extra_buffer track slot, free) may carry a stale h from an earlier
+life; nobody reads it, and every path that makes a slot live resets it.
 
 The protocol (h, flush rule, record layout) is ring.py's; this module only owns *where* the ring
 lives and *when* SGLang's slot lifecycle forces a fold or a reset:
@@ -207,16 +212,6 @@ def of(obj: Any) -> ReplayPool | None:
     """Our ReplayPool behind a MambaPool or a HybridReqToTokenPool (None when the flag is off)."""
     mp = getattr(obj, "mamba_pool", obj)
     return getattr(mp, "replayssm_pool", None)
-
-
-def on_copy(mamba_pool: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """``MambaPool.copy_from``: the source must be exact (fold it; the identity for tree-held
-    slots, whose h is always 0) and the destination starts with no records."""
-    rp = of(mamba_pool)
-    if rp is None:
-        return
-    rp.fold_(mamba_pool.mamba_cache.temporal, src)
-    rp.reset_(dst)
 
 
 def fold_slots(pool_or_req_pool: Any, slots) -> None:
