@@ -17,6 +17,9 @@ import argparse
 import sys
 
 
+_ENGINE_COMMANDS = ("apply", "revert", "status", "check", "refresh")
+
+
 def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
@@ -73,7 +76,12 @@ def _cmd_refresh(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+TOOL_COMMANDS = ("plan", "doctor")  # subcommands that live in their own modules
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; ``command`` (when known) spares importing the tool modules not needed."""
+    load_tools = command is None or command not in _ENGINE_COMMANDS
     ap = argparse.ArgumentParser(prog="replayssm-sglang", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -105,18 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_refresh)
 
     import importlib
-    import importlib.util
 
-    for mod in ("plan", "doctor"):
-        if importlib.util.find_spec(f"replayssm_sglang.{mod}") is not None:
+    for mod in TOOL_COMMANDS:
+        if load_tools or mod == command:
             importlib.import_module(f"replayssm_sglang.{mod}").add_parser(sub)
+        else:  # not asked for: skip importing it (plan pulls in torch, seconds on a cold start)
+            sub.add_parser(mod, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     from replayssm_sglang.patching import PatchError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args)
     except PatchError as e:
