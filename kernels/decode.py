@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_sglang import policy
 from replayssm_sglang import ring as ringmod
 
 
@@ -289,8 +290,8 @@ def replay_decode(
     kind: "gdn" (a [B, HV], dt_bias [HV]) or "kda" (a [B, HV*K], dt_bias [HV*K]).
     mixed_qkv [B, 2*H*K + HV*V]; b [B, HV]; A_log [HV]; state [slots, HV, V, K] (fp32 or bf16);
     slot_idx [B] int (-1 = padded row); forced [B] (nonzero = flush this step: radix-cache block).
-    L: the window for this launch (default ring.layout.L; the small-batch policy passes 1). It may be
-    shorter than the ring's capacity, never longer.
+    L: the window for this launch; default: replayssm_sglang.policy.decode_window (the ring's L, or 1
+    at small batch). It may be shorter than the ring's capacity, never longer.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     lay = ring.layout
@@ -308,7 +309,9 @@ def replay_decode(
         raise ValueError("gate inputs have the wrong size for this layer kind")
     if state.stride(-1) != 1 or state.stride(-2) != K or state.stride(-3) != V * K:
         raise ValueError("state must be contiguous within a slot")
-    L = lay.L if L is None else int(L)
+    if L is None:
+        L = policy.decode_window(kind, B, state.dtype, lay.L)
+    L = int(L)
     if not 1 <= L <= lay.cap:
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")
     a2 = a.reshape(B, HV * GK)

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Decode-kernel benchmark (GPU): conventional vs upstream ReplaySSM vs ours, one run, one GPU.
+
+Arms (per layer kind, state dtype and batch size B):
+  conv        SGLang 0.5.17's Triton packed decode (fused_recurrent_{gated_delta_rule,kda}_packed_decode)
+  conv_cuda   SGLang 0.5.17's KDA CUDA row-streaming packed decode (fp32 state, B >= 8), if it loads
+  upstream    SGLang 0.5.17's fused_recurrent_linear_replayssm_decode (bf16 records, host cursors)
+  ours        kernels/decode.py, L = 16 (records fp32 and bf16: ours_r32, ours_r16)
+  ours_L1     kernels/decode.py run with window 1 (the small-batch policy's conventional-equivalent path)
+Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
+staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
+that the state touched by a graph replay is at least 4x the L2 (a model has dozens of such layers);
+triton.testing.do_bench median of graph replays / NSTEPS. Bytes: the bytes model (state, ring
+records, per step, average over the staggered cursors), and its fraction of the measured
+device-to-device copy peak. Speedups are against the fastest conventional arm of the same run.
+
+Writes JSON (and a PNG: --plot JSON makes the PNG from a JSON anywhere matplotlib exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import torch
+
+KIND_SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+L2_BYTES = 50 * 2**20
+
+
+def copy_peak(dev) -> float:
+    n = 2**28  # 1 GiB of fp32
+    a = torch.empty(n, dtype=torch.float32, device=dev)
+    b = torch.empty_like(a)
+    import triton.testing as tt
+    t = tt.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median") * 1e-3
+    del a, b
+    return 2 * n * 4 / t
+
+
+def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
+    s = KIND_SHAPES[kind]
+    H, HV, K, V = s["H"], s["HV"], s["K"], s["V"]
+    es = torch.empty((), dtype=DT[sdt]).element_size()
+    state = B * HV * V * K * es
+    GK = 1 if kind == "gdn" else K
+    HK = H if kind == "gdn" else HV
+    inputs = B * ((2 * H * K + HV * V) * 2 + HV * GK * 2 + HV * 2 + HV * V * 2)  # qkv, a, b, out (bf16)
+    if arm in ("conv", "conv_cuda", "ours_L1"):
+        return 2 * state + inputs
+    rec = HV * V * rec_es + HK * K * rec_es + HV * GK * 4
+    mean_read = (L - 1) / 2  # cursors uniform over 0..L-1
+    return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs
+
+
+class Case:
+    def __init__(self, kind, B, sdt, dev, L=16, seed=0):
+        from replayssm_sglang import reference as R
+
+        s = KIND_SHAPES[kind]
+        self.kind, self.B, self.sdt, self.L, self.dev = kind, B, sdt, L, dev
+        self.H, self.HV, self.K, self.V = s["H"], s["HV"], s["K"], s["V"]
+        es = torch.empty((), dtype=DT[sdt]).element_size()
+        pool_bytes = B * self.HV * self.V * self.K * es
+        self.NL = max(1, min(128, math.ceil(4 * L2_BYTES / pool_bytes)))
+        self.NSTEPS = max(16, self.NL)
+        g = torch.Generator().manual_seed(seed)
+        self.pools = [(torch.randn(B, self.HV, self.V, self.K, generator=g) * 0.05).to(DT[sdt]).to(dev)
+                      for _ in range(self.NL)]
+        self.slot_idx = torch.randperm(B, generator=g).to(torch.int32).to(dev)
+        self.inputs = []
+        for _ in range(min(self.NSTEPS, 16)):
+            x = R.random_decode_inputs(kind, B, self.H, self.HV, self.K, self.V, generator=g,
+                                       dtype=torch.bfloat16, device=dev)
+            self.inputs.append(x)
+        self.out = torch.empty(B, 1, self.HV, self.V, dtype=torch.bfloat16, device=dev)
+
+    def x(self, step):
+        return self.inputs[step % len(self.inputs)]
+
+    def pool(self, step):
+        return self.pools[step % self.NL]
+
+
+def arm_conv(c: Case):
+    from replayssm_sglang.kernels import upstream
+
+    def run(step):
+        upstream.conventional_decode(c.kind, *c.x(step), c.pool(step), c.slot_idx, c.out)
+    return run
+
+
+def arm_conv_cuda(c: Case):
+    if c.kind != "kda" or c.sdt != "float32" or c.B < 8:
+        return None
+    mod = _kda_cuda_module()
+    if mod is None:
+        return None
+    H = c.H
+
+    def run(step):
+        mixed, a, b, A_log, dt_bias = c.x(step)
+        mod.kda_packed_decode(mixed, a, b, A_log, dt_bias, c.K ** -0.5, c.pool(step), c.out, c.slot_idx, H, None)
+    return run
+
+
+_KDA_CUDA = {}
+
+
+def _kda_cuda_module():
+    """SGLang's KDA CUDA row-streaming path (JIT through tvm-ffi). Its import chain needs SGLang's
+    utils; IPython.display is stubbed when absent (used there only for notebook display helpers)."""
+    if "mod" in _KDA_CUDA:
+        return _KDA_CUDA["mod"]
+    mod = None
+    try:
+        try:
+            import IPython.display  # noqa: F401
+        except ImportError:
+            import types
+            ip = types.ModuleType("IPython")
+            disp = types.ModuleType("IPython.display")
+            disp.HTML = disp.display = lambda *a, **k: None
+            ip.display = disp
+            sys.modules.setdefault("IPython", ip)
+            sys.modules.setdefault("IPython.display", disp)
+        import importlib
+        mod = importlib.import_module("sglang.kernels.ops.attention.kda_packed_decode")
+        mod._jit_kda_packed_decode_module()
+    except Exception as e:  # noqa: BLE001
+        print(f"[conv_cuda] not available: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        _KDA_CUDA["err"] = f"{type(e).__name__}: {str(e)[:300]}"
+        mod = None
+    _KDA_CUDA["mod"] = mod
+    return mod
+
+
+def arm_upstream(c: Case):
+    from replayssm_sglang.kernels import upstream
+
+    m = upstream.load("fused_recurrent_linear_replayssm")
+    L, B, dev = c.L, c.B, c.dev
+    is_kda = c.kind == "kda"
+    rings = []
+    for _ in range(c.NL):
+        d = torch.zeros(B, c.HV, L, c.V, dtype=torch.bfloat16, device=dev)
+        k = torch.zeros(B, c.H, L, c.K, dtype=torch.bfloat16, device=dev)
+        gshape = (B, c.HV, L, c.K) if is_kda else (B, c.HV, L)
+        g = torch.zeros(gshape, dtype=torch.float32, device=dev)
+        rings.append((d, k, g))
+    # per-row cursors staggered (row + step) % L; upstream's caller owns them (host-side tensors here)
+    rows = torch.arange(B, device=dev, dtype=torch.int32)
+    wpos = [((rows + s) % L).to(torch.int32) for s in range(c.NSTEPS)]
+
+    def run(step):
+        mixed, a, b, A_log, dt_bias = c.x(step)
+        d, k, g = rings[step % c.NL]
+        if is_kda:
+            a = a.reshape(B, c.HV, c.K)
+            dt_bias = dt_bias.reshape(c.HV, c.K)
+        m.fused_recurrent_linear_replayssm_decode(
+            mixed, a, b, A_log, dt_bias, c.K ** -0.5, c.pool(step), d, k, g, c.out, c.slot_idx, wpos[step],
+            use_qk_l2norm_in_kernel=True, is_kda=is_kda)
+    return run
+
+
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None):
+    from replayssm_sglang import ring as ringmod
+    from replayssm_sglang.kernels.decode import replay_decode
+
+    lay = ringmod.RingLayout.for_layer(c.kind, L=c.L, H=c.H, HV=c.HV, K=c.K, V=c.V)
+    rings = []
+    for _ in range(c.NL):
+        r = lay.allocate(c.B, device=c.dev, record_dtype=rec_dtype)
+        # staggered cursors: slot s starts at (row of s) % L; zero records are valid records
+        row_of_slot = torch.empty(c.B, dtype=torch.int32, device=c.dev)
+        row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
+        r.h.copy_(row_of_slot % c.L)
+        rings.append(r)
+    bv, nw = cfg if cfg else (None, None)
+    L = window if window is not None else c.L
+
+    def run(step):
+        replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
+                      block_v=bv, num_warps=nw)
+    return run
+
+
+def time_graph(c: Case, run) -> float:
+    """Median seconds per decode step over CUDA-graph replays of NSTEPS steps."""
+    import triton.testing as tt
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(c.NSTEPS):  # warm-up: compile, and every ring/pool touched once
+            run(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(c.NSTEPS):
+            run(i)
+    g.replay()
+    torch.cuda.synchronize()
+    t = tt.do_bench(g.replay, warmup=20, rep=120, return_mode="median") * 1e-3
+    return t / c.NSTEPS
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/kernels.json")
+    ap.add_argument("--kinds", default="gdn,kda")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="1,32,128,256,512")
+    ap.add_argument("--sweep", action="store_true", help="first sweep (BV, num_warps) at B=256 for ours")
+    ap.add_argument("--sweep-configs", default="16x1,32x1,32x2,32x4,64x4")
+    ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
+    ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
+    args = ap.parse_args()
+    if args.plot:
+        plot(args.plot)
+        return
+
+    import triton
+
+    dev = torch.device("cuda")
+    meta = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), commit=args.commit, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                L=16, method="CUDA graph of NSTEPS decode steps, staggered cursors, pools rotated over >= 4x L2, "
+                "do_bench median of replays / NSTEPS")
+    meta["copy_peak_Bps"] = copy_peak(dev)
+    print(f"# {meta['gpu']}  copy peak {meta['copy_peak_Bps'] / 1e12:.2f} TB/s  commit {args.commit}", flush=True)
+    rows = []
+    chosen = {}
+    kinds, dtypes = args.kinds.split(","), args.dtypes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+
+    if args.sweep:
+        cfgs = [tuple(int(v) for v in s.split("x")) for s in args.sweep_configs.split(",")]
+        for kind in kinds:
+            for sdt in dtypes:
+                c = Case(kind, 256, sdt, dev)
+                best = None
+                for cfg in cfgs:
+                    try:
+                        t = time_graph(c, arm_ours(c, torch.bfloat16, cfg=cfg))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    print(f"sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us", flush=True)
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm=f"sweep_{cfg[0]}x{cfg[1]}", t_us=t * 1e6))
+                    if best is None or t < best[0]:
+                        best = (t, cfg)
+                chosen[f"{kind}/{sdt}"] = best[1]
+                del c
+                torch.cuda.empty_cache()
+    meta["configs"] = {k: list(v) for k, v in chosen.items()}
+
+    for kind in kinds:
+        for sdt in dtypes:
+            cfg = chosen.get(f"{kind}/{sdt}")
+            for B in batches:
+                c = Case(kind, B, sdt, dev)
+                arms = {
+                    "conv": arm_conv(c),
+                    "conv_cuda": arm_conv_cuda(c),
+                    "upstream": arm_upstream(c),
+                    "ours_r32": arm_ours(c, torch.float32, cfg=cfg),
+                    "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg),
+                    "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg),
+                }
+                res = {}
+                for name, run in arms.items():
+                    if run is None:
+                        continue
+                    try:
+                        res[name] = time_graph(c, run)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{kind} {sdt} B={B} {name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+                base_name = min((n for n in ("conv", "conv_cuda") if n in res), key=lambda n: res[n])
+                base = res[base_name]
+                line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
+                for name, t in res.items():
+                    rec_es = 4 if name == "ours_r32" else 2
+                    nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
+                                     TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
+                                     speedup_vs_conv=base / t, baseline=base_name))
+                    line.append(f"{name} {t * 1e6:8.1f}us {base / t:5.2f}x {nbytes / t / 1e12:4.2f}TB/s")
+                print(" | ".join(line), flush=True)
+                del c, arms
+                torch.cuda.empty_cache()
+    if "err" in _KDA_CUDA:
+        meta["conv_cuda_error"] = _KDA_CUDA["err"]
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {args.out}")
+    try:
+        plot(args.out)
+    except Exception as e:  # noqa: BLE001
+        print(f"plot failed: {e}")
+
+
+def plot(path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = json.load(open(path))
+    rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
+    combos = sorted({(r["kind"], r["state_dtype"]) for r in rows})
+    fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.6), squeeze=False)
+    for ax, (kind, sdt) in zip(axes[0], combos):
+        for arm in ("upstream", "ours_r32", "ours_r16", "ours_L1", "conv_cuda"):
+            pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
+                         if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{kind.upper()} {sdt} state")
+        ax.set_xlabel("batch B")
+        ax.set_ylabel("speedup vs best conventional")
+        ax.legend(fontsize=7)
+    m = d["meta"]
+    fig.suptitle(f"decode step, L=16 ({m['gpu']}, commit {m['commit']}, {m['date']})", fontsize=9)
+    fig.tight_layout()
+    png = os.path.splitext(path)[0] + ".png"
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

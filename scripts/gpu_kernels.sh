@@ -1,0 +1,29 @@
+#!/bin/bash
+# One-command GPU run for the decode kernels (run on the GPU machine from the repo root, carrying .gpu/kwhl):
+#   bash scripts/gpu_kernels.sh [bench args]
+# .gpu/kwhl holds cp312 wheels: sglang 0.5.17 (its fla kernels are the baselines; loaded by path, see
+# kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
+# (+ pydantic-core, annotated-types, typing-inspection). Steps: GPU tests (fp32 and bf16 states against the
+# float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
+# Env: GPU_TESTS=0 skips the tests; BENCH_ARGS overrides the benchmark arguments.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
+t0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/kwhl/*.whl \
+  || { echo "wheel install failed"; exit 2; }
+# the source tree as the installed layout: kernels/ is replayssm_sglang.kernels
+[ -e replayssm_sglang/kernels ] || ln -s ../kernels replayssm_sglang/kernels
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+echo "setup $(( $(date +%s) - t0 ))s; commit $REPLAYSSM_COMMIT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv,noheader
+if [ "${GPU_TESTS:-1}" = 1 ]; then
+  python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py 2>&1 | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
+  echo "tests $(( $(date +%s) - t0 ))s"
+fi
+stamp=$(date -u +%Y%m%d-%H%M)
+python3 scripts/bench_kernels.py --out "$OUT/kernels-$stamp.json" ${BENCH_ARGS:---sweep} 2>&1 | tee "$OUT/kernels-$stamp.txt"
+echo "total $(( $(date +%s) - t0 ))s"
