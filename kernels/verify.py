@@ -409,7 +409,9 @@ def ring_verify(
         scale = K ** -0.5
     if out is None:
         out = torch.empty(N, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    elif out.shape != (N, HV, V) or not out.is_contiguous():
+    else:
+        if not out.is_contiguous() or out.numel() != N * HV * V:
+            raise ValueError(f"out must be a contiguous buffer of {N}x{HV}x{V} elements")
         out = out.view(N, HV, V)
     if B == 0:
         return out
@@ -420,11 +422,29 @@ def ring_verify(
     BK = triton.next_power_of_2(K)
     BV = min(block_v, triton.next_power_of_2(V))
     BC = max(16, triton.next_power_of_2(lay.cap))
-    BT = max(8, triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
+    BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
     NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
+    try:
+        _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+    except Exception:
+        # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
+        if BT >= 16 or mixed_qkv.device.type != "cuda":
+            raise
+        _BT_MIN[0] = 16
+        _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+    return out
+
+
+_BT_MIN = [8]
+
+
+def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -436,4 +456,3 @@ def ring_verify(
         DOT_PRECISION=precision,
         num_warps=num_warps,
     )
-    return out
