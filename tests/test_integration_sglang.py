@@ -1,0 +1,560 @@
+"""Our ring inside real SGLang 0.5.17 modules on CPU (the series applied to a copy in tmp).
+
+Every lifecycle path is driven through the patched SGLang code (MambaPool, HybridReqToTokenPool,
+the radix cache's MambaComponent, the hybrid backend's metadata hook) and our decode kernel
+(Triton interpreter); the state each path leaves is compared with the float64 conventional
+recurrence (replayssm_sglang.reference.conventional_step) over the same tokens.
+
+The series is applied to a hard-linked clone (touched files copied) put first on sys.path before
+SGLang is imported: the installed SGLang stays pristine (tests/test_patching.py checks that).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from replayssm_sglang import patching, pin as pinmod
+from replayssm_sglang import reference as ref
+from replayssm_sglang.sglang_hooks import flush
+
+F64 = torch.float64
+H, HV, K, V = 1, 2, 16, 16
+L = 4
+
+
+def _clone(src: Path, dst: Path, copy: set[str]) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src / "sglang", dst / "sglang", copy_function=os.link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in set(copy) | {"sglang/_version.py"}:
+        p = dst / rel
+        if p.exists():
+            data = p.read_bytes()
+            p.unlink()
+            p.write_bytes(data)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def sg(tmp_path_factory):
+    """SGLang with the series applied, imported from a clone in tmp."""
+    if "sglang" in sys.modules:
+        pytest.fail("sglang was imported before this module: run these tests in their own process "
+                    "(python -m pytest tests/test_integration_sglang.py)")
+    src = patching.find_target(None)
+    tree = _clone(src, tmp_path_factory.mktemp("patched") / "site", set(pinmod.load_pin().files))
+    patching.apply(tree)
+    sys.path.insert(0, str(tree))
+    import sglang
+
+    assert sglang.__file__.startswith(str(tree)), sglang.__file__
+    from sglang.srt.mem_cache import memory_pool
+
+    return SimpleNamespace(tree=tree, memory_pool=memory_pool)
+
+
+# --- builders ------------------------------------------------------------------------------------
+
+def cache_params(kind: str, layers: list[int], dtype=torch.float32):
+    from sglang.srt.configs.mamba_utils import (KimiLinearCacheParams, KimiLinearStateShape, Mamba2CacheParams,
+                                                Mamba2StateDType, Mamba2StateShape)
+
+    dt = Mamba2StateDType(conv=torch.float32, temporal=dtype)
+    if kind == "gdn":
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * V, n_groups=H, num_heads=HV,
+                                        head_dim=V, state_size=K, conv_kernel=4)
+        return Mamba2CacheParams(shape=shape, layers=layers, dtype=dt)
+    shape = KimiLinearStateShape.create(tp_world_size=1, num_heads=HV, head_dim=K, conv_kernel_size=4)
+    return KimiLinearCacheParams(shape=shape, layers=layers, dtype=dt)
+
+
+def hybrid_pool(sg, kind="gdn", *, layers=(0,), size=4, mamba_size=6, extra_buffer=False, flag=True, L_=L):
+    return sg.memory_pool.HybridReqToTokenPool(
+        size=size, mamba_size=mamba_size, mamba_spec_state_size=size, max_context_len=64, device="cpu",
+        enable_memory_saver=False, cache_params=cache_params(kind, list(layers)), mamba_layer_ids=list(layers),
+        enable_mamba_extra_buffer=extra_buffer, enable_overlap_schedule=True,
+        enable_linear_replayssm=flag, linear_replayssm_cache_len=L_)
+
+
+def new_req(rid=0):
+    return SimpleNamespace(rid=rid, req_pool_idx=None, mamba_pool_idx=None, inflight_middle_chunks=0,
+                           kv_committed_len=0, mamba_ping_pong_track_buffer=None, mamba_next_track_idx=None)
+
+
+class Model:
+    """Per-layer fixed gate parameters, random tokens each step, and the float64 conventional
+    state of every slot (what SGLang's conventional decode would hold)."""
+
+    def __init__(self, kind, rtp, seed=None):
+        self.kind, self.rtp = kind, rtp
+        self.H = H if kind == "gdn" else HV  # KDA: one key head per value head
+        self.gen = torch.Generator()
+        self.gen.manual_seed(int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed)
+        self.layers = {}
+        mp = rtp.mamba_pool
+        for lid, li in rtp.mamba_map.items():
+            _, _, _, A_log, dt_bias = ref.random_decode_inputs(kind, 1, self.H, HV, K, V, generator=self.gen)
+            self.layers[lid] = SimpleNamespace(layer_id=lid, A_log=A_log, dt_bias=dt_bias, head_k_dim=K,
+                                               num_v_heads=HV, head_v_dim=V, lower_bound=None)
+        T = mp.mamba_cache.temporal
+        self.ref = T.to(F64).clone()  # [layers, slots, HV, V, K]
+
+    def write_prefill_state(self, slot: int):
+        """What a prefill leaves in the slot: some state (random), on both sides."""
+        T = self.rtp.mamba_pool.mamba_cache.temporal
+        s = torch.randn(T.shape[0], HV, V, K, generator=self.gen) * 0.3
+        T[:, slot] = s.to(T.dtype)
+        self.ref[:, slot] = T[:, slot].to(F64)
+
+    def step(self, slots, seq_lens=None, mode=None):
+        """One decode forward over rows with these slots (-1 = padded row) through the patched
+        backend hook; returns the max RMS ratio of the outputs against the conventional path."""
+        from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from replayssm_sglang.sglang_hooks import decode
+
+        idx = torch.tensor(slots, dtype=torch.int32)
+        B = len(slots)
+        seq_lens = torch.tensor(seq_lens if seq_lens is not None else [1] * B, dtype=torch.int64)
+        backend = SimpleNamespace(req_to_token_pool=self.rtp,
+                                  forward_metadata=ForwardMetadata(query_start_loc=None, mamba_cache_indices=idx))
+        fb = SimpleNamespace(seq_lens=seq_lens, forward_mode=mode or ForwardMode.DECODE)
+        worst = 0.0
+        for lid, layer in self.layers.items():
+            li = self.rtp.mamba_map[lid]
+            mixed, a, b, _, _ = ref.random_decode_inputs(self.kind, B, self.H, HV, K, V, generator=self.gen)
+            temporal = self.rtp.mamba2_layer_cache(lid).temporal
+            out = decode.forward_decode(backend, layer, fb, mixed, a, b, temporal, idx)
+            assert out.shape == (1, B, HV, V)
+            x = ref.unpack(self.kind, mixed, a, b, layer.A_log, layer.dt_bias, H=self.H, HV=HV, K=K, V=V)
+            st = self.ref[li]
+            o_ref = ref.conventional_step(st, x, idx)
+            o = out[0].to(F64)
+            assert torch.isfinite(o).all()
+            real = idx >= 0
+            if real.any():
+                worst = max(worst, rms_ratio(o[real], o_ref[real]))
+            if (~real).any():
+                assert (o[~real] == 0).all(), "padded rows must get zero output"
+        return worst
+
+    def state_err(self, slot, temporal_slot=None):
+        """RMS ratio of the pool's checkpoint of ``slot`` (all layers) against the conventional state."""
+        T = self.rtp.mamba_pool.mamba_cache.temporal
+        got = T[:, slot] if temporal_slot is None else temporal_slot
+        return rms_ratio(got.to(F64), self.ref[:, slot])
+
+
+def rms_ratio(x, y):
+    assert torch.isfinite(x).all(), "NaN/inf never passes"
+    d = (x - y).pow(2).mean().sqrt()
+    n = y.pow(2).mean().sqrt().clamp_min(1e-30)
+    return float(d / n)
+
+
+TOL = 2e-5  # fp32 kernel and fold against the float64 recurrence
+
+
+def h_of(rtp, slot):
+    return rtp.mamba_pool.replayssm_pool.h[:, slot].tolist()
+
+
+# --- allocation and budget -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
+    from replayssm_sglang.sglang_hooks import pool as P
+
+    rtp = hybrid_pool(sg, kind, layers=(3, 7), mamba_size=6)
+    mp = rtp.mamba_pool
+    rp = mp.replayssm_pool
+    assert rp is not None and rp.kind == kind
+    # upstream's decode ring is neither allocated nor driven
+    assert mp.enable_linear_replayssm is False and mp.replayssm_write_pos is None
+    assert mp.mamba_cache.replayssm_d is None and mp.mamba_cache.replayssm_g is None
+    lay = rp.layout
+    GK = 1 if kind == "gdn" else K
+    HK = H if kind == "gdn" else HV
+    assert (lay.HV, lay.V, lay.K, lay.HK, lay.GK, lay.L) == (HV, V, K, HK, GK, L)
+    assert tuple(rp.u.shape) == (2, 7, HV, L, V) and tuple(rp.k.shape) == (2, 7, HK, L, K)
+    assert tuple(rp.g.shape) == (2, 7, HV, L, GK) and tuple(rp.h.shape) == (2, 7)
+    # budget: what patch 0005 charges per slot is exactly what is allocated per slot
+    per_slot = P.ring_bytes_per_slot(cache_params(kind, [3, 7]), L)
+    assert per_slot * 7 == rp.nbytes()
+    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8)
+    assert per_slot == by_hand
+    # and counted in the pool's reported usage
+    off = hybrid_pool(sg, kind, layers=(3, 7), mamba_size=6, flag=False).mamba_pool
+    assert getattr(off, "replayssm_pool", "missing") is None
+    assert abs((mp.mem_usage - off.mem_usage) * (1 << 30) - rp.nbytes()) < 1
+
+
+def test_flag_off_pool_is_upstreams(sg):
+    mp = hybrid_pool(sg, "gdn", flag=False).mamba_pool
+    assert mp.replayssm_pool is None and mp.replayssm_write_pos is None and mp.mamba_cache.replayssm_d is None
+
+
+# --- lifecycle paths -----------------------------------------------------------------------------
+
+def test_fresh_alloc_free_and_reuse_mid_window(sg):
+    """A request decodes into the middle of a window and is freed (finish without caching, abort);
+    the next owner of the slot starts from its own prefill state with no records."""
+    rtp = hybrid_pool(sg, mamba_size=1)  # one slot: the second request must reuse it
+    m = Model("gdn", rtp)
+    r1 = new_req(1)
+    rtp.alloc([r1])
+    s = int(r1.mamba_pool_idx)
+    m.write_prefill_state(s)
+    assert h_of(rtp, s) == [0]
+    for _ in range(L + 2):  # one natural flush, then 2 records pending
+        assert m.step([s]) < TOL
+    assert h_of(rtp, s) == [2]
+    rtp.free_mamba_cache(r1)
+    r2 = new_req(2)
+    rtp.alloc([r2])
+    assert int(r2.mamba_pool_idx) == s
+    assert h_of(rtp, s) == [0], "a slot entering prefill must start with no records"
+    m.write_prefill_state(s)
+    for _ in range(3):
+        assert m.step([s]) < TOL
+
+
+def test_abort_mid_window_then_extend_resets_on_the_forward_stream(sg):
+    """Abort frees a slot with records pending; the next owner's extend forward resets h even if
+    the allocation-time reset raced with the old owner's in-flight decode (overlap scheduler)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from replayssm_sglang.sglang_hooks import decode
+
+    rtp = hybrid_pool(sg, mamba_size=2)
+    m = Model("gdn", rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    m.step([s])
+    m.step([s])
+    # the in-flight decode lands after the allocation-time reset: h is stale again
+    assert h_of(rtp, s) == [2]
+    backend = SimpleNamespace(req_to_token_pool=rtp)
+    decode.before_extend(backend, SimpleNamespace(forward_mode=ForwardMode.EXTEND), torch.tensor([s, -1]))
+    assert h_of(rtp, s) == [0]
+    m.write_prefill_state(s)
+    assert m.step([s]) < TOL
+
+
+def test_prefix_hit_copy_on_write(sg):
+    """A radix node's state (h == 0 by construction) is copied into a new request's slot whose
+    previous owner left records behind; the destination starts with none and decodes exactly."""
+    rtp = hybrid_pool(sg, mamba_size=4)
+    m = Model("gdn", rtp)
+    a, b = new_req(1), new_req(2)
+    rtp.alloc([a, b])
+    node, dst = int(a.mamba_pool_idx), int(b.mamba_pool_idx)
+    m.write_prefill_state(node)
+    m.write_prefill_state(dst)
+    m.step([dst])
+    m.step([dst])  # stale records in dst
+    assert h_of(rtp, dst) == [2]
+    rtp.mamba_pool.copy_from(torch.tensor([node]), torch.tensor([dst]))
+    m.ref[:, dst] = m.ref[:, node]
+    assert h_of(rtp, dst) == [0]
+    assert m.state_err(dst) == 0.0
+    for _ in range(L + 1):
+        assert m.step([dst]) < TOL
+    assert m.state_err(node) == 0.0, "the source checkpoint must be untouched"
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_finish_mid_window_caches_exact_state_at_full_length(sg, kind):
+    """no_buffer: the finished request's live slot becomes a radix node. The patched
+    MambaComponent folds the ring, so the key keeps its full length and the state is exact."""
+    from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
+
+    rtp = hybrid_pool(sg, kind, layers=(0, 1))
+    m = Model(kind, rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    steps = L + 2
+    for _ in range(steps):
+        assert m.step([s]) < TOL
+    assert h_of(rtp, s) == [2, 2]
+    assert m.state_err(s) > 1e-3, "mid-window the checkpoint lags (the test would pass vacuously otherwise)"
+    comp = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=False, req_to_token_pool=rtp),
+                           int8_ckpt_pool=None)
+    params = SimpleNamespace(mamba_value=None)
+    n = 40 + steps
+    cache_len = MambaComponent.prepare_for_caching_req(comp, r, params, n, True)
+    assert cache_len == n, "the cached key must keep its full length"
+    assert int(params.mamba_value) == s
+    assert h_of(rtp, s) == [0, 0]
+    assert m.state_err(s) < TOL
+
+
+def test_legacy_mamba_radix_cache_finish_also_folds(sg):
+    """The same hook in MambaRadixCache.cache_finished_req (legacy radix cache module)."""
+    src = (sg.tree / "sglang/srt/mem_cache/mamba_radix_cache.py").read_text()
+    i = src.index("def cache_finished_req")
+    body = src[i: src.index("def cache_unfinished_req")]
+    assert body.index("fold_slots") < body.index("replayssm_write_pos"), "fold before the upstream cap"
+
+
+def test_retraction_cpu_backup_keeps_accepted_updates(sg):
+    """Retraction with CPU backup (upstream #38485): get_cpu_copy folds first, so the backup holds
+    every decoded token; load_cpu_copy restores a slot with no records."""
+    rtp = hybrid_pool(sg, layers=(0, 1))
+    m = Model("gdn", rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    for _ in range(L + 3):
+        m.step([s])
+    assert h_of(rtp, s) == [3, 3]
+    conv_cpu, temporal_cpu = rtp.mamba_pool.get_cpu_copy(torch.tensor([s]))
+    assert temporal_cpu.device.type == "cpu"
+    assert m.state_err(s, temporal_cpu[:, 0]) < TOL, "the backup must hold every accepted update"
+    # restore into another slot (re-admission) whose previous owner left records
+    r2 = new_req(2)
+    rtp.alloc([r2])
+    s2 = int(r2.mamba_pool_idx)
+    m.write_prefill_state(s2)
+    m.step([s2])
+    assert h_of(rtp, s2) == [1, 1]
+    rtp.mamba_pool.load_cpu_copy((conv_cpu, temporal_cpu), torch.tensor([s2]))
+    m.ref[:, s2] = m.ref[:, s]
+    assert h_of(rtp, s2) == [0, 0]
+    for _ in range(3):
+        assert m.step([s2]) < TOL
+
+
+def test_hicache_load_back_into_a_slot_with_stale_records(sg):
+    """HiCache load-back allocates the request's slot straight from the allocator (no reset) and
+    writes the host state into it; the request then enters HybridReqToTokenPool.alloc with its slot
+    set, which resets the records."""
+    rtp = hybrid_pool(sg, mamba_size=1)  # the load-back gets the stale slot
+    m = Model("gdn", rtp)
+    old = new_req(1)
+    rtp.alloc([old])
+    s = int(old.mamba_pool_idx)
+    m.write_prefill_state(s)
+    m.step([s])
+    m.step([s])
+    rtp.free_mamba_cache(old)  # finishes without caching: h stays stale
+    r = new_req(2)
+    slot = rtp.mamba_allocator.alloc(1)  # MambaComponent.prepare_load_back
+    r.mamba_pool_idx = slot[0]
+    assert int(slot[0]) == s and h_of(rtp, s) == [2], "the slot arrives with stale records"
+    m.write_prefill_state(s)  # the H->D copy of the cached state
+    rtp.alloc([r])
+    assert h_of(rtp, s) == [0]
+    for _ in range(L + 1):
+        assert m.step([s]) < TOL
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
+    """--enable-mixed-chunk: an extend batch carries decoding rows; the chunk kernel reads their
+    checkpoints, which the metadata hook folds first (exact), and decode continues exactly."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from replayssm_sglang.sglang_hooks import decode
+
+    rtp = hybrid_pool(sg, kind)
+    m = Model(kind, rtp)
+    a, b = new_req(1), new_req(2)
+    rtp.alloc([a, b])
+    sa, sb = int(a.mamba_pool_idx), int(b.mamba_pool_idx)
+    m.write_prefill_state(sa)
+    m.write_prefill_state(sb)
+    for _ in range(3):
+        m.step([sa])
+    assert h_of(rtp, sa) == [3] and m.state_err(sa) > 1e-3
+    backend = SimpleNamespace(req_to_token_pool=rtp)
+    decode.before_extend(backend, SimpleNamespace(forward_mode=ForwardMode.MIXED), torch.tensor([sb, sa]))
+    assert h_of(rtp, sa) == [0] and m.state_err(sa) < TOL
+    assert m.state_err(sb) == 0.0, "a prefill row's checkpoint is untouched"
+    for _ in range(2):
+        assert m.step([sa, sb]) < TOL
+
+
+def test_cuda_graph_padding_rows_touch_nothing(sg):
+    """Padded rows (slot -1, seq_len fill 1) get zero output and leave every other slot, record
+    and h bit-identical (untouched slots poisoned with 1e30)."""
+    rtp = hybrid_pool(sg, mamba_size=4)
+    m = Model("gdn", rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    T = rtp.mamba_pool.mamba_cache.temporal
+    rp = rtp.mamba_pool.replayssm_pool
+    others = [i for i in range(T.shape[1]) if i != s]
+    T[:, others] = 1e30
+    rp.u[:, others] = 1e30
+    m.ref[:, others] = 1e30
+    m.write_prefill_state(s)
+    snap = (T[:, others].clone(), rp.u[:, others].clone(), rp.h[:, others].clone())
+    for _ in range(L + 1):
+        assert m.step([s, -1, -1], seq_lens=[5, 1, 1]) < TOL
+    assert torch.equal(T[:, others], snap[0]) and torch.equal(rp.u[:, others], snap[1])
+    assert torch.equal(rp.h[:, others], snap[2])
+
+
+# --- forced flush at radix block boundaries (issue 6) --------------------------------------------
+
+def test_forced_flush_mask_is_device_side_and_exact():
+    seq = torch.tensor([1, 255, 256, 257, 512, 768, 0])
+    assert flush.forced_flush_mask(seq, 256).tolist() == [0, 0, 1, 0, 1, 1, 1]
+    out = torch.full((7,), 7, dtype=torch.int32)
+    r = flush.forced_flush_mask(seq, 256, out=out)
+    assert r is out and out.tolist() == [0, 0, 1, 0, 1, 1, 1]
+    with pytest.raises(ValueError):
+        flush.forced_flush_mask(seq, 0)
+    # matches SGLang's extra_buffer decode track mask, page sizes included (interval % page == 0)
+    for interval in (64, 128, 256):
+        s = torch.randint(1, 4096, (64,))
+        assert torch.equal(flush.forced_flush_mask(s, interval).bool(), s % interval == 0)
+
+
+def test_track_interval_only_when_decode_states_are_snapshotted():
+    on = SimpleNamespace(disable_radix_cache=False, enable_mamba_extra_buffer=lambda: True, mamba_track_interval=256)
+    assert flush.track_interval_from_server_args(on) == 256
+    assert flush.track_interval_from_server_args(SimpleNamespace(**{**vars(on), "disable_radix_cache": True})) is None
+    nb = SimpleNamespace(**{**vars(on), "enable_mamba_extra_buffer": lambda: False})
+    assert flush.track_interval_from_server_args(nb) is None
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_forced_flush_makes_the_track_snapshot_exact_and_donation_keeps_it(sg, kind):
+    """extra_buffer: on the step whose seq_len is a multiple of the track interval the kernel
+    flushes (decided from device seq_lens), so the track copy SGLang makes after the last layer
+    holds the exact state; the ping-pong slot is donated to the radix tree and a later request
+    copies it (COW) and decodes exactly. Without the forced flag the snapshot would be stale."""
+    interval = 3
+    rtp = hybrid_pool(sg, kind, extra_buffer=True, mamba_size=8)
+    rtp.mamba_pool.replayssm_pool.track_interval = interval
+    m = Model(kind, rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    assert r.mamba_ping_pong_track_buffer is not None
+    m.write_prefill_state(s)
+    T = rtp.mamba_pool.mamba_cache.temporal
+    seq = 7  # prompt length; decode steps produce seq 8, 9 (boundary), 10, 11, 12 (boundary) ...
+    snaps = 0
+    for _ in range(6):
+        seq += 1
+        assert m.step([s], seq_lens=[seq]) < TOL
+        if seq % interval == 0:
+            # _track_mamba_state_decode: copy the live slot into the next ping-pong slot
+            track = int(r.mamba_ping_pong_track_buffer[r.mamba_next_track_idx])
+            T[:, track] = T[:, s]
+            m.ref[:, track] = m.ref[:, s]
+            assert m.state_err(track) < TOL, f"track snapshot at seq {seq} must be exact"
+            r.mamba_next_track_idx = 1 - r.mamba_next_track_idx
+            snaps += 1
+    assert snaps == 2
+    # donate the kept ping-pong slot to the tree; a new request copies it and decodes
+    new_slot = rtp.mamba_allocator.alloc(1)
+    donated = int(rtp.donate_mamba_ping_pong_slot(r, new_slot))
+    r2 = new_req(2)
+    rtp.alloc([r2])
+    s2 = int(r2.mamba_pool_idx)
+    rtp.mamba_pool.copy_from(torch.tensor([donated]), torch.tensor([s2]))
+    m.ref[:, s2] = m.ref[:, donated]
+    for _ in range(L + 1):
+        assert m.step([s2], seq_lens=[100]) < TOL
+
+
+def test_without_forced_flush_the_snapshot_would_be_stale(sg):
+    """Guards the fix: the same walk with no track interval leaves the checkpoint lagging at the
+    boundary (so the test above can fail)."""
+    rtp = hybrid_pool(sg, "gdn", mamba_size=4)
+    m = Model("gdn", rtp)
+    r = new_req()
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    for seq in (8, 9):
+        m.step([s], seq_lens=[seq])
+    assert m.state_err(s) > 1e-3
+
+
+# --- server arguments ----------------------------------------------------------------------------
+
+def _args(**kw):
+    base = dict(enable_linear_replayssm=True, enable_linear_replayssm_spec=False, linear_replayssm_cache_len=16,
+                speculative_algorithm=None, speculative_eagle_topk=None, disaggregation_mode="null",
+                enable_unified_memory=False, enable_int8_mamba_checkpoint=False, enable_streaming_session=False)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+ACCEPTED = [dict(), dict(linear_replayssm_cache_len=1), dict(linear_replayssm_cache_len=64)]
+REFUSED = [
+    (dict(enable_linear_replayssm_spec=True), "triton",
+     "--enable-linear-replayssm and --enable-linear-replayssm-spec cannot be combined: "
+     "--enable-linear-replayssm-spec selects upstream SGLang's separate spec-verify ring, while "
+     "replayssm-sglang verifies drafts in the same ring as decode (not wired into SGLang in "
+     "this build). Fix: pass only one of them (upstream's spec ring alone: drop "
+     "--enable-linear-replayssm)."),
+    (dict(), "flashinfer",
+     "--enable-linear-replayssm runs on the Triton linear-attention decode backend, got "
+     "--linear-attn-decode-backend='flashinfer': pass --linear-attn-decode-backend triton "
+     "or drop --enable-linear-replayssm."),
+    (dict(linear_replayssm_cache_len=0), "triton",
+     "--linear-replayssm-cache-len must be >= 1, got 0; 16 is the default and a good choice."),
+    (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4), "triton",
+     "--enable-linear-replayssm does not support speculative decoding in this build "
+     "(got --speculative-algorithm='EAGLE') (and --speculative-eagle-topk 4 is an EAGLE tree, which "
+     "the ring will not support): drafts are verified in the ring only once the verify path is "
+     "wired. Fix: drop --speculative-algorithm, or drop --enable-linear-replayssm."),
+    (dict(speculative_algorithm="NEXTN"), "triton",
+     "--enable-linear-replayssm does not support speculative decoding in this build "
+     "(got --speculative-algorithm='NEXTN'): drafts are verified in the ring only once the verify "
+     "path is wired. Fix: drop --speculative-algorithm, or drop --enable-linear-replayssm."),
+    (dict(disaggregation_mode="decode"), "triton",
+     "--enable-linear-replayssm is not supported under PD disaggregation "
+     "(--disaggregation-mode='decode'): the disaggregated decode pool "
+     "(HybridMambaDecodeReqToTokenPool) allocates no ring and the state transfer does not "
+     "fold it. Fix: drop --enable-linear-replayssm on both servers."),
+    (dict(enable_unified_memory=True), "triton",
+     "--enable-linear-replayssm does not support --enable-unified-memory: the unified mamba "
+     "pool allocates no ring (upstream turns ReplaySSM off there silently). Fix: drop "
+     "--enable-unified-memory or drop --enable-linear-replayssm."),
+    (dict(enable_int8_mamba_checkpoint=True), "triton",
+     "--enable-linear-replayssm is not validated with --enable-int8-mamba-checkpoint (its "
+     "copy-on-write bypasses MambaPool.copy_from). Fix: drop --enable-int8-mamba-checkpoint "
+     "or drop --enable-linear-replayssm."),
+    (dict(enable_streaming_session=True), "triton",
+     "--enable-linear-replayssm does not support --enable-streaming-session: a streaming "
+     "session keeps a finished turn's live slot without the radix-cache path that folds the "
+     "ring. Fix: drop --enable-streaming-session or drop --enable-linear-replayssm."),
+]
+
+
+@pytest.mark.parametrize("kw", ACCEPTED)
+def test_server_args_accepted(kw):
+    from replayssm_sglang.sglang_hooks import server_args as S
+
+    assert S.validate(_args(**kw), "triton") is True
+    assert S.validate(_args(enable_linear_replayssm=False, **kw), "flashinfer") is False
+
+
+@pytest.mark.parametrize("kw,decode,msg", REFUSED)
+def test_server_args_refused_with_exact_message(kw, decode, msg):
+    from replayssm_sglang.sglang_hooks import server_args as S
+
+    with pytest.raises(ValueError) as e:
+        S.validate(_args(**kw), decode)
+    assert str(e.value) == msg
