@@ -38,7 +38,7 @@ import triton.language as tl
 
 from replayssm_sglang import ring as ring_mod
 
-__all__ = ["ring_verify", "ring_prefold", "default_precision"]
+__all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
 
 
 @triton.jit
@@ -301,6 +301,28 @@ def _ring_verify_kernel(
             tl.store(p_g, Gref[None, :] + Gl, mask=mtk)
         else:
             tl.store(g_base + h0 + o_t, Gref + Gl, mask=mt)
+
+
+@triton.jit
+def _ring_commit_kernel(ring_h, slot_idx, accepted, n_rows, T, L, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_rows
+    slot = tl.load(slot_idx + offs, mask=m, other=-1).to(tl.int64)
+    valid = m & (slot >= 0)
+    h = tl.load(ring_h + slot, mask=valid, other=0)
+    acc = tl.load(accepted + offs, mask=valid, other=0).to(h.dtype)
+    start = tl.where(h + T > L, 0, h)  # ring.verify_start
+    tl.store(ring_h + slot, start + acc, mask=valid)
+
+
+def ring_commit_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:
+    """One-launch device form of ``ring.commit_verify_`` (same rule: h = verify_start(h) + accepted for
+    rows with a slot; padded rows untouched), for the hot path; tests check the two agree."""
+    B = slot_idx.shape[0]
+    if B:
+        BLOCK = min(1024, triton.next_power_of_2(B))
+        _ring_commit_kernel[(triton.cdiv(B, BLOCK),)](h, slot_idx, accepted, B, T, L, BLOCK=BLOCK)
+    return h
 
 
 def default_precision(device) -> str:

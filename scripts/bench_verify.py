@@ -43,7 +43,7 @@ if "--smoke" in sys.argv:
 import torch
 
 from replayssm_sglang import ring as R
-from replayssm_sglang.kernels.verify import ring_verify
+from replayssm_sglang.kernels.verify import ring_commit_, ring_verify
 from replayssm_sglang.reference_verify import ReferenceStream, random_inputs, random_params
 
 LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
@@ -240,7 +240,7 @@ class Ours:
                            precision=self.precision, **self.cfg)
 
     def commit(self, acc):
-        R.commit_verify_(self.ring.h, self.c.slots, self.c.T, self.c.L, acc)
+        ring_commit_(self.ring.h, self.c.slots, self.c.T, self.c.L, acc)
 
     def bytes_per_step(self, acc, steps=64):
         c = self.c

@@ -16,7 +16,7 @@ import torch
 
 from conftest import extra_cases
 from replayssm_sglang import ring as R
-from replayssm_sglang.kernels.verify import ring_verify
+from replayssm_sglang.kernels.verify import ring_commit_, ring_verify
 from replayssm_sglang.reference_verify import ReferenceStream, random_inputs, random_params
 
 CUDA = torch.cuda.is_available()
@@ -132,7 +132,7 @@ def run_sequence(
                 stats["non_fold"] += 1
                 assert torch.equal(ck_after[j], ck_before[j]), f"seed={seed} step={step}: non-fold verify wrote the checkpoint"
         acc = torch.randint(1, Tt + 1, (NB,), generator=gen)
-        R.commit_verify_(ring.h, slot_idx, Tt, L, acc.to(device))
+        ring_commit_(ring.h, slot_idx, Tt, L, acc.to(device=device, dtype=torch.int32))
         ref.commit(acc[real_pos])
         for j, r in enumerate(real_pos):
             s = rows[r]
@@ -246,6 +246,19 @@ def test_T1_verify_equals_conventional_step():
     conventional decode; the outputs match the float64 recurrence."""
     for kind in ("gdn", "kda"):
         run_sequence(kind=kind, L=1, T=1, steps=8)
+
+
+def test_commit_kernel_matches_ring_rule():
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    for L, T in ((8, 4), (16, 1), (32, 8)):
+        n_slots, B = 12, 9
+        h = torch.randint(0, L + 1, (n_slots,), generator=g, dtype=torch.int32)
+        slots = torch.randperm(n_slots, generator=g)[:B].to(torch.int32)
+        slots[torch.rand(B, generator=g) < 0.3] = -1
+        acc = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int32)
+        want = R.commit_verify_(h.clone(), slots.long(), T, L, acc)
+        got = ring_commit_(h.clone().to(DEV), slots.to(DEV), T, L, acc.to(DEV)).cpu()
+        assert torch.equal(got, want)
 
 
 def test_refusals():
