@@ -633,3 +633,35 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypa
             else:
                 assert m.state_err(slots[row]) > 1e-3, "between boundaries records are pending"
     assert checked == 3
+
+
+def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
+    """Overlap scheduler + mixed chunk: a new request's slot was just freed by a request whose
+    last decode is still in flight and bumps h after the allocation-time reset. SGLang clears the
+    fresh slot on the forward stream (clear_slots), which also resets h, so the mixed batch's fold
+    is the identity on it: its prefill starts from a zero state."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    rtp = hybrid_pool(sg, mamba_size=1)
+    m = Model("gdn", rtp)
+    old = new_req(1)
+    rtp.alloc([old])
+    s = int(old.mamba_pool_idx)
+    m.write_prefill_state(s)
+    rtp.free_mamba_cache(old)
+    new = new_req(2)
+    rtp.alloc([new])
+    assert int(new.mamba_pool_idx) == s and new.mamba_needs_clear
+    m.step([s])
+    m.step([s])  # the old owner's in-flight decode lands after the reset
+    assert h_of(rtp, s) == [2]
+    rtp.mamba_pool.clear_slots(torch.tensor([s]))  # ModelRunner._maybe_execute_deferred_mamba_cow_and_clear
+    assert h_of(rtp, s) == [0]
+    backend = object.__new__(MambaAttnBackendBase)
+    backend.req_to_token_pool, backend.device = rtp, "cpu"
+    fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.tensor([new.req_pool_idx]), mamba_track_indices=None,
+                         mamba_track_mask=None, _original_batch_size=None, forward_mode=ForwardMode.MIXED,
+                         extend_start_loc=torch.tensor([0]), extend_seq_lens=torch.tensor([6]))
+    MambaAttnBackendBase._forward_metadata(backend, fb)
+    assert torch.count_nonzero(rtp.mamba_pool.mamba_cache.temporal[:, s]) == 0
