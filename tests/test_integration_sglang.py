@@ -579,13 +579,15 @@ def test_server_args_refused_with_exact_message(kw, decode, msg):
 
 # --- through SGLang's own (patched) backend code -------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypatch):
+@pytest.mark.parametrize("kind,lower_bound", [("gdn", None), ("kda", None), ("kda", -5.0)])
+def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bound, monkeypatch):
     """GDNAttnBackend / KDAAttnBackend.forward_decode as patched (0003): after SGLang's conv1d
     (replaced by the identity here: conv is not ours) the step runs our kernel with the device
     forced-flush mask, then SGLang's own all-layers track copy (Triton, interpreted) snapshots the
     live slot into the extra_buffer track slot on boundary steps. The snapshots are exact; the
-    live checkpoint between boundaries is not (records pending), so the test can fail."""
+    live checkpoint between boundaries is not (records pending), so the test can fail.
+    KDA's safe gate (lower_bound) goes through our kernel too (upstream silently falls back to an
+    unbuffered path there while its cursor advances)."""
     from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -596,6 +598,8 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypa
     rtp = hybrid_pool(sg, kind, layers=(0, 1), extra_buffer=True, mamba_size=10)
     rtp.mamba_pool.replayssm_pool.track_interval = interval
     m = Model(kind, rtp)
+    for layer in m.layers.values():
+        layer.lower_bound = lower_bound
     a, b = new_req(1), new_req(2)
     rtp.alloc([a, b])
     slots = [int(a.mamba_pool_idx), int(b.mamba_pool_idx)]
@@ -607,7 +611,7 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypa
     T = rtp.mamba_pool.mamba_cache.temporal
     seqs = [7, 8]  # the rows hit boundaries on different steps
     checked = 0
-    for _ in range(4):
+    for _ in range(3):
         seqs = [x + 1 for x in seqs]
         idx = torch.tensor(slots, dtype=torch.int32)
         mask = torch.tensor([x % interval == 0 for x in seqs])
@@ -621,7 +625,8 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypa
             mixed, aa, bb, _, _ = ref.random_decode_inputs(kind, 2, m.H, HV, K, V, generator=m.gen)
             lay = SimpleNamespace(**vars(layer), conv_weights=None, bias=None, activation="silu")
             out = backend.forward_decode(lay, fb, mixed, aa, bb)
-            x = ref.unpack(kind, mixed, aa, bb, layer.A_log, layer.dt_bias, H=m.H, HV=HV, K=K, V=V)
+            x = ref.unpack(kind, mixed, aa, bb, layer.A_log, layer.dt_bias, H=m.H, HV=HV, K=K, V=V,
+                           lower_bound=lower_bound)
             o_ref = ref.conventional_step(m.ref[li], x, idx)
             assert rms_ratio(out[0].to(F64), o_ref) < TOL
         for row, r in enumerate((a, b)):
@@ -632,7 +637,7 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, monkeypa
                 checked += 1
             else:
                 assert m.state_err(slots[row]) > 1e-3, "between boundaries records are pending"
-    assert checked == 3
+    assert checked == 2
 
 
 def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
@@ -665,3 +670,21 @@ def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
                          extend_start_loc=torch.tensor([0]), extend_seq_lens=torch.tensor([6]))
     MambaAttnBackendBase._forward_metadata(backend, fb)
     assert torch.count_nonzero(rtp.mamba_pool.mamba_cache.temporal[:, s]) == 0
+
+
+def test_forced_mask_computed_once_per_forward_and_recomputed_for_new_lengths(sg):
+    """Every layer of one forward shares one mask tensor; a new seq_lens tensor on the same
+    metadata object (warm-up before a CUDA-graph capture reuses it) gets a fresh mask."""
+    from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
+
+    rp = hybrid_pool(sg).mamba_pool.replayssm_pool
+    meta = ForwardMetadata(query_start_loc=None, mamba_cache_indices=torch.tensor([1]))
+    rp.track_interval = None
+    assert rp.forced_mask(meta, torch.tensor([256])) is None
+    rp.track_interval = 4
+    s1 = torch.tensor([4, 5])
+    m1 = rp.forced_mask(meta, s1)
+    assert m1.tolist() == [1, 0] and rp.forced_mask(meta, s1) is m1
+    s2 = torch.tensor([7, 8])
+    m2 = rp.forced_mask(meta, s2)
+    assert m2 is not m1 and m2.tolist() == [0, 1]

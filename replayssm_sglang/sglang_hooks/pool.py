@@ -165,14 +165,15 @@ class ReplayPool:
         if self.track_interval is None:
             return None
         capturing = bool(seq_lens.is_cuda and torch.cuda.is_current_stream_capturing())
-        key = (id(seq_lens), capturing)
         cached = getattr(forward_metadata, "_replayssm_forced", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        # the cache holds the seq_lens tensor itself (compared by identity), so its id cannot be
+        # reused by another tensor while the entry lives
+        if cached is not None and cached[0] is seq_lens and cached[1] == capturing:
+            return cached[2]
         from replayssm_sglang.sglang_hooks.flush import forced_flush_mask
 
         ff = forced_flush_mask(seq_lens, self.track_interval)
-        forward_metadata._replayssm_forced = (key, ff)
+        forward_metadata._replayssm_forced = (seq_lens, capturing, ff)
         return ff
 
     def decode(self, *, layer_idx: int, mixed_qkv, a, b, A_log, dt_bias, scale: float, ssm_states: torch.Tensor,
