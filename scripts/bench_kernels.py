@@ -183,12 +183,12 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None):
         row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         r.h.copy_(row_of_slot % c.L)
         rings.append(r)
-    bv, nw = cfg if cfg else (None, None)
+    bv, nw, nk = cfg if cfg else (None, None, None)
     L = window if window is not None else c.L
 
     def run(step):
         replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                      block_v=bv, num_warps=nw)
+                      block_v=bv, num_warps=nw, k_chunks=nk)
     return run
 
 
@@ -220,7 +220,7 @@ def main():
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,32,128,256,512")
     ap.add_argument("--sweep", action="store_true", help="first sweep (BV, num_warps) at B=256 for ours")
-    ap.add_argument("--sweep-configs", default="16x1,32x1,32x2,32x4,64x4")
+    ap.add_argument("--sweep-configs", default="32x1x1,32x1x2,32x1x4,16x1x2,64x1x2,64x1x4,64x2x2,32x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
@@ -254,8 +254,13 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         print(f"sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
                         continue
-                    print(f"sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us", flush=True)
-                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm=f"sweep_{cfg[0]}x{cfg[1]}", t_us=t * 1e6))
+                    from replayssm_sglang.kernels import decode as _dec
+                    kk = _dec._LAST.get("kernel")
+                    regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
+                    print(f"sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]} NK={cfg[2]}: {t * 1e6:.1f} us"
+                          f"  regs {regs[0]} spills {regs[1]}", flush=True)
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm="sweep_" + "x".join(map(str, cfg)),
+                                     t_us=t * 1e6, n_regs=regs[0], n_spills=regs[1]))
                     if best is None or t < best[0]:
                         best = (t, cfg)
                 chosen[f"{kind}/{sdt}"] = best[1]
@@ -274,7 +279,7 @@ def main():
                     "upstream": arm_upstream(c),
                     "ours_r32": arm_ours(c, torch.float32, cfg=cfg),
                     "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg),
-                    "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg),
+                    "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if B <= 128 else None,
                 }
                 res = {}
                 for name, run in arms.items():

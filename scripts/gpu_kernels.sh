@@ -21,7 +21,7 @@ export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/
 echo "setup $(( $(date +%s) - t0 ))s; commit $REPLAYSSM_COMMIT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py 2>&1 | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
+  python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py ${TEST_ARGS:-} 2>&1 | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
   echo "tests $(( $(date +%s) - t0 ))s"
 fi
 stamp=$(date -u +%Y%m%d-%H%M)

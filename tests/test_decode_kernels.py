@@ -180,7 +180,7 @@ def test_window_switching_prefolds(kind):
     """The small-batch policy may change the window between launches (L = 1 .. capacity): rows with
     h >= L fold first (pre-step fold), with or without flushing the current token. V is split over
     two programs here (BV = 16), so the last-arriving program writes the shared record parts."""
-    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=16, V=32, L=8, seed=11,
+    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=8, seed=11,
                  windows=(8, 8, 8, 3, 1), p_forced=0.05, block_v=16)
     st = hz.run(20)
     assert st["prefolds"] > 0
@@ -245,5 +245,5 @@ def test_gpu_real_shapes(kind, state_dtype, rec_dtype):
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
                  rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4))
-    st = hz.run(40)
+    st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
