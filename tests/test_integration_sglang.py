@@ -688,3 +688,60 @@ def test_forced_mask_computed_once_per_forward_and_recomputed_for_new_lengths(sg
     s2 = torch.tensor([7, 8])
     m2 = rp.forced_mask(meta, s2)
     assert m2 is not m1 and m2.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_budget_charges_the_ring_per_slot(sg, kind):
+    """Patch 0005 through SGLang's own solver (KVCacheConfigurator._handle_max_mamba_cache, ratio
+    path): with the flag the per-slot cost is state + ring, so fewer slots fit the same budget and
+    the memory left for KV is what the budget minus (slots + 1) * (state + ring) leaves."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.runtime_context import get_context, get_schedule
+    from replayssm_sglang.sglang_hooks import pool as P
+
+    cp = cache_params(kind, list(range(12)))
+    rest_gb, ratio, Lr = 8.0, 0.9, 16
+    got = {}
+    for flag in (False, True):
+        with get_context().override_server_args(enable_linear_replayssm=flag, linear_replayssm_cache_len=Lr,
+                                                mamba_full_memory_ratio=ratio) as sa:
+            fake = SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=cp), server_args=sa,
+                                   ps=SimpleNamespace(pp_size=1, attn_dp_size=1),
+                                   spec_algorithm=SimpleNamespace(is_none=lambda: True),
+                                   hybrid_gdn_config=object() if kind == "gdn" else None,
+                                   model_config=SimpleNamespace(hf_config=None, num_hidden_layers=24))
+            left = KVCacheConfigurator._handle_max_mamba_cache(fake, rest_gb)
+            got[flag] = (get_schedule().max_mamba_cache_size, left)
+    budget = rest_gb * ratio / (1 + ratio) * (1 << 30)
+    for flag, per_slot in ((False, cp.mamba_cache_per_req),
+                           (True, cp.mamba_cache_per_req + P.ring_bytes_per_slot(cp, Lr))):
+        k, left = got[flag]
+        assert k == int((budget - per_slot) // per_slot)
+        assert abs(left - (rest_gb - (k + 1) * per_slot / (1 << 30))) < 1e-9
+    assert got[True][0] < got[False][0]
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_tensor_parallel_ring_is_sharded_by_heads_like_the_state(sg, kind):
+    """TP > 1: SGLang's cache params carry the per-rank heads; the ring follows them, so each rank
+    holds the records of its own heads (no communication, same flush decisions on every rank)."""
+    from sglang.srt.configs.mamba_utils import (KimiLinearCacheParams, KimiLinearStateShape, Mamba2CacheParams,
+                                                Mamba2StateShape)
+    from replayssm_sglang.sglang_hooks import pool as P
+
+    full_H, full_HV = 16, 32
+    for tp in (1, 2, 4):
+        if kind == "gdn":
+            shape = Mamba2StateShape.create(tp_world_size=tp, intermediate_size=full_HV * 128, n_groups=full_H,
+                                            num_heads=full_HV, head_dim=128, state_size=128, conv_kernel=4)
+            cp = Mamba2CacheParams(shape=shape, layers=[0])
+        else:
+            shape = KimiLinearStateShape.create(tp_world_size=tp, num_heads=full_HV, head_dim=128)
+            cp = KimiLinearCacheParams(shape=shape, layers=[0])
+        lay = P.layout_from_cache_params(cp, 16)
+        assert (lay.HV, lay.V, lay.K) == tuple(cp.shape.temporal) == (full_HV // tp, 128, 128)
+        assert lay.HK == ((full_H // tp) if kind == "gdn" else full_HV // tp)
+        if tp > 1:
+            assert P.ring_bytes_per_slot(cp, 16) * tp == pytest.approx(base, rel=1e-3)
+        else:
+            base = P.ring_bytes_per_slot(cp, 16)
