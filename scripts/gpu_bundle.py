@@ -147,40 +147,40 @@ def group_of(entry: str) -> str:
     return "misc"
 
 
-def pack(site: Path) -> list[Path]:
-    if OUTDIR.exists():
-        for f in OUTDIR.glob("*"):
-            f.unlink() if f.is_file() else shutil.rmtree(f)
-    OUTDIR.mkdir(exist_ok=True)
+def pack(site: Path, outdir: Path) -> list[Path]:
+    """Packs into `outdir` (a temporary folder: .bundle/ is swapped in only once all bundles exist)."""
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    outdir.mkdir()
     groups: dict[str, list[str]] = {}
     for e in sorted(os.listdir(site)):
         groups.setdefault(group_of(e), []).append(e)
     out = []
     for g, entries in groups.items():
-        dst = OUTDIR / f"site-{g}.tar.xz"
+        dst = outdir / f"site-{g}.tar.xz"
         tar = ["tar", "--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner",
                "-C", str(site), "-cf", "-", *entries]
         with open(dst, "wb") as f:
             p1 = subprocess.Popen(tar, stdout=subprocess.PIPE)
-            p2 = subprocess.Popen(["xz", "-9e", "-T2", "-c"], stdin=p1.stdout, stdout=f)
+            p2 = subprocess.Popen(["xz", "-9", "-T0", "-c"], stdin=p1.stdout, stdout=f)
             p1.stdout.close()
             if p2.wait() or p1.wait():
                 sys.exit(f"packing {dst} failed")
         size = dst.stat().st_size
-        print(f"  {dst.relative_to(ROOT)}: {size / MIB:.1f} MiB ({len(entries)} entries)")
+        print(f"  {dst.name}: {size / MIB:.1f} MiB ({len(entries)} entries)")
         if size > MAX_BUNDLE:
             sys.exit(f"{dst} is {size / MIB:.1f} MiB > {MAX_BUNDLE / MIB:.0f} MiB: split GROUPS further")
         out.append(dst)
     return out
 
 
-def manifest(req: list[str], bundles: list[Path]) -> None:
+def manifest(req: list[str], bundles: list[Path], outdir: Path) -> None:
     lines = ["# written by scripts/gpu_bundle.py; pins from scripts/gpu-requirements.txt", ""]
     for b in bundles:
         h = hashlib.sha256(b.read_bytes()).hexdigest()
         lines.append(f"{b.name} {b.stat().st_size} sha256={h}")
     lines += ["", *req]
-    (OUTDIR / "MANIFEST.txt").write_text("\n".join(lines) + "\n")
+    (outdir / "MANIFEST.txt").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -191,9 +191,13 @@ def main() -> None:
     download(req)
     site = install(req)
     strip(site)
-    bundles = pack(site)
-    manifest(req, bundles)
+    tmp = ROOT / ".cache" / "bundle.new"  # ignored, so a GPU call meanwhile never ships a half-built copy
+    bundles = pack(site, tmp)
+    manifest(req, bundles, tmp)
     total = sum(b.stat().st_size for b in bundles)
+    if OUTDIR.exists():
+        shutil.rmtree(OUTDIR)
+    tmp.rename(OUTDIR)
     print(f"total {total / MIB:.1f} MiB in {len(bundles)} bundles under {OUTDIR.relative_to(ROOT)}/")
     if total > TOTAL_BUDGET:
         print(f"WARNING: over the {TOTAL_BUDGET / MIB:.0f} MiB budget: one run call ships <= 64 MiB in all",

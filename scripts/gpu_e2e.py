@@ -65,9 +65,12 @@ ARMS = {
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
-# flashinfer's attention/sampling, no grammar backend. The rest stays at SGLang's defaults.
+# flashinfer's attention/sampling, no grammar backend. The rest stays at SGLang's defaults (radix cache,
+# `auto` mamba strategy, overlap scheduler, decode and prefill CUDA graphs).
 COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-          "--mem-fraction-static", "0.6", "--max-running-requests", "256", "--cuda-graph-max-bs", "256",
+          "--mem-fraction-static", "0.6", "--max-running-requests", "256",
+          # nine decode graphs instead of ~35 (startup is most of a call's device time); B=1/64/256 are exact
+          "--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "32", "64", "128", "256",
           "--context-length", "4096", "--enable-cache-report", "--log-level", "info",
           "--decode-log-interval", "20"]
 

@@ -26,8 +26,9 @@ if [ -n "${E2E_FI_CACHE:-}" ] && [ -f "$E2E_FI_CACHE" ]; then
   mkdir -p ~/.cache && tar -xJf "$E2E_FI_CACHE" -C ~/.cache && echo "flashinfer JIT cache restored"
 fi
 # our patch series (none yet for 0.5.17 -> the `ours` arm is skipped by gpu_e2e.py)
+# E2E_APPLY_SERIES=0 measures unpatched SGLang even when a series exists.
 export REPLAYSSM_SERIES_APPLIED=0
-if [ -s patches/sglang-0.5.17/series ] && grep -qv '^\s*#' patches/sglang-0.5.17/series; then
+if [ "${E2E_APPLY_SERIES:-1}" = 1 ] && [ -s patches/sglang-0.5.17/series ] && grep -qv '^\s*#' patches/sglang-0.5.17/series; then
   if python3 -m replayssm_sglang.cli apply --target $SITE; then export REPLAYSSM_SERIES_APPLIED=1;
   else echo "patch series did not apply: the ours arm will be skipped"; fi
 fi

@@ -263,7 +263,7 @@ def kimi_linear_config(a, vocab: int) -> dict:
         "num_hidden_layers": n,
         "num_attention_heads": 32,
         "num_key_value_heads": 32,
-        "head_dim": 72,
+        "head_dim": a.hidden // 32,  # Kimi: hidden / attention heads (MLA uses its own qk/v dims)
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
