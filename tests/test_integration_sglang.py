@@ -6,11 +6,13 @@ the radix cache's MambaComponent, the hybrid backend's metadata hook) and our de
 recurrence (replayssm_sglang.reference.conventional_step) over the same tokens.
 
 The series is applied to a hard-linked clone (touched files copied) put first on sys.path before
-SGLang is imported: the installed SGLang stays pristine (tests/test_patching.py checks that).
+SGLang is imported, and removed from sys.path and sys.modules afterwards: the installed SGLang
+stays pristine (tests/test_patching.py checks that) and later test modules import it as usual.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -45,22 +47,32 @@ def _clone(src: Path, dst: Path, copy: set[str]) -> Path:
     return dst
 
 
+def _forget_sglang() -> None:
+    """Drop every imported sglang module, so the next import reads sys.path again."""
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
 @pytest.fixture(scope="module")
 def sg(tmp_path_factory):
-    """SGLang with the series applied, imported from a clone in tmp."""
-    if "sglang" in sys.modules:
-        pytest.fail("sglang was imported before this module: run these tests in their own process "
-                    "(python -m pytest tests/test_integration_sglang.py)")
+    """SGLang with the series applied, imported from a clone in tmp; afterwards the clone leaves
+    sys.path and sys.modules again, so later test modules see the installed (pristine) SGLang."""
     src = patching.find_target(None)
     tree = _clone(src, tmp_path_factory.mktemp("patched") / "site", set(pinmod.load_pin().files))
     patching.apply(tree)
+    _forget_sglang()
     sys.path.insert(0, str(tree))
-    import sglang
+    try:
+        import sglang
 
-    assert sglang.__file__.startswith(str(tree)), sglang.__file__
-    from sglang.srt.mem_cache import memory_pool
+        assert sglang.__file__.startswith(str(tree)), sglang.__file__
+        from sglang.srt.mem_cache import memory_pool
 
-    return SimpleNamespace(tree=tree, memory_pool=memory_pool)
+        yield SimpleNamespace(tree=tree, memory_pool=memory_pool)
+    finally:
+        sys.path.remove(str(tree))
+        _forget_sglang()
 
 
 # --- builders ------------------------------------------------------------------------------------
