@@ -757,3 +757,31 @@ def test_tensor_parallel_ring_is_sharded_by_heads_like_the_state(sg, kind):
             assert P.ring_bytes_per_slot(cp, 16) * tp == pytest.approx(base, rel=1e-3)
         else:
             base = P.ring_bytes_per_slot(cp, 16)
+
+
+def test_backend_setup_refuses_layers_we_do_not_serve_and_sets_the_interval(sg):
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from replayssm_sglang.sglang_hooks import decode
+
+    rtp = hybrid_pool(sg)
+    runner = SimpleNamespace(server_args=SimpleNamespace(disable_radix_cache=False, enable_mamba_extra_buffer=lambda: True,
+                                                         mamba_track_interval=64))
+    for cls in (GDNAttnBackend, KDAAttnBackend):
+        be = object.__new__(cls)
+        be.req_to_token_pool = rtp
+        rtp.mamba_pool.replayssm_pool.track_interval = None
+        decode.setup(be, runner)
+        assert rtp.mamba_pool.replayssm_pool.track_interval == 64
+    be = object.__new__(Mamba2AttnBackend)
+    be.req_to_token_pool = rtp
+    with pytest.raises(RuntimeError) as e:
+        decode.setup(be, runner)
+    assert str(e.value) == (
+        "--enable-linear-replayssm serves GDN (Qwen3-Next, Qwen3.5) and KDA (Kimi-Linear) "
+        "linear-attention layers; this model's layers run on Mamba2AttnBackend. "
+        "Fix: drop --enable-linear-replayssm for this model.")
+    off = object.__new__(Mamba2AttnBackend)
+    off.req_to_token_pool = hybrid_pool(sg, flag=False)
+    decode.setup(off, runner)  # flag off: nothing to check

@@ -16,12 +16,23 @@ import torch
 from replayssm_sglang.sglang_hooks import flush, pool
 
 
+SERVED_BACKENDS = ("GDNAttnBackend", "KDAAttnBackend")
+
+
 def setup(backend: Any, model_runner: Any) -> None:
-    """``MambaAttnBackendBase.__init__``: tell our ring when to force flushes (the radix track
-    interval under extra_buffer; never otherwise)."""
+    """``MambaAttnBackendBase.__init__``: refuse linear-attention layers our kernel does not serve
+    (Mamba2, Lightning, short conv, NPU backends: the ring would be allocated and never driven), and
+    tell our ring when to force flushes (the radix track interval under extra_buffer)."""
     rp = pool.of(getattr(backend, "req_to_token_pool", None))
     if rp is None:
         return
+    names = {c.__name__ for c in type(backend).__mro__}
+    if not names.intersection(SERVED_BACKENDS):
+        raise RuntimeError(
+            "--enable-linear-replayssm serves GDN (Qwen3-Next, Qwen3.5) and KDA (Kimi-Linear) "
+            f"linear-attention layers; this model's layers run on {type(backend).__name__}. "
+            "Fix: drop --enable-linear-replayssm for this model."
+        )
     rp.track_interval = flush.track_interval_from_server_args(model_runner.server_args)
 
 
