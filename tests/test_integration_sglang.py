@@ -400,6 +400,10 @@ def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
     for _ in range(3):
         m.step([sa])
     assert h_of(rtp, sa) == [3] and m.state_err(sa) > 1e-3
+    m.step([sb])  # the slot's previous owner's last decode, still in flight under overlap
+    m.ref[:, sb] = rtp.mamba_pool.mamba_cache.temporal[:, sb].to(F64)  # (its records are garbage for b)
+    assert h_of(rtp, sb) == [1]
+    before_b = rtp.mamba_pool.mamba_cache.temporal[:, sb].clone()
     # SGLang's own (patched) metadata builder for the mixed batch: prefill row b, decode row a
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 
@@ -412,7 +416,8 @@ def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
     meta = MambaAttnBackendBase._forward_metadata(backend, fb)
     assert meta.mamba_cache_indices.tolist() == [sb, sa]
     assert h_of(rtp, sa) == [0] and m.state_err(sa) < TOL
-    assert m.state_err(sb) == 0.0, "a prefill row's checkpoint is untouched"
+    assert h_of(rtp, sb) == [0], "a prefill row drops stale records"
+    assert torch.equal(rtp.mamba_pool.mamba_cache.temporal[:, sb], before_b), "and is not folded"
     for _ in range(2):
         assert m.step([sa, sb]) < TOL
 

@@ -60,8 +60,8 @@ def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.T
     * a plain extend (prefill, chunked prefill): its rows start from the checkpoint prefill
       extends, with no records (h := 0);
     * ForwardMode.MIXED (--enable-mixed-chunk): decoding rows are read by the chunk kernel, so
-      their records are folded into the checkpoint first (the identity for the prefill rows,
-      whose h was reset when they were allocated).
+      their records are folded into the checkpoint first; prefill rows (extending more than one
+      token) are reset, so stale records of a slot's previous owner never reach their state.
     Speculative forwards never reach here: server_args refuses speculative decoding with our flag.
     Padded rows (-1) map to SGLang's padding slot 0, which never holds records."""
     rp = pool.of(backend.req_to_token_pool)
@@ -70,6 +70,12 @@ def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.T
     slots = mamba_cache_indices.clamp(min=0)
     mode = forward_batch.forward_mode
     if mode.is_mixed():
+        # rows extending more than one token are prefill chunks: reset (a decoding row extends
+        # exactly one); the rest are folded (the identity for a 1-token prefill row with h = 0)
+        ext = getattr(forward_batch, "extend_seq_lens", None)
+        if ext is not None:
+            ext = ext.to(slots.device)
+            rp.reset_(torch.where(ext > 1, slots, torch.zeros_like(slots)))
         pool.fold_slots(backend.req_to_token_pool, slots)
     elif mode.is_extend() and not mode.is_target_verify():
         rp.reset_(slots)
