@@ -790,3 +790,59 @@ def test_backend_setup_refuses_layers_we_do_not_serve_and_sets_the_interval(sg):
     off = object.__new__(Mamba2AttnBackend)
     off.req_to_token_pool = hybrid_pool(sg, flag=False)
     decode.setup(off, runner)  # flag off: nothing to check
+
+
+# --- the real ServerArgs resolution (patched SGLang) ---------------------------------------------
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+@pytest.fixture
+def real_args(sg, tmp_path, monkeypatch):
+    """ServerArgs(...) as launch_server builds it, for a GDN (Qwen3-Next) or KDA (Kimi-Linear)
+    config, with the CUDA probes answered as on an H100 (this machine has no GPU)."""
+    import sglang.srt.server_args as S
+
+    monkeypatch.setattr(S, "is_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    dirs = {}
+    for kind, name in (("gdn", "qwen3-next-80b-a3b.json"), ("kda", "kimi-linear-48b-a3b.json")):
+        d = tmp_path / kind
+        d.mkdir()
+        shutil.copy(CONFIGS / name, d / "config.json")
+        dirs[kind] = str(d)
+
+    def make(kind="gdn", **kw):
+        return S.ServerArgs(model_path=dirs[kind], skip_tokenizer_init=True, device="cuda", trust_remote_code=True, **kw)
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("kw,strategy,overlap_off,extra_buffer", [
+    (dict(), "extra_buffer", False, True),  # SGLang's defaults: auto -> extra_buffer, overlap on
+    (dict(page_size=64), "extra_buffer", False, True),
+    (dict(enable_mixed_chunk=True), "extra_buffer", False, True),
+    (dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True), "no_buffer", True, False),
+    (dict(disable_radix_cache=True), "auto", False, False),
+])
+def test_real_server_args_accept_one_flag_under_defaults(real_args, kind, kw, strategy, overlap_off, extra_buffer):
+    a = real_args(kind, enable_linear_replayssm=True, **kw)
+    assert a.enable_linear_replayssm and a.linear_replayssm_cache_len == 16
+    assert a.mamba_radix_cache_strategy == strategy
+    assert a.disable_overlap_schedule is overlap_off
+    assert a.enable_mamba_extra_buffer() is extra_buffer
+    assert (a.linear_attn_decode_backend or a.linear_attn_backend) == "triton"
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(speculative_algorithm="NEXTN"), REFUSED[4][2]),
+    (dict(linear_attn_decode_backend="flashinfer"), REFUSED[1][2]),
+    (dict(enable_unified_memory=True), REFUSED[6][2]),
+    (dict(disaggregation_mode="decode"), REFUSED[5][2]),
+    (dict(linear_replayssm_cache_len=0), REFUSED[2][2]),
+])
+def test_real_server_args_refuse_with_exact_message(real_args, kw, msg):
+    with pytest.raises(ValueError) as e:
+        real_args("gdn", enable_linear_replayssm=True, **kw)
+    assert str(e.value) == msg
