@@ -35,8 +35,10 @@ def section(res: dict, tag: str) -> str:
               f"{m.get('linear_layers')} linear, hidden {m.get('hidden')})", ""]
         share = m.get("ssm_share_b256")
         k = m.get("ssm_kernel") or {}
+        if k and m.get("ssm_share_b256_valid") is False:
+            share = None  # the B=256 step mixed two waves (pool cap): see the notes
         if k:
-            L += [f"SSM share of a decode step at B=256: {fmt(share, '.0%') if share is not None else '-'} "
+            L += [f"SSM share of a decode step at B=256: {fmt(share, '.0%') if share is not None else 'n/a'} "
                   f"({m.get('linear_layers')} layers x {k['kernel_us']:.0f} us conventional packed-decode kernel "
                   f"alone, {k['TBps']:.2f} TB/s state traffic, vs the conventional arm's measured step); "
                   f"end-to-end ceiling for a perfect SSM kernel: "
@@ -47,11 +49,15 @@ def section(res: dict, tag: str) -> str:
             L += ["| arm | " + " | ".join(f"B={b} tok/s" for b in bs) + " | " +
                   " | ".join(f"B={b} ratio" for b in bs) + " | startup s |",
                   "|---|" + "---|" * (2 * len(bs) + 1)]
+            first = next(iter(arms))
             for an, a in arms.items():
                 tp = a.get("throughput") or {}
                 ratio = next((v for k2, v in a.items() if k2.startswith("ratio_vs_")), {})
-                L.append(f"| {an} | " + " | ".join(fmt(tp.get(str(b), {}).get("decode_tok_s"), ".0f") for b in bs)
-                         + " | " + " | ".join(fmt(ratio.get(str(b)), ".2f") if ratio else "1" for b in bs)
+                L.append(f"| {an} | " + " | ".join(
+                    fmt(tp.get(str(b), {}).get("decode_tok_s"), ".0f") + (" (queued)" if tp.get(str(b), {}).get("queued")
+                                                                          else "") for b in bs)
+                         + " | " + " | ".join(("1" if an == first and tp else fmt(ratio.get(str(b)), ".2f"))
+                                              for b in bs)
                          + f" | {fmt(a.get('startup_s'), '.0f')} |")
             L.append("")
         rows = []
@@ -61,8 +67,9 @@ def section(res: dict, tag: str) -> str:
             n = a.get("nextn") or {}
             nx = n.get("vs_same_arm_without_spec") or {}
             p = a.get("prefix") or {}
+            is_ref = an == m.get("reference_arm")
             rows.append(
-                f"| {an} | {fmt(v['token_agreement'], '.3f') if v else 'ref'} | "
+                f"| {an} | {fmt(v['token_agreement'], '.3f') if v else ('ref' if is_ref else '-')} | "
                 f"{fmt(v['max_abs_logprob_diff'], '.2e') if v else '-'} | "
                 f"{d.get('distinct_outputs', '-')}/{len(a.get('outputs', []))} distinct, "
                 f"{d.get('unique_tokens', '-')} unique tokens | "
@@ -73,6 +80,10 @@ def section(res: dict, tag: str) -> str:
             L += ["| arm | token agreement vs ref | max abs logprob diff (common prefix) | outputs | "
                   "NEXTN same greedy (agreement) | prefix hit rate / ideal | mean TTFT s | error |",
                   "|---|---|---|---|---|---|---|---|", *rows, ""]
+    for n in res.get("notes", []):
+        L += [f"- {n}"]
+    if res.get("notes"):
+        L.append("")
     if res.get("skipped"):
         L += ["Skipped: " + "; ".join(res["skipped"]), ""]
     return "\n".join(L) + "\n"
@@ -88,8 +99,17 @@ def main() -> None:
     dst = ROOT / "benchmarks" / "results"
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(a.result_dir / "e2e.json", dst / f"e2e-{tag}.json")
-    if (a.result_dir / "e2e.png").exists():
-        shutil.copyfile(a.result_dir / "e2e.png", dst / f"e2e-{tag}.png")
+    try:  # redraw from the JSON (same code as on the GPU machine)
+        import sys
+
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from gpu_e2e import plot
+
+        plot(res, dst / f"e2e-{tag}.png")
+    except Exception as e:  # matplotlib missing here: keep the GPU's own plot
+        print(f"replot failed ({e!r}); copying e2e.png")
+        if (a.result_dir / "e2e.png").exists():
+            shutil.copyfile(a.result_dir / "e2e.png", dst / f"e2e-{tag}.png")
     sec = section(res, tag)
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
     pat = re.compile(re.escape(HEAD) + r"\n.*?(?=\n## |\Z)", re.S)

@@ -71,6 +71,10 @@ COMMON = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--g
           "--mem-fraction-static", "0.6", "--max-running-requests", "256",
           # nine decode graphs instead of ~35 (startup is most of a call's device time); B=1/64/256 are exact
           "--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "32", "64", "128", "256",
+          # SGLang sizes the mamba pool at 0.9x the KV pool by default; with 5 state slots per request
+          # (extra_buffer) that capped this model at 216 running requests (measured 2026-11-29): give the
+          # recurrent states the memory so B=256 really runs 256 rows (the same for every arm)
+          "--mamba-full-memory-ratio", "3.0",
           "--context-length", "4096", "--enable-cache-report", "--log-level", "info",
           "--decode-log-interval", "20"]
 
@@ -216,6 +220,7 @@ def diversity(res: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------- throughput
 
 GEN_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+CAP_RE = re.compile(r"max_running_requests is capped to (\d+)")
 
 
 def server_gen_throughput(srv: Server, since_line: int) -> tuple[dict, int]:
@@ -251,10 +256,16 @@ def throughput(srv: Server, vocab: int, batches: list[int], repeats: int, deadli
             walls.append(B * 256 / t256)
         logged, _ = server_gen_throughput(srv, mark)
         lg = logged.get(B, [])
+        max_run = max(logged) if logged else None
         res[str(B)] = {"decode_tok_s": statistics.median(rates), "decode_tok_s_all": rates,
                        "wall_tok_s_256": statistics.median(walls),
                        "server_logged_tok_s": statistics.median(lg) if lg else None,
+                       "max_running_logged": max_run,
+                       # fewer rows ran at once than asked (pool cap): the rate mixes two waves
+                       "queued": max_run is not None and max_run < B,
                        "step_ms": 1000 * B / statistics.median(rates)}
+        if res[str(B)]["queued"]:
+            log(f"{srv.name}: WARNING B={B} but at most {max_run} requests ran at once")
         log(f"{srv.name}: B={B} decode {res[str(B)]['decode_tok_s']:.0f} tok/s "
             f"(server log {res[str(B)]['server_logged_tok_s']}) step {res[str(B)]['step_ms']:.2f} ms")
     return res
@@ -367,15 +378,19 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     ax = axes[0]
-    width = 0.8 / max(1, sum(len(m["arms"]) for m in results["models"].values()))
+    series = [(mname, arm, r["throughput"]) for mname, m in results["models"].items()
+              for arm, r in m["arms"].items() if r.get("throughput")]
+    width = 0.8 / max(1, len(series))
     i = 0
-    for mname, m in results["models"].items():
-        for arm, r in m["arms"].items():
-            tp = r.get("throughput") or {}
-            bs = sorted(int(b) for b in tp)
-            xs = [bs.index(b) + i * width for b in bs]
-            ax.bar(xs, [tp[str(b)]["decode_tok_s"] for b in bs], width, label=f"{mname}:{arm}")
-            i += 1
+    for mname, arm, tp in series:
+        bs = sorted(int(b) for b in tp)
+        xs = [bs.index(b) + i * width for b in bs]
+        bars = ax.bar(xs, [tp[str(b)]["decode_tok_s"] for b in bs], width, label=f"{mname}:{arm}")
+        for bar, b in zip(bars, bs):
+            if tp[str(b)].get("queued"):
+                ax.annotate("queued", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            fontsize=7)
+        i += 1
     if i:
         bs_all = sorted({int(b) for m in results["models"].values() for r in m["arms"].values()
                          for b in (r.get("throughput") or {})})
@@ -400,6 +415,8 @@ def plot(results: dict, path: Path) -> None:
         ax2 = ax.twinx()
         ax2.plot(range(len(labels)), ttfts, "ko-", label="mean TTFT (s)")
         ax2.set_ylabel("mean TTFT (s)")
+    else:
+        ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("generated-shared-prefix 8x32, 2048-token system prompt")
     fig.suptitle(f"SGLang 0.5.17 end to end, {results.get('gpu', '?')}, {results.get('date', '')}")
     fig.tight_layout()
@@ -420,6 +437,9 @@ def main() -> None:
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--extra", default="", help="extra flags for every server (space separated)")
+    ap.add_argument("--fast-start", action="store_true",
+                    help="--disable-prefill-cuda-graph: saves ~20 s per server (84 s for the first, Triton JIT "
+                         "included) at the cost of eager prefill (TTFT)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     logdir = Path("/tmp/e2e-logs")
@@ -430,6 +450,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     if args.extra:
         COMMON.extend(args.extra.split())
+    if args.fast_start:
+        COMMON.append("--disable-prefill-cuda-graph")
 
     import torch
 
@@ -482,6 +504,8 @@ def main() -> None:
                     save()
                     continue
                 r["startup_s"] = srv.startup_s
+                cap = CAP_RE.search(srv.logpath.read_text(errors="replace"))
+                r["max_running_requests_cap"] = int(cap.group(1)) if cap else None
                 try:
                     if audit.exists():
                         r["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
@@ -562,8 +586,10 @@ def main() -> None:
                     ref_arm = next((a for a in m["arms"].values() if "throughput" in a
                                     and "256" in a["throughput"]), None)
                     if ref_arm:
-                        step_us = ref_arm["throughput"]["256"]["step_ms"] * 1000
+                        t256 = ref_arm["throughput"]["256"]
+                        step_us = t256["step_ms"] * 1000
                         m["ssm_share_b256"] = n_lin * k["kernel_us"] / step_us
+                        m["ssm_share_b256_valid"] = not t256.get("queued")
                     log(f"{mname}: {kind} kernel B=256 {k['kernel_us']:.1f} us ({k['TBps']:.2f} TB/s), "
                         f"{n_lin} layers, share of decode step {m.get('ssm_share_b256')}")
                 except Exception as e:

@@ -3,9 +3,9 @@
 #   bash scripts/gpu_e2e.sh [args for scripts/gpu_e2e.py]
 # Unpacks the SGLang 0.5.17 bundle to /tmp/site, applies our patch series when one exists, generates the tiny
 # GDN and KDA checkpoints (scripts/make_tiny_model.py, deterministic), then runs scripts/gpu_e2e.py.
-# Env: E2E_MODELS="gdn kda" (which tiny models to build), E2E_FI_CACHE=path to a carried flashinfer JIT cache
-# tarball (.gpu/fi-cache.tar.xz); the script saves the cache it ends with to $OUT/fi-cache.tar.xz when
-# E2E_SAVE_FI_CACHE=1.
+# Env: E2E_MODELS="gdn kda" (which tiny models to build), E2E_APPLY_SERIES=0 (measure unpatched SGLang),
+# E2E_SAVE_CACHES=1 (return the JIT caches), E2E_FI_CACHE / E2E_TRITON_CACHE (carried caches; default .gpu/).
+# Typical call: run(command="bash scripts/gpu_e2e.sh --arms conventional,upstream_replayssm", carry=[".bundle", ".gpu"]).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
@@ -22,9 +22,12 @@ export PYTHONPATH=$SITE:$PWD:$PWD/scripts/gpu_hooks
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export REPLAYSSM_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${REPLAYSSM_COMMIT:-?}")
-if [ -n "${E2E_FI_CACHE:-}" ] && [ -f "$E2E_FI_CACHE" ]; then
-  mkdir -p ~/.cache && tar -xJf "$E2E_FI_CACHE" -C ~/.cache && echo "flashinfer JIT cache restored"
-fi
+# JIT caches from an earlier call (carry .gpu): flashinfer's gemma_rmsnorm build (~80 s) and Triton's kernels
+# (~60 s in the first server's first prefill-graph capture). Save them with E2E_SAVE_CACHES=1 and copy the
+# returned tarballs to .gpu/ here.
+FI=${E2E_FI_CACHE:-.gpu/fi-cache.tar.xz}; TC=${E2E_TRITON_CACHE:-.gpu/triton-cache.tar.xz}
+if [ -f "$FI" ]; then mkdir -p ~/.cache && tar -xJf "$FI" -C ~/.cache && echo "flashinfer JIT cache restored"; fi
+if [ -f "$TC" ]; then mkdir -p ~/.triton && tar -xJf "$TC" -C ~/.triton && echo "Triton cache restored"; fi
 # our patch series (none yet for 0.5.17 -> the `ours` arm is skipped by gpu_e2e.py)
 # E2E_APPLY_SERIES=0 measures unpatched SGLang even when a series exists.
 export REPLAYSSM_SERIES_APPLIED=0
@@ -46,7 +49,9 @@ done
 echo "models ready at $(( $(date +%s) - t0 ))s"
 python3 scripts/gpu_e2e.py "${MODELS[@]}" --out "$OUT" "$@"
 rc=$?
-if [ "${E2E_SAVE_FI_CACHE:-0}" = 1 ] && [ -d ~/.cache/flashinfer ]; then
-  tar -C ~/.cache -cf - flashinfer | xz -T0 -6 > "$OUT/fi-cache.tar.xz"; ls -la "$OUT/fi-cache.tar.xz"
+if [ "${E2E_SAVE_CACHES:-${E2E_SAVE_FI_CACHE:-0}}" = 1 ]; then
+  [ -d ~/.cache/flashinfer ] && tar -C ~/.cache -cf - flashinfer | xz -T0 -6 > "$OUT/fi-cache.tar.xz"
+  [ -d ~/.triton/cache ] && tar -C ~/.triton -cf - cache | xz -T0 -6 > "$OUT/triton-cache.tar.xz"
+  ls -la "$OUT"/*-cache.tar.xz
 fi
 exit $rc
