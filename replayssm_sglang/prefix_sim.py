@@ -14,8 +14,10 @@ cap), and upstream's decode cursor advance (``MambaAttnBackendBase._forward_meta
 
 What is simulated: the model. Each mamba slot's state is a tiny tensor in the real pool whose first
 element records how many tokens are folded into that slot's checkpoint (``temporal[:, slot, 0, 0,
-0]``). Prefill writes the exact count (the chunk kernel's states are exact at every position); a
-decode step writes it only where the ring flushes. The flush decision is our backend's own logic:
+0]``). Prefill writes the exact count (the chunk kernel's states are exact at every position);
+after a decode step the checkpoint holds ``seq_len - h`` tokens, h being the records the ring
+still holds (docs/design.md's protocol; upstream calls it ``write_pos``). The ring is our backend's
+own logic:
 ``ReplayPool.forced_mask`` -> ``sglang_hooks.flush.forced_flush_mask`` on the device seq_lens, and
 ``ring.decode_flushes`` / ``ring.h_after_decode`` on the ring's h (``ReplayPool.h``), with
 ``sglang_hooks.decode.before_extend`` resetting h on every extend. Upstream's arm uses upstream's
@@ -311,8 +313,15 @@ class _Arm:
 
             self.rtp.mamba_pool.replayssm_pool = hook_pool.attach(self.rtp.mamba_pool, params, L)
             self.rp = self.rtp.mamba_pool.replayssm_pool
-            # what MambaAttnBackendBase.__init__ does through patch 0003
-            hook_decode.setup(SimpleNamespace(req_to_token_pool=self.rtp), SimpleNamespace(server_args=sa))
+            # what MambaAttnBackendBase.__init__ does through patch 0003, on an (uninitialised)
+            # instance of the backend class that serves this kind of layer
+            if cfg.kind == "gdn":
+                from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend as backend_cls
+            else:
+                from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend as backend_cls
+            backend = object.__new__(backend_cls)
+            backend.req_to_token_pool = self.rtp
+            hook_decode.setup(backend, SimpleNamespace(server_args=sa))
             if not cfg.forced_flush:
                 self.rp.track_interval = None
         self.upstream_backend = _UpstreamBackend(self.rtp) if upstream else None
@@ -420,30 +429,28 @@ class _Arm:
             b.mamba_track_mask = b.seq_lens_cpu % self.cfg.mamba_track_interval == 0
         live = self.rtp.get_mamba_indices(b.req_pool_indices).to(torch.int64)
         seq = b.seq_lens
-        # the forward: which rows write their checkpoint this step
+        # the forward. Ring protocol (docs/design.md): after the step the checkpoint holds every
+        # token but the h records still in the ring, so it holds seq - h tokens.
         if self.spec.ring == "conventional":
-            flushed = torch.ones_like(seq, dtype=torch.bool)
+            pending = torch.zeros_like(seq)  # the state is written every step
+            wrote = torch.ones_like(seq, dtype=torch.bool)
         elif self.spec.ring == "upstream":
             fb = SimpleNamespace(batch_size=len(reqs), req_pool_indices=b.req_pool_indices, mamba_track_indices=None,
                                  mamba_track_mask=None, _original_batch_size=None,
                                  forward_mode=sg.ForwardMode.DECODE,
                                  seq_lens_cpu=None if self.overlap else b.seq_lens_cpu)
-            md = self.upstream_backend._forward_metadata(fb)  # snapshots write_pos, advances it
-            flushed = md.replayssm_write_pos == (self.L - 1)  # the kernel's flush rule
-            if md.replayssm_force_flush is not None:
-                flushed = flushed | (md.replayssm_force_flush != 0)
+            self.upstream_backend._forward_metadata(fb)  # upstream: snapshot write_pos, advance it
+            pending = self.rtp.mamba_pool.replayssm_write_pos[live].to(torch.int64)
+            wrote = pending == 0
         else:
             rp = self.rp
             forced = rp.forced_mask(SimpleNamespace(), seq)  # device seq_lens, our flush module
             h = rp.h[0, live]
-            flushed = ringmod.decode_flushes(h, self.L, forced)
+            wrote = ringmod.decode_flushes(h, self.L, forced)
             rp.h[:, live] = ringmod.h_after_decode(h, self.L, forced)
-        folded = torch.where(flushed, seq.to(self.temporal.dtype), self._count(live))
-        self._write(live, folded)
-        self.m["checkpoint_writes"] += int(flushed.sum())
-        if self.rp is not None:  # the ring invariant: checkpoint + h records == every token
-            assert torch.equal(folded.to(torch.int64) + self.rp.h[0, live].to(torch.int64), seq), \
-                "ring lost or doubled a token"
+            pending = rp.h[0, live].to(torch.int64)
+        self._write(live, seq - pending)
+        self.m["checkpoint_writes"] += int(wrote.sum())
         if eb and bool(b.mamba_track_mask.any()):  # extra_buffer's track copy (after the last layer)
             m = b.mamba_track_mask
             src, dst = live[m], b.mamba_track_indices[m].to(torch.int64)
