@@ -384,7 +384,8 @@ def check_flags(st, *, probe: bool = False, target: str | None = None) -> list[C
     if "spec_verify" in caps:
         out.append(Check("flags-spec", INFO, "speculative verify in the ring: "
                          + ("on (linear draft chains: NEXTN/MTP, EAGLE topk 1)" if caps["spec_verify"]
-                            else "not in this build; speculative decoding uses SGLang's own path")))
+                            else "not in this build: --enable-linear-replayssm refuses "
+                                  "--speculative-algorithm at startup")))
     return out
 
 

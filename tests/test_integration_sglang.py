@@ -594,6 +594,23 @@ def test_server_args_refused_with_exact_message(kw, decode, msg):
     assert str(e.value) == msg
 
 
+def test_capabilities_match_the_rules():
+    """doctor reports CAPABILITIES; each entry must be what validate() really does."""
+    from replayssm_sglang.sglang_hooks import server_args as S
+
+    def accepts(**kw):
+        try:
+            return S.validate(_args(**kw), "triton")
+        except ValueError:
+            return False
+
+    caps = S.CAPABILITIES
+    assert caps["extra_buffer"] == accepts(mamba_radix_cache_strategy="extra_buffer", disable_radix_cache=False)
+    assert caps["overlap_schedule"] == accepts(disable_overlap_schedule=False)
+    assert caps["cuda_graph"] == accepts(disable_cuda_graph=False)
+    assert caps["spec_verify"] == accepts(speculative_algorithm="NEXTN", speculative_eagle_topk=1)
+
+
 # --- through SGLang's own (patched) backend code -------------------------------------------------
 
 @pytest.mark.parametrize("kind,lower_bound", [("gdn", None), ("kda", None), ("kda", -5.0)])

@@ -18,6 +18,15 @@ from typing import Any
 
 _FIX_DROP = "or drop --enable-linear-replayssm"
 
+# What this build's rules accept with --enable-linear-replayssm, for `replayssm-sglang doctor`.
+# tests/test_integration_sglang.py checks each entry against validate() itself.
+CAPABILITIES = {
+    "extra_buffer": True,       # auto -> extra_buffer, with forced flushes at track boundaries
+    "overlap_schedule": True,
+    "cuda_graph": True,
+    "spec_verify": False,       # the verify kernels exist (kernels/verify.py) but are not wired in
+}
+
 
 def _spec_on(args: Any) -> bool:
     alg = getattr(args, "speculative_algorithm", None)
