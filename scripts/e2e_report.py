@@ -29,7 +29,16 @@ def section(res: dict, tag: str) -> str:
          f"`scripts/gpu_e2e.sh` on {res.get('gpu')}, SGLang {res.get('sglang')}, commit {res.get('commit')}, "
          f"{res.get('date')}; patch series applied: {res.get('series_applied')}. "
          f"Raw: `benchmarks/results/e2e-{tag}.json`, plot `benchmarks/results/e2e-{tag}.png`.", "",
-         "Common server flags: `" + " ".join(res.get("common_flags", [])) + "`.", ""]
+         "Common server flags: `" + " ".join(res.get("common_flags", [])) + "`.", "",
+         "How to run (one `run` call of at most 10 minutes; one model with two arms and all tasks is estimated at ~7 minutes with the JIT caches carried, not yet verified):",
+         "", "```",
+         "python scripts/gpu_bundle.py                      # here, once: .bundle/ (~56 MiB, pinned cp312 wheels)",
+         "git rev-parse --short HEAD > .gpu/COMMIT           # here: the device gets no .git",
+         "# device, carry [.bundle, .gpu]:",
+         "E2E_MODELS=gdn E2E_SAVE_CACHES=1 bash scripts/gpu_e2e.sh --arms conventional,upstream_replayssm \\",
+         "    --tasks correctness,spec,throughput,prefix,ssm_share --budget-s 500",
+         "python scripts/e2e_report.py /work/.device/N --tag <tag>   # here: results + this section",
+         "```", ""]
     for mname, m in res.get("models", {}).items():
         L += [f"### {mname}: {m.get('arch')} (tiny, random weights; {m.get('layers')} layers of which "
               f"{m.get('linear_layers')} linear, hidden {m.get('hidden')})", ""]

@@ -21,7 +21,8 @@ echo "bundle unpacked in $(( $(date +%s) - t0 ))s: $(du -sh $SITE | cut -f1)"
 export PYTHONPATH=$SITE:$PWD:$PWD/scripts/gpu_hooks
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export REPLAYSSM_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${REPLAYSSM_COMMIT:-?}")
+# the device gets the working tree without .git: write the commit to .gpu/COMMIT here before the call
+export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || echo "?")}
 # JIT caches from an earlier call (carry .gpu): flashinfer's gemma_rmsnorm build (~80 s) and Triton's kernels
 # (~60 s in the first server's first prefill-graph capture). Save them with E2E_SAVE_CACHES=1 and copy the
 # returned tarballs to .gpu/ here.
