@@ -1,0 +1,116 @@
+"""scripts/gpu_e2e.py: the metrics it reports (agreement, logprob diffs, diversity, log parsing, prefix hit
+rate), checked against a fake /generate server. No GPU, no SGLang server."""
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+pytest.importorskip("requests")
+pytest.importorskip("aiohttp")
+import gpu_e2e as g  # noqa: E402
+
+
+def _res(tokens, lps):
+    return {"tokens": tokens, "logprobs": lps, "top": [[(t, lp), (t + 1, lp - 1)] for t, lp in zip(tokens, lps)]}
+
+
+def test_compare_divergence_and_logprob_diff():
+    ref = [_res([1, 2, 3, 4], [-1.0, -2.0, -3.0, -4.0]), _res([5, 6], [-0.5, -0.5])]
+    got = [_res([1, 2, 9, 4], [-1.0, -2.25, -3.0, -7.0]), _res([5, 6], [-0.5, -0.5])]
+    c = g.compare(ref, got)
+    assert c["token_agreement"] == pytest.approx(5 / 6)
+    assert c["identical_prompts"] == 1 and c["min_common_prefix"] == 2
+    # chosen-token diffs only over the common prefix (-4 vs -7 after the divergence is not counted)
+    assert c["max_abs_logprob_diff"] == pytest.approx(0.25)
+    assert c["max_abs_top_logprob_diff"] == pytest.approx(0.25)
+    assert g.compare(ref, ref)["max_abs_logprob_diff"] == 0 and g.compare(ref, ref)["token_agreement"] == 1
+
+
+def test_diversity_flags_degenerate_output():
+    varied = [_res(list(range(i * 8, i * 8 + 8)), [-1.0] * 8) for i in range(4)]
+    stuck = [_res([7] * 8, [-0.1] * 8) for _ in range(4)]
+    assert not g.diversity(varied)["degenerate"]
+    d = g.diversity(stuck)
+    assert d["degenerate"] and d["stuck_outputs"] == 4 and d["distinct_outputs"] == 1
+
+
+def test_log_parsing(tmp_path):
+    s = g.Server("t", "/x", [], 1, tmp_path, None)
+    s.logpath.write_text(
+        "[t] Decode batch, #running-req: 216, #full token: 9, mamba usage: 0.6, cuda graph: True, "
+        "gen throughput (token/s): 30508.33, #queue-req: 40\n"
+        "[t] Decode batch, #running-req: 64, #full token: 9, gen throughput (token/s): 17627.39, #queue-req: 0\n"
+        "[t] max_running_requests is capped to 216 by the mamba state cache\n")
+    by_b, n = g.server_gen_throughput(s, 0)
+    assert by_b == {216: [30508.33], 64: [17627.39]} and n == 3
+    assert g.server_gen_throughput(s, 1)[0] == {64: [17627.39]}
+    assert g.CAP_RE.search(s.logpath.read_text()).group(1) == "216"
+
+
+class _Fake(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    CACHED = 2048
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["sampling_params"]["max_new_tokens"]
+        ids = body["input_ids"]
+
+        def one(x):
+            toks = [(sum(x) + i) % 97 for i in range(n)]
+            mi = {"prompt_tokens": len(x), "cached_tokens": self.CACHED if len(x) > 2000 else 0}
+            if body.get("return_logprob"):
+                mi["output_token_logprobs"] = [[-0.5, t, None] for t in toks]
+                mi["output_top_logprobs"] = [[[-0.5, t, None], [-1.5, t + 1, None]] for t in toks]
+            return {"text": "x", "output_ids": toks, "meta_info": mi}
+
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            o = one(ids)
+            for k in (1, 2):
+                c = f"data: {json.dumps(dict(o, output_ids=o['output_ids'][:k]))}\n\n".encode()
+                self.wfile.write(f"{len(c):x}\r\n".encode() + c + b"\r\n")
+            c = b"data: [DONE]\n\n"
+            self.wfile.write(f"{len(c):x}\r\n".encode() + c + b"\r\n0\r\n\r\n")
+            return
+        out = json.dumps([one(x) for x in ids] if isinstance(ids[0], list) else one(ids)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    s = g.Server("fake", "/x", [], srv.server_address[1], tmp_path, None)
+    s.logpath.write_text("")
+    yield s
+    srv.shutdown()
+
+
+def test_prompts_and_prefix_against_fake_server(fake):
+    prompts = g.prompt_set(4096)
+    assert len(prompts) == 16 and len({len(p) for p in prompts}) == 16
+    res = g.run_prompts(fake, prompts, new_tokens=8)
+    assert [len(r["tokens"]) for r in res] == [8] * 16
+    assert res[0]["tokens"] == [(sum(prompts[0]) + i) % 97 for i in range(8)]
+    p = g.prefix_workload(fake, 4096, groups=2, per_group=4, sys_len=2048, q_len=64, out_len=4)
+    total = 8 * (2048 + 64)
+    assert p["requests"] == 8 and p["hit_rate"] == pytest.approx(8 * 2048 / total)
+    assert p["ideal_hit_rate"] == pytest.approx(2 * 3 * 2048 / total)
+    assert p["mean_ttft_s"] > 0
+    tp = g.throughput(fake, 4096, [1, 4], 1, time.time() + 60)
+    assert set(tp) == {"1", "4"} and all(v["decode_tok_s"] > 0 and not v["queued"] for v in tp.values())
