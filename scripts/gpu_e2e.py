@@ -14,9 +14,10 @@ Arms (extra server flags on top of the common launch line; SGLang's defaults oth
                            (the settings upstream's flag forces; isolates the kernel from the cache settings)
   upstream_replayssm    -- --enable-linear-replayssm --mamba-radix-cache-strategy no_buffer
                            --disable-overlap-schedule (upstream 0.5.17 refuses its flag under the defaults)
-  ours                  -- --enable-linear-replayssm with the defaults; needs our patch series applied
-                           (REPLAYSSM_SERIES_APPLIED=1, set by gpu_e2e.sh after a successful apply); skipped
-                           with a message otherwise.
+  ours                  -- --enable-linear-replayssm with the defaults, on the patched copy of SGLang
+                           (gpu_e2e.sh applies the series to /tmp/ours = E2E_OURS_PATH and sets
+                           REPLAYSSM_SERIES_APPLIED=1; the other arms keep pristine SGLang); skipped with a
+                           message when the series is not applied.
 The first arm is the reference for correctness and the denominator of the throughput ratios.
 
 Tasks:
@@ -104,6 +105,9 @@ class Server:
 
     def start(self) -> None:
         env = dict(os.environ)
+        if self.name.split("-")[1:2] == ["ours"] and os.environ.get("E2E_OURS_PATH"):
+            # the patched copy of the sglang package shadows the pristine one for this arm only
+            env["PYTHONPATH"] = os.environ["E2E_OURS_PATH"] + os.pathsep + env.get("PYTHONPATH", "")
         if self.audit is not None:
             env["REPLAYSSM_LOAD_AUDIT"] = str(self.audit)
         self.logf = open(self.logpath, "w")

@@ -18,7 +18,11 @@ if [ ! -f $SITE/.unpacked ]; then
   touch $SITE/.unpacked
 fi
 echo "bundle unpacked in $(( $(date +%s) - t0 ))s: $(du -sh $SITE | cut -f1)"
-export PYTHONPATH=$SITE:$PWD:$PWD/scripts/gpu_hooks
+# our side package laid out as installed (kernels/ -> replayssm_sglang.kernels, patches/ beside it), so the
+# patched SGLang can import it
+RS=/tmp/rs; rm -rf $RS; mkdir -p $RS
+cp -r replayssm_sglang $RS/ && cp -r kernels $RS/replayssm_sglang/kernels && cp -r patches $RS/patches
+export PYTHONPATH=$SITE:$RS:$PWD/scripts/gpu_hooks
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # the device gets the working tree without .git: write the commit to .gpu/COMMIT here before the call
@@ -29,11 +33,13 @@ export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/
 FI=${E2E_FI_CACHE:-.gpu/fi-cache.tar.xz}; TC=${E2E_TRITON_CACHE:-.gpu/triton-cache.tar.xz}
 if [ -f "$FI" ]; then mkdir -p ~/.cache && tar -xJf "$FI" -C ~/.cache && echo "flashinfer JIT cache restored"; fi
 if [ -f "$TC" ]; then mkdir -p ~/.triton && tar -xJf "$TC" -C ~/.triton && echo "Triton cache restored"; fi
-# our patch series (none yet for 0.5.17 -> the `ours` arm is skipped by gpu_e2e.py)
-# E2E_APPLY_SERIES=0 measures unpatched SGLang even when a series exists.
-export REPLAYSSM_SERIES_APPLIED=0
+# our patch series, applied to a COPY of the sglang package (/tmp/ours) that only the `ours` arm puts first
+# on its PYTHONPATH: conventional and upstream_replayssm keep running pristine SGLang in the same call.
+# E2E_APPLY_SERIES=0 skips it (the `ours` arm is then skipped with a message).
+export REPLAYSSM_SERIES_APPLIED=0 E2E_OURS_PATH=/tmp/ours
 if [ "${E2E_APPLY_SERIES:-1}" = 1 ] && [ -s patches/sglang-0.5.17/series ] && grep -qv '^\s*#' patches/sglang-0.5.17/series; then
-  if python3 -m replayssm_sglang.cli apply --target $SITE; then export REPLAYSSM_SERIES_APPLIED=1;
+  rm -rf /tmp/ours && mkdir -p /tmp/ours && cp -r $SITE/sglang $SITE/sglang-*.dist-info /tmp/ours/
+  if python3 -m replayssm_sglang.cli apply --target /tmp/ours; then export REPLAYSSM_SERIES_APPLIED=1;
   else echo "patch series did not apply: the ours arm will be skipped"; fi
 fi
 python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))" || exit 3
