@@ -130,43 +130,41 @@ def replay_decode_kernel(
     if prefold:
         # rare (after a verify step, or a shorter window): fold the h_old committed records into the
         # checkpoint and write it; the step then runs from it with h = 0
-        valid_p = o_c < h_old
-        rec_u = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid_p[:, None] & mask_v[None, :],
-                        other=0).to(tl.float32)
         if not IS_KDA:
-            rec_g = tl.load(base_g + o_c, mask=valid_p, other=0)
             G_ref = tl.load(base_g + (h_old - 1))
-            w = tl.where(valid_p, tl.exp(G_ref - rec_g), 0.0)
         for c in tl.static_range(NK):
             o_k = c * BKC + tl.arange(0, BKC)
             mask_k = o_k < K
             m_kv = mask_v[:, None] & mask_k[None, :]
             C_c = tl.load(p_s + o_v[:, None] * K + o_k[None, :], mask=m_kv, other=0).to(tl.float32)
-            rk = tl.load(base_k + o_c[:, None] * K + o_k[None, :], mask=valid_p[:, None] & mask_k[None, :],
-                         other=0).to(tl.float32)
             if IS_KDA:
-                rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=valid_p[:, None] & mask_k[None, :],
-                             other=0)
                 G_ref_c = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k, other=0)
-                w_c = tl.where(valid_p[:, None], tl.exp(G_ref_c[None, :] - rg), 0.0)
-                S_c = C_c * tl.exp(G_ref_c)[None, :] + tl.dot(tl.trans(rec_u), rk * w_c, input_precision=DOT_PRECISION)
+                S_c = C_c * tl.exp(G_ref_c)[None, :]
             else:
-                S_c = C_c * tl.exp(G_ref) + tl.dot(tl.trans(rec_u), rk * w[:, None], input_precision=DOT_PRECISION)
+                S_c = C_c * tl.exp(G_ref)
+            for j in range(h_old):  # rank-1 updates, one record at a time (small register footprint)
+                u_j = tl.load(base_u + j * V + o_v, mask=mask_v, other=0).to(tl.float32)
+                k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0).to(tl.float32)
+                if IS_KDA:
+                    k_j = k_j * tl.exp(G_ref_c - tl.load(base_g + j * GK + o_k, mask=mask_k, other=0))
+                else:
+                    k_j = k_j * tl.exp(G_ref - tl.load(base_g + j))
+                S_c += u_j[:, None] * k_j[None, :]
             tl.store(p_s + o_v[:, None] * K + o_k[None, :], S_c.to(state.dtype.element_ty), mask=m_kv)
         tl.debug_barrier()  # the folded checkpoint is re-read below by other threads of this program
 
     if flush & (h_eff == 0):
         # no records: exactly SGLang's packed decode, in its order (L = 1 is the conventional decode)
-        o_k = tl.arange(0, BK)
-        mask_k = o_k < K
-        m_kv = mask_v[:, None] & mask_k[None, :]
-        b_q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        b_k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        o_k1 = tl.arange(0, BK)
+        mask_k1 = o_k1 < K
+        m_kv1 = mask_v[:, None] & mask_k1[None, :]
+        b_q = tl.load(p_x + i_h * K + o_k1, mask=mask_k1, other=0).to(tl.float32)
+        b_k = tl.load(p_x + H * K + i_h * K + o_k1, mask=mask_k1, other=0).to(tl.float32)
         b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
         b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
         b_q = b_q * scale
-        b_h = tl.load(p_s + o_v[:, None] * K + o_k[None, :], mask=m_kv, other=0).to(tl.float32)
-        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA,
+        b_h = tl.load(p_s + o_v[:, None] * K + o_k1[None, :], mask=m_kv1, other=0).to(tl.float32)
+        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k1, mask_k1, lower_bound, K, IS_KDA,
                          USE_LOWER_BOUND)
         if IS_KDA:
             b_h *= tl.exp(g_t)[None, :]
@@ -177,7 +175,7 @@ def replay_decode_kernel(
         b_h += b_v[:, None] * b_k[None, :]
         b_o = tl.sum(b_h * b_q[None, :], 1)
         tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-        tl.store(p_s + o_v[:, None] * K + o_k[None, :], b_h.to(state.dtype.element_ty), mask=m_kv)
+        tl.store(p_s + o_v[:, None] * K + o_k1[None, :], b_h.to(state.dtype.element_ty), mask=m_kv1)
     else:
         # output from the checkpoint read once plus dot products against the h_eff cached keys,
         # K processed in NK chunks (small register tiles)
@@ -252,20 +250,23 @@ def replay_decode_kernel(
                 o_k = c * BKC + tl.arange(0, BKC)
                 mask_k = o_k < K
                 m_kv = mask_v[:, None] & mask_k[None, :]
-                m_ck = valid[:, None] & mask_k[None, :]
                 k_c = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32) / n_k
                 C_c = tl.load(p_s + o_v[:, None] * K + o_k[None, :], mask=m_kv, other=0).to(tl.float32)
-                rk = tl.load(base_k + o_c[:, None] * K + o_k[None, :], mask=m_ck, other=0).to(tl.float32)
                 if IS_KDA:
                     g_c = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA,
                                      USE_LOWER_BOUND)
                     Gt_c = tl.load(base_g + (h_eff - 1) * GK + o_k, mask=mask_k & (h_eff > 0), other=0) + g_c
-                    rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)
-                    w_c = tl.where(valid[:, None], tl.exp(Gt_c[None, :] - rg), 0.0)
-                    S_c = C_c * tl.exp(Gt_c)[None, :] + tl.dot(tl.trans(rec_u), rk * w_c,
-                                                                 input_precision=DOT_PRECISION)
+                    S_c = C_c * tl.exp(Gt_c)[None, :]
                 else:
-                    S_c = C_c * eG + tl.dot(tl.trans(rec_u), rk * w[:, None], input_precision=DOT_PRECISION)
+                    S_c = C_c * eG
+                for j in range(h_eff):  # rank-1 updates, one record at a time
+                    u_j = tl.load(base_u + j * V + o_v, mask=mask_v, other=0).to(tl.float32)
+                    k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0).to(tl.float32)
+                    if IS_KDA:
+                        k_j = k_j * tl.exp(Gt_c - tl.load(base_g + j * GK + o_k, mask=mask_k, other=0))
+                    else:
+                        k_j = k_j * tl.exp(G_t - tl.load(base_g + j))
+                    S_c += u_j[:, None] * k_j[None, :]
                 S_c += u_t[:, None] * k_c[None, :]
                 tl.store(p_s + o_v[:, None] * K + o_k[None, :], S_c.to(state.dtype.element_ty), mask=m_kv)
         else:
