@@ -9,22 +9,11 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
-SITE=/tmp/site
 t0=$(date +%s)
-if [ ! -f $SITE/.unpacked ]; then
-  mkdir -p $SITE
-  ls .bundle/*.tar.xz >/dev/null || { echo "no .bundle/*.tar.xz (run scripts/gpu_bundle.py here, carry .bundle)"; exit 2; }
-  for b in .bundle/*.tar.xz; do (xz -dc -T0 "$b" | tar -xf - -C $SITE) & done; wait
-  touch $SITE/.unpacked
-fi
-echo "bundle unpacked in $(( $(date +%s) - t0 ))s: $(du -sh $SITE | cut -f1)"
-# our side package laid out as installed (kernels/ -> replayssm_sglang.kernels, patches/ beside it), so the
-# patched SGLang can import it
-RS=/tmp/rs; rm -rf $RS; mkdir -p $RS
-cp -r replayssm_sglang $RS/ && cp -r kernels $RS/replayssm_sglang/kernels && cp -r patches $RS/patches
-export PYTHONPATH=$SITE:$RS:$PWD/scripts/gpu_hooks
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# SGLang 0.5.17 from the bundle (or this Python), replayssm_sglang laid out as installed
+. scripts/gpu-env.sh || exit 2
+SITE=$SGLANG_TARGET
+export PYTHONPATH=$PYTHONPATH:$PWD/scripts/gpu_hooks
 # the device gets the working tree without .git: write the commit to .gpu/COMMIT here before the call
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || echo "?")}
 # JIT caches from an earlier call (carry .gpu): flashinfer's gemma_rmsnorm build (~80 s) and Triton's kernels
