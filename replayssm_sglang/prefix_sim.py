@@ -40,7 +40,6 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 
@@ -125,7 +124,6 @@ _SG = None
 def _sg() -> SimpleNamespace:
     global _SG
     if _SG is None:
-        from sglang.kernels.ops.mamba.mamba_state_scatter_triton import track_mamba_states_if_needed  # noqa: F401
         from sglang.srt.configs.mamba_utils import (KimiLinearCacheParams, KimiLinearStateShape, Mamba2CacheParams,
                                                     Mamba2StateDType, Mamba2StateShape)
         from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase

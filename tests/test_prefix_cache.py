@@ -17,7 +17,6 @@ no_buffer arm, with no stale state anywhere; and the same run with the forced fl
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
