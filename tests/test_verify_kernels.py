@@ -185,18 +185,18 @@ def test_accept_sequence_matches_float64(kind, T, L):
 
 def test_gqa_groups_and_several_rows_gdn():
     # two value heads per key head (the k record is shared) and three rows in flight
-    run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=8, pad_rows=1, spare_slots=2)
+    run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=6, pad_rows=1, spare_slots=2)
 
 
 def test_kda_safe_gate_and_strong_decay():
     # strong per-channel decay: exponents are kept <= 0 everywhere, nothing overflows
-    run_sequence(kind="kda", HV=1, K=32, V=16, L=8, T=8, steps=10, a_shift=4.0)
-    run_sequence(kind="kda", HV=1, K=16, V=16, L=8, T=4, steps=10, lower_bound=-5.0)
+    run_sequence(kind="kda", HV=1, K=32, V=16, L=8, T=4, steps=8, a_shift=4.0)
+    run_sequence(kind="kda", HV=1, K=16, V=16, L=8, T=4, steps=6, lower_bound=-5.0)
 
 
 @pytest.mark.parametrize("kind,L", [("gdn", 8), ("kda", 32)])
 def test_mixing_plain_and_speculative_steps_in_one_request(kind, L):
-    st = run_sequence(kind=kind, L=L, T_choices=[1, 1, 2, 4, 8], steps=32, pad_rows=0)
+    st = run_sequence(kind=kind, L=L, T_choices=[1, 1, 2, 4, 8], steps=24, pad_rows=0)
     assert st["folds"] > 0
 
 
@@ -206,7 +206,7 @@ def test_rejected_drafts_never_reach_the_state():
     for kind in ("gdn", "kda"):
         H = HV = 1
         K = V = 16
-        L, T, steps = 8, 4, 10
+        L, T, steps = 8, 4, 8
         seed = random.randrange(1 << 30)
         results = []
         for variant in range(2):
