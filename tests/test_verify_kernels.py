@@ -200,6 +200,62 @@ def test_mixing_plain_and_speculative_steps_in_one_request(kind, L):
     assert st["folds"] > 0
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_decode_kernel_and_verify_share_one_ring(kind):
+    """Plain steps through the decode kernel (kernels/decode.py, T = 1, auto-commit and eager fold)
+    interleaved with verify steps (T > 1) on one ring: every output and every checkpoint write
+    matches the float64 accepted stream."""
+    dec = pytest.importorskip("replayssm_sglang.kernels.decode")
+    H = HV = 1
+    K = V = 16
+    L = 8
+    seed = random.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    lay = R.RingLayout.for_layer(kind, L=L, T_max=4, H=H, HV=HV, K=K, V=V)
+    ring = lay.allocate(2, device=DEV)
+    A_log, dt_bias = random_params(kind=kind, HV=HV, K=K, gen=gen)
+    A_log, dt_bias = A_log.to(DEV), dt_bias.to(DEV)
+    state = torch.full((2, HV, V, K), 1e30)
+    state[1] = torch.randn(HV, V, K, generator=gen) * 0.3
+    state = state.to(DEV)
+    slots = torch.tensor([1], dtype=torch.int32, device=DEV)
+    ref = ReferenceStream(state[1:2].cpu().double(), kind=kind, H=H, HV=HV, K=K, V=V, A_log=A_log.cpu(),
+                          dt_bias=dt_bias.cpu())
+    plan = [1, 1, 4, 1, 2, 1, 1, 1, 4, 4, 1, 2, 1, 1, 1, 1, 1, 4, 1]
+    decode_steps = verify_steps = 0
+    for step, Tt in enumerate(plan):
+        mixed, a, b = random_inputs(kind=kind, B=1, T=Tt, H=H, HV=HV, K=K, V=V, gen=gen, device=DEV)
+        h_before = int(ring.h[1])
+        ck_before = state[1].clone()
+        o_ref = ref.verify(mixed.cpu(), a.cpu(), b.cpu(), Tt)
+        if Tt == 1:
+            out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L)
+            ref.commit(torch.tensor([1]))
+            want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L)[0])
+            flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L)[0])
+            decode_steps += 1
+        else:
+            out = ring_verify(mixed, a, b, A_log, dt_bias, state, slots, ring, Tt)
+            acc = int(torch.randint(1, Tt + 1, (1,), generator=gen))
+            flushed = h_before + Tt > L
+            folded_state = ref.S.clone()
+            ring_commit_(ring.h, slots, Tt, L, torch.tensor([acc], dtype=torch.int32, device=DEV))
+            ref.commit(torch.tensor([acc]))
+            want_h = int(R.h_after_verify(torch.tensor([h_before], dtype=torch.int32), Tt, L, torch.tensor([acc]))[0])
+            verify_steps += 1
+        e = rms_ratio(out.reshape(Tt, HV, V).cpu(), o_ref.reshape(Tt, HV, V))
+        assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: output rms ratio {e:.3e}"
+        assert int(ring.h[1]) == want_h, f"seed={seed} step={step} T={Tt}"
+        if flushed:
+            target = ref.S if Tt == 1 else folded_state  # decode folds its own token in; verify folds before
+            e = rms_ratio(state[1].cpu(), target[0])
+            assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: checkpoint rms ratio {e:.3e}"
+        else:
+            assert torch.equal(state[1], ck_before), f"seed={seed} step={step}: checkpoint written without a fold"
+    assert torch.equal(state[0].cpu(), torch.full((HV, V, K), 1e30))
+    assert decode_steps > 0 and verify_steps > 0
+
+
 def test_rejected_drafts_never_reach_the_state():
     """Two runs with the same accepted stream but different (huge) rejected drafts give bitwise the
     same outputs for the accepted tokens, the same records up to h and the same checkpoints."""
