@@ -2,17 +2,22 @@
 
 One Triton kernel serves both layer kinds (``IS_KDA`` selects the per-K gate); the protocol is
 ring.py's (docs/design.md, "The ring protocol"); the float64 reference is
-``replayssm_sglang.reference``.
+``replayssm_sglang.reference``; docs/design.md ("Decode kernels and small-batch policy") has the
+design notes and the measurements behind the choices.
 
-Grid: (V / BV, B * HV). A program owns one V-tile of one value head of one row and keeps the
-full K in registers. Per step it reads its checkpoint tile exactly once and uses it for both
-C q and C k; the h committed records since the checkpoint add dot products against cached keys
-(non-flush steps never rebuild the state). On a flush step (h + 1 == L, or the row's forced flag)
-the same tile is folded with the records and the current token and written back.
+Grid: (V / BV, B * HV). A program owns one V-tile of one value head of one row. Three branches,
+decided per row on the device:
+  * no records and a flush (L = 1, a forced flush at h = 0): SGLang's packed decode, op for op, on the
+    full [BV, K] tile (so L = 1 is the conventional decode, bit for bit under the interpreter);
+  * otherwise the output comes from the checkpoint read once (C q and C k from the same K-chunk
+    loads, NK chunks) plus dot products against the h cached keys; a non-flush step appends its
+    record, a flush step re-reads the checkpoint chunks (cache hits) and folds the records (rank-1
+    updates, one record at a time) and this token into it;
+  * a pre-step fold (h >= L: after a verify step, or a shorter window from the policy) folds the
+    records into the checkpoint first and writes it.
 
 Per row:
-  prefold  = h >= L             (h + T > L with T = 1; only reachable after a verify step, or
-                                 when the small-batch policy runs with a shorter window)
+  prefold  = h >= L             (h + T > L with T = 1)
   h_eff    = 0 if prefold else h
   flush    = h_eff + 1 >= L or forced
   h_new    = 0 if flush else h_eff + 1
@@ -22,6 +27,8 @@ last one to arrive writes ``h_new`` and resets the counter. Rows whose h does no
 or a forced flush at h = 0) skip the counter. A prefold that does not flush must append the new
 record at position 0, which other programs of the row may still be reading: there the shared
 parts of record 0 (keys, gates) are written by the last program to arrive, after a release.
+Every exponent is <= 0 (exp(G_t - G_j), exp(G_t) with G cumulative log-decays), so nothing overflows
+however long the window or strong the decay.
 
 Padded rows (slot index < 0) write zeros to their output and touch no state, record, h or counter.
 """
@@ -306,6 +313,8 @@ def replay_decode_kernel(
 
 # Launch configurations (BV, num_warps, K chunks) chosen from the H200 sweep in scripts/bench_kernels.py;
 # keyed by (kind, state element size). Anything unlisted uses DEFAULT_CONFIG.
+# Sweep at B = 256 (benchmarks/results/kernels-20261129-1924.json): (32, 1, 2) was best or within 2%
+# for all four (kind, state dtype) pairs; (32, 2, 2) and (16, 1, 2) were slower except GDN fp32 (16, 1, 2).
 DEFAULT_CONFIG = (32, 1, 2)
 _LAST: dict = {}  # the last launched compiled kernel (n_regs / n_spills for the benchmark's sweep)
 CONFIGS: dict[tuple[str, int], tuple[int, int, int]] = {}
@@ -324,7 +333,7 @@ def replay_decode(
     *,
     out: torch.Tensor | None = None,
     forced: torch.Tensor | None = None,
-    L: int | None = None,
+    L: int | str | None = None,
     scale: float | None = None,
     lower_bound: float | None = None,
     block_v: int | None = None,
@@ -337,8 +346,8 @@ def replay_decode(
     kind: "gdn" (a [B, HV], dt_bias [HV]) or "kda" (a [B, HV*K], dt_bias [HV*K]).
     mixed_qkv [B, 2*H*K + HV*V]; b [B, HV]; A_log [HV]; state [slots, HV, V, K] (fp32 or bf16);
     slot_idx [B] int (-1 = padded row); forced [B] (nonzero = flush this step: radix-cache block).
-    L: the window for this launch; default: replayssm_sglang.policy.decode_window (the ring's L, or 1
-    at small batch). It may be shorter than the ring's capacity, never longer.
+    L: the window for this launch: None = the ring's L; "auto" = replayssm_sglang.policy.decode_window
+    (the ring's L, or 1 where the buffered path measured slower); an int (1 .. ring capacity).
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     lay = ring.layout
@@ -357,6 +366,8 @@ def replay_decode(
     if state.stride(-1) != 1 or state.stride(-2) != K or state.stride(-3) != V * K:
         raise ValueError("state must be contiguous within a slot")
     if L is None:
+        L = lay.L
+    elif L == "auto":
         L = policy.decode_window(kind, B, state.dtype, lay.L)
     L = int(L)
     if not 1 <= L <= lay.cap:

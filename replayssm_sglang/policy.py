@@ -20,12 +20,20 @@ import os
 
 import torch
 
-# batch sizes <= this value run with window 1 (kind, state element size in bytes)
+# batch sizes <= this value run with window 1 (kind, state element size in bytes).
+# Measured 2026-11-29 on one H200 (benchmarks/results/kernels-20261129-1924.json, L = 16, bf16
+# records), speed vs SGLang's conventional Triton decode, buffered (ours_r16) / window 1 (ours_L1):
+#   GDN fp32: B=1 0.92 / 1.26, B=32 0.95 / 1.05, B>=128 1.03-1.04 / (1.00 in the first run)
+#   GDN bf16: buffered 0.61-0.90 at every B; window 1: 0.76 (B=1), 0.99 (B=32)
+#   KDA fp32: buffered 0.65-0.85 at every B; window 1: 1.04 (B=1), 1.10 (B=32)
+#   KDA bf16: buffered 0.43-0.54 at every B; window 1: 0.73 (B=1), 0.98 (B=32)
+# so the buffered window is used only where it measured faster: GDN with an fp32 state, B >= 128.
+NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
-    ("gdn", 4): 0,
-    ("gdn", 2): 0,
-    ("kda", 4): 0,
-    ("kda", 2): 0,
+    ("gdn", 4): 64,
+    ("gdn", 2): NEVER,
+    ("kda", 4): NEVER,
+    ("kda", 2): NEVER,
 }
 
 

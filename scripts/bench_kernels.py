@@ -329,11 +329,13 @@ def plot(path):
     combos = sorted({(r["kind"], r["state_dtype"]) for r in rows})
     fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.6), squeeze=False)
     for ax, (kind, sdt) in zip(axes[0], combos):
-        for arm in ("upstream", "ours_r32", "ours_r16", "ours_L1", "conv_cuda"):
+        colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
+                  "conv_cuda": "tab:gray"}
+        for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm, color=colors[arm])
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{kind.upper()} {sdt} state")

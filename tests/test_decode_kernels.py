@@ -247,3 +247,19 @@ def test_gpu_real_shapes(kind, state_dtype, rec_dtype):
                  rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4))
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+def test_policy_windows(monkeypatch):
+    """The small-batch policy picks window 1 exactly where the buffered path measured slower."""
+    from replayssm_sglang import policy
+
+    monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW", raising=False)
+    assert policy.decode_window("gdn", 1, torch.float32, 16) == 1
+    assert policy.decode_window("gdn", 32, torch.float32, 16) == 1
+    assert policy.decode_window("gdn", 128, torch.float32, 16) == 16
+    assert policy.decode_window("gdn", 512, torch.bfloat16, 16) == 1
+    assert policy.decode_window("kda", 512, torch.float32, 16) == 1
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "8")
+    assert policy.decode_window("kda", 512, torch.float32, 16) == 8
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "99")
+    assert policy.decode_window("gdn", 1, torch.float32, 16) == 16
