@@ -222,10 +222,14 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="first sweep (BV, num_warps) at B=256 for ours")
     ap.add_argument("--sweep-configs", default="32x1x2,32x1x4,16x1x2,64x1x4,64x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
+    ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
     if args.plot:
         plot(args.plot)
+        return
+    if args.table:
+        print(table(args.table))
         return
 
     import triton
@@ -317,6 +321,30 @@ def _dump(path, meta, rows):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
+
+
+def table(path) -> str:
+    """Markdown: per (kind, state dtype, B) the conventional time and each arm's speedup, TB/s, % of copy peak."""
+    d = json.load(open(path))
+    rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
+    arms = ["upstream", "ours_r16", "ours_r32", "ours_L1"]
+    out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
+           "|---|---|---|---|" + "---|" * len(arms)]
+    keys = sorted({(r["kind"], r["state_dtype"], r["B"]) for r in rows}, key=lambda k: (k[0], k[1] != "float32", k[2]))
+    for kind, sdt, B in keys:
+        rs = {r["arm"]: r for r in rows if (r["kind"], r["state_dtype"], r["B"]) == (kind, sdt, B)}
+        conv = rs.get("conv")
+        cells = [kind.upper(), sdt, str(B), f"{conv['t_us']:.1f} ({conv['TBps']:.2f})" if conv else "-"]
+        up = rs.get("upstream")
+        for a in arms:
+            r = rs.get(a)
+            if not r:
+                cells.append("-")
+                continue
+            vs_up = f"{up['t_us'] / r['t_us']:.2f}" if up and a != "upstream" else "1.00" if a == "upstream" else "-"
+            cells.append(f"{r['speedup_vs_conv']:.2f}, {vs_up}, {r['TBps']:.2f}, {100 * r['frac_copy_peak']:.0f}%")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def plot(path):
