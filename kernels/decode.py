@@ -82,7 +82,7 @@ def replay_decode_kernel(
     K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BC: tl.constexpr, NK: tl.constexpr, NPROG: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     BKC: tl.constexpr = BK // NK
     i_v = tl.program_id(0)
@@ -266,14 +266,25 @@ def replay_decode_kernel(
                     S_c = C_c * tl.exp(Gt_c)[None, :]
                 else:
                     S_c = C_c * eG
-                for j in range(h_eff):  # rank-1 updates, one record at a time
-                    u_j = tl.load(base_u + j * V + o_v, mask=mask_v, other=0).to(tl.float32)
-                    k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0).to(tl.float32)
+                if FOLD_DOT:
+                    # all records at once on the tensor cores (opt-in, not yet measured; see docs)
+                    m_ck = valid[:, None] & mask_k[None, :]
+                    rk = tl.load(base_k + o_c[:, None] * K + o_k[None, :], mask=m_ck, other=0).to(tl.float32)
                     if IS_KDA:
-                        k_j = k_j * tl.exp(Gt_c - tl.load(base_g + j * GK + o_k, mask=mask_k, other=0))
+                        rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)
+                        kw = rk * tl.where(valid[:, None], tl.exp(Gt_c[None, :] - rg), 0.0)
                     else:
-                        k_j = k_j * tl.exp(G_t - tl.load(base_g + j))
-                    S_c += u_j[:, None] * k_j[None, :]
+                        kw = rk * w[:, None]
+                    S_c += tl.dot(tl.trans(rec_u), kw, input_precision=DOT_PRECISION)
+                else:
+                    for j in range(h_eff):  # rank-1 updates, one record at a time
+                        u_j = tl.load(base_u + j * V + o_v, mask=mask_v, other=0).to(tl.float32)
+                        k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0).to(tl.float32)
+                        if IS_KDA:
+                            k_j = k_j * tl.exp(Gt_c - tl.load(base_g + j * GK + o_k, mask=mask_k, other=0))
+                        else:
+                            k_j = k_j * tl.exp(G_t - tl.load(base_g + j))
+                        S_c += u_j[:, None] * k_j[None, :]
                 S_c += u_t[:, None] * k_c[None, :]
                 tl.store(p_s + o_v[:, None] * K + o_k[None, :], S_c.to(state.dtype.element_ty), mask=m_kv)
         else:
@@ -339,7 +350,8 @@ def replay_decode(
     block_v: int | None = None,
     num_warps: int | None = None,
     k_chunks: int | None = None,
-    dot_precision: str = "ieee",
+    fold: str = "loop",
+    dot_precision: str = "tf32x3",
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -348,6 +360,9 @@ def replay_decode(
     slot_idx [B] int (-1 = padded row); forced [B] (nonzero = flush this step: radix-cache block).
     L: the window for this launch: None = the ring's L; "auto" = replayssm_sglang.policy.decode_window
     (the ring's L, or 1 where the buffered path measured slower); an int (1 .. ring capacity).
+    fold: how a flush folds the records into the checkpoint: "loop" (rank-1 updates, one record at a
+    time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
+    fp32-accurate on the tensor cores; opt-in until measured on the GPU).
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     lay = ring.layout
@@ -400,7 +415,7 @@ def replay_decode(
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         H=H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV, BC=BC, NK=NK, NPROG=NV * HV,
         IS_KDA=(kind == "kda"), HAS_FORCED=forced is not None,
-        USE_LOWER_BOUND=lower_bound is not None, DOT_PRECISION=dot_precision,
+        USE_LOWER_BOUND=lower_bound is not None, FOLD_DOT=(fold == "dot"), DOT_PRECISION=dot_precision,
         num_warps=nw, num_stages=1,
     )
     return out

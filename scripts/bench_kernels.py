@@ -170,7 +170,7 @@ def arm_upstream(c: Case):
     return run
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None):
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop"):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -188,7 +188,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None):
 
     def run(step):
         replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                      block_v=bv, num_warps=nw, k_chunks=nk)
+                      block_v=bv, num_warps=nw, k_chunks=nk, fold=fold)
     return run
 
 
@@ -223,6 +223,7 @@ def main():
     ap.add_argument("--sweep-configs", default="32x1x2,32x1x4,16x1x2,64x1x4,64x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
     ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
+    ap.add_argument("--variants", default="", help="extra arms of ours: 'dot' = tensor-core fold (ours_r16_dot)")
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
     if args.plot:
@@ -284,6 +285,7 @@ def main():
                     "ours_r32": arm_ours(c, torch.float32, cfg=cfg) if sdt == "float32" else None,
                     "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg),
                     "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if B <= 32 else None,
+                    "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot") if "dot" in args.variants else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -297,7 +299,7 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name == "ours_r32" else 2
+                    rec_es = 4 if name == "ours_r32" else 2  # ours_r16*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -358,7 +360,7 @@ def plot(path):
     fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.6), squeeze=False)
     for ax, (kind, sdt) in zip(axes[0], combos):
         colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
-                  "conv_cuda": "tab:gray"}
+                  "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

@@ -46,11 +46,12 @@ class Harness:
     """Kernel and float64 reference side by side over many steps, with the checks of every step."""
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
-                 seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None):
+                 seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop"):
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
         self.p_pad, self.p_forced, self.windows = p_pad, p_forced, windows
         self.state_dtype, self.rec_dtype, self.block_v, self.lower_bound = state_dtype, rec_dtype, block_v, lower_bound
+        self.fold = fold
         self.lay = ringmod.RingLayout.for_layer(kind, L=L, H=H, HV=HV, K=K, V=V)
         self.slots = B + 3
         perm = torch.randperm(self.slots, generator=self.gen)
@@ -88,7 +89,7 @@ class Harness:
 
         out = torch.full((B, 1, self.HV, self.V), float("nan"), device=DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
-                      block_v=self.block_v, lower_bound=self.lower_bound)
+                      block_v=self.block_v, lower_bound=self.lower_bound, fold=self.fold)
         xi = R.unpack(self.kind, *[t.cpu() for t in x], H=self.H, HV=self.HV, K=self.K, V=self.V,
                       lower_bound=self.lower_bound)
         o_ref = self.ref.step(xi, slot_idx, forced, L=L)
@@ -189,6 +190,14 @@ def test_window_switching_prefolds(kind):
 def test_kda_safe_gate_and_bf16_records():
     """KDA's lower-bound gate; bf16 u/k records with an fp32 state."""
     hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=5, lower_bound=-5.0, rec_dtype=torch.bfloat16)
+    st = hz.run(8)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_fold_dot_variant(kind):
+    """The opt-in tensor-core fold (fold="dot") agrees with the reference like the default loop."""
+    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=4, seed=21, p_forced=0.2, fold="dot")
     st = hz.run(8)
     assert st["flushes"] > 0
 
