@@ -82,7 +82,7 @@ def replay_decode_kernel(
     K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BC: tl.constexpr, NK: tl.constexpr, NPROG: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPDATE_H: tl.constexpr = True,
 ):
     BKC: tl.constexpr = BK // NK
     i_v = tl.program_id(0)
@@ -123,7 +123,7 @@ def replay_decode_kernel(
     h_eff = tl.where(prefold, 0, h_old)
     flush = ((h_eff + 1) >= L) | is_forced
     h_new = tl.where(flush, 0, h_eff + 1)
-    update_h = h_new != h_old
+    update_h = (h_new != h_old) & UPDATE_H  # UPDATE_H=False: diagnostics only (h frozen, no atomics)
     # arrival count for the in-kernel h update; the increment depends on h_old, so it is performed
     # only after this program has read h (the last program to arrive then writes h_new)
     cnt = h_old * 0 - 1
@@ -352,6 +352,7 @@ def replay_decode(
     k_chunks: int | None = None,
     fold: str = "loop",
     dot_precision: str = "tf32x3",
+    _diag_freeze_h: bool = False,
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -416,6 +417,7 @@ def replay_decode(
         H=H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV, BC=BC, NK=NK, NPROG=NV * HV,
         IS_KDA=(kind == "kda"), HAS_FORCED=forced is not None,
         USE_LOWER_BOUND=lower_bound is not None, FOLD_DOT=(fold == "dot"), DOT_PRECISION=dot_precision,
+        UPDATE_H=not _diag_freeze_h,
         num_warps=nw, num_stages=1,
     )
     return out

@@ -170,7 +170,7 @@ def arm_upstream(c: Case):
     return run
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop"):
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -188,7 +188,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop"):
 
     def run(step):
         replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                      block_v=bv, num_warps=nw, k_chunks=nk, fold=fold)
+                      block_v=bv, num_warps=nw, k_chunks=nk, fold=fold, _diag_freeze_h=freeze_h)
     return run
 
 
@@ -223,7 +223,10 @@ def main():
     ap.add_argument("--sweep-configs", default="32x1x2,32x1x4,16x1x2,64x1x4,64x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
     ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
-    ap.add_argument("--variants", default="", help="extra arms of ours: 'dot' = tensor-core fold (ours_r16_dot)")
+    ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'dot' = tensor-core "
+                    "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
+                    "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
+                    "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
     if args.plot:
@@ -286,6 +289,8 @@ def main():
                     "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg),
                     "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if B <= 32 else None,
                     "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot") if "dot" in args.variants else None,
+                    "diag_no_atomics": arm_ours(c, torch.bfloat16, cfg=cfg, freeze_h=True) if "freeze" in args.variants
+                    else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -360,7 +365,7 @@ def plot(path):
     fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.6), squeeze=False)
     for ax, (kind, sdt) in zip(axes[0], combos):
         colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
-                  "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple"}
+                  "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
