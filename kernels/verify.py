@@ -17,8 +17,8 @@ G_ref + Gl_i):
     u_i  = beta_i (v_i - W_i) - beta_i sum_{m<i} u_m <k_m * exp(Gl_i - Gl_m), k_i>
     o_i  = Q_i + sum_{m<=i} u_m <k_m * exp(Gl_i - Gl_m), q_i>
 The u_i of the window depend on each other: (I + A) u = R with A strictly lower,
-A[i,m] = beta_i <k_m * exp(Gl_i - Gl_m), k_i>, R_i = beta_i (v_i - W_i); solved in registers by forward
-substitution of the T x T unit-lower-triangular system (UT transform).
+A[i,m] = beta_i <k_m * exp(Gl_i - Gl_m), k_i>, R_i = beta_i (v_i - W_i); solved in-kernel by forward
+substitution of the T x T unit-lower-triangular system (UT transform), then u = R (I+A)^-T.
 Every exponent is kept <= 0 (history factors are taken relative to G_ref, intra-window KDA factors are
 built as running products of exp(g)), so nothing overflows however strong the decay.
 
@@ -26,10 +26,12 @@ Two launches, both decided on the device (CUDA-graph capturable):
 1. ``_ring_prefold_kernel``: rows with h + T > L fold r[0..h-1] into C; every other row exits at once.
    A separate launch because the fold reads the records the step then overwrites (r[0..T-1]), and the
    key records are shared by all value-head programs of a key head.
-2. ``_ring_verify_kernel``: one program per (V tile, row, value head). Every product is an fp32
-   broadcast-reduce on CUDA cores (the checkpoint tile is reduced against the 2T decayed draft
-   vectors, like the conventional kernel's per-token sums). A first version used tl.dot (3xTF32) for
-   these products and was compute-bound on layout conversions: benchmarks/results/verify-20261129-1859.
+2. ``_ring_verify_kernel``: one program per (row, value head) (optionally split over V), looping over
+   V tiles so the K-side work (norms, gates, T x T solve, history scores) is done once per head.
+   The checkpoint products use tl.dot (tensor cores) at ``default_precision``. A variant that did every
+   product as an fp32 broadcast-reduce on CUDA cores (git 7da6299) was rejected on its sm_90 SASS:
+   8.6k instructions per warp, shuffle-bound cross-lane reductions, about 1.1 ms issue-bound at
+   B=256, T=4 against about 0.13 ms for SGLang's conventional verify kernel.
 """
 
 from __future__ import annotations
@@ -150,14 +152,14 @@ def _ring_verify_kernel(
     BV: tl.constexpr,
     BC: tl.constexpr,
     BT: tl.constexpr,
+    VS: tl.constexpr,
+    NLOG: tl.constexpr,
     IS_KDA: tl.constexpr,
     USE_LOWER_BOUND: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    # One program per (V tile, row, value head). Every product is a register broadcast-reduce on
-    # CUDA cores in fp32 (no tensor-core layout round trips): the checkpoint tile is read once and
-    # reduced against the 2T decayed draft vectors, like the conventional kernel's per-token sums.
-    i_v = tl.program_id(0)
+    i_s = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -165,18 +167,20 @@ def _ring_verify_kernel(
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_c = tl.arange(0, BC)
-    o_v = i_v * BV + tl.arange(0, BV)
     mt = o_t < T
     mk = o_k < K
-    mv = o_v < V
-    tok0 = i_n * T
-    p_o = out + (tok0 + o_t)[None, :] * (HV * V) + i_hv * V + o_v[:, None]
-    mvt = mv[:, None] & mt[None, :]
+    mtk = mt[:, None] & mk[None, :]
+    tok = i_n * T + o_t
+    v_lo = i_s * VS
 
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot < 0:
         # padded row: zeros out, touch no state, record or h
-        tl.store(p_o, tl.zeros([BV, BT], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mvt)
+        for v0 in range(v_lo, v_lo + VS, BV):
+            o_v = v0 + tl.arange(0, BV)
+            mv = o_v < V
+            p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
+            tl.store(p_o, tl.zeros([BV, BT], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
         return
 
     h = tl.load(ring_h + slot).to(tl.int32)
@@ -184,122 +188,123 @@ def _ring_verify_kernel(
     h0 = tl.where(h + T > L, 0, h)
     mc = o_c < h0
 
-    # checkpoint tile, committed history (u tile, keys, cumulative log-decays)
-    C = tl.load(state + slot * stride_state_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-                mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
-    u_base = ring_u + slot * stride_u_slot + i_hv * CAP * V
-    uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
-    kh = tl.load(ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
-                 mask=mc[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    # ---- the T drafts: q, k (l2-normalised), beta, gates ----
+    p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
+    q = tl.load(p_q, mask=mtk, other=0.0).to(tl.float32)
+    k = tl.load(p_q + H * K, mask=mtk, other=0.0).to(tl.float32)
+    q = q / tl.sqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
+    k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+
+    bb = tl.load(b + tok * stride_b_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+    beta = tl.where(mt, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
     A_val = tl.load(A_log + i_hv).to(tl.float32)
+
+    # strict lower (m < i) and causal (m <= i) masks over (i = row, m = column)
+    strict = (o_t[None, :] < o_t[:, None]) & mt[:, None] & mt[None, :]
+    causal = (o_t[None, :] <= o_t[:, None]) & mt[:, None] & mt[None, :]
+
+    # history keys [BC, BK] (key head i_h), committed records only
+    kh = tl.load(
+        ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
+        mask=mc[:, None] & mk[None, :],
+        other=0.0,
+    ).to(tl.float32)
+
     if IS_KDA:
         g_base = ring_g + slot * stride_g_slot + i_hv * CAP * K
-        Gref = tl.load(g_base + (h0 - 1) * K + o_k, mask=mk & (h0 > 0), other=0.0)  # [BK]
-        Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
-        # k_j exp(G_ref - Gamma_j): exponent <= 0
-        kh = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
+        aa = tl.load(a + tok[:, None] * stride_a_tok + i_hv * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
         dtb = tl.load(dt_bias + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        Gl = tl.zeros([BK], dtype=tl.float32)
-        E = tl.zeros([BT, BK], dtype=tl.float32)  # rows m <= t: exp(Gl_t - Gl_m) per channel
+        x = aa + dtb[None, :]
+        if USE_LOWER_BOUND:
+            g = lower_bound * tl.sigmoid(tl.exp(A_val) * x)
+        else:
+            g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        g = tl.where(mtk, g, 0.0)
+        Gl = tl.cumsum(g, axis=0)  # [BT, BK], <= 0
+        Gref = tl.load(g_base + (h0 - 1) * K + o_k, mask=mk & (h0 > 0), other=0.0)  # [BK]
+        el = tl.exp(Gl)  # exp(Gamma_i - G_ref) <= 1
+        kq = k * el
+        qq = q * el
+        eg = tl.exp(Gref)
+        kc = kq * eg[None, :]  # k_i * exp(Gamma_i)
+        qc = qq * eg[None, :]
+        # history scores: <k_j * exp(Gamma_i - Gamma_j), x_i> = <k_j exp(G_ref - Gamma_j), x_i exp(Gl_i)>
+        Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
+        khd = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
+        s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
+        s_q = tl.dot(khd, tl.trans(qq), input_precision=DOT_PRECISION)
+        # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
+        E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
+        kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
+        Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
+        Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
     else:
         g_base = ring_g + slot * stride_g_slot + i_hv * CAP
+        aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+        x = aa + tl.load(dt_bias + i_hv).to(tl.float32)
+        g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+        g = tl.where(mt, g, 0.0)
+        Gl = tl.cumsum(g, axis=0)  # [BT]
         Gref = tl.load(g_base + (h0 - 1), mask=h0 > 0, other=0.0)
+        ecol = tl.exp(Gref + Gl)  # exp(Gamma_i), applied to the checkpoint products
         Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
-        dtb = tl.load(dt_bias + i_hv).to(tl.float32)
-        Gl = tl.zeros([BT], dtype=tl.float32).sum(0)  # scalar 0.0
-        Glv = tl.zeros([BT], dtype=tl.float32)  # Gl per draft (for the pair factors)
+        wh = tl.where(mc[:, None] & mt[None, :], tl.exp(tl.minimum(Gref - Gh, 0.0))[:, None] * tl.exp(Gl)[None, :], 0.0)
+        s_k = tl.dot(kh, tl.trans(k), input_precision=DOT_PRECISION) * wh  # [BC, BT]
+        s_q = tl.dot(kh, tl.trans(q), input_precision=DOT_PRECISION) * wh
+        D = tl.where(causal, tl.exp(tl.minimum(Gl[:, None] - Gl[None, :], 0.0)), 0.0)
+        kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <k_i, k_m>
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <q_i, k_m>
+        Amat = tl.where(strict, beta[:, None] * kk * D, 0.0)
+        Fmat = tl.where(causal, qk * D, 0.0)
 
-    Kmat = tl.zeros([BT, BK], dtype=tl.float32)  # the drafts' normalised keys
-    WK = tl.zeros([BV, BT], dtype=tl.float32)  # S_h Diag(exp Gl_t) k_t
-    WQ = tl.zeros([BV, BT], dtype=tl.float32)  # S_h Diag(exp Gl_t) q_t
-    Amat = tl.zeros([BT, BT], dtype=tl.float32)  # <k_m exp(Gl_t - Gl_m), k_t>, m < t (beta later)
-    Fmat = tl.zeros([BT, BT], dtype=tl.float32)  # <k_m exp(Gl_t - Gl_m), q_t>, m <= t
-    beta = tl.zeros([BT], dtype=tl.float32)
-    Gout = tl.zeros([BT, BK], dtype=tl.float32)  # records' cumulative log-decay (KDA)
-    Gouts = tl.zeros([BT], dtype=tl.float32)  # (GDN)
+    # ---- UT transform: Ti = (I + A)^-1. A is strictly lower (nilpotent, A^T = 0), so
+    # (I + A)^-1 = sum_{n<T} (-A)^n = (I - A)(I + A^2)(I + A^4)...: log2(T) small products ----
+    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    Np = -Amat
+    Ti = eye + Np
+    for _j in tl.static_range(1, NLOG):
+        Np = tl.dot(Np, Np, input_precision=DOT_PRECISION)
+        Ti = tl.dot(Ti, eye + Np, input_precision=DOT_PRECISION)
 
-    p_tok = mixed + tok0 * stride_mixed_tok
-    for t in tl.static_range(T):
-        sel = o_t == t
-        q_t = tl.load(p_tok + t * stride_mixed_tok + i_h * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        k_t = tl.load(p_tok + t * stride_mixed_tok + H * K + i_h * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6) * scale
-        k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        b_t = tl.load(b + (tok0 + t) * stride_b_tok + i_hv).to(tl.float32)
-        beta = tl.where(sel, 1.0 / (1.0 + tl.exp(-b_t)), beta)
-        Kmat = tl.where(sel[:, None], k_t[None, :], Kmat)
+    # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
+    st_base = state + slot * stride_state_slot + i_hv * V * K
+    u_base = ring_u + slot * stride_u_slot + i_hv * CAP * V
+    for v0 in range(v_lo, v_lo + VS, BV):
+        o_v = v0 + tl.arange(0, BV)
+        mv = o_v < V
+        C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
         if IS_KDA:
-            x = tl.load(a + (tok0 + t) * stride_a_tok + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32) + dtb
-            if USE_LOWER_BOUND:
-                g_t = lower_bound * tl.sigmoid(tl.exp(A_val) * x)
-            else:
-                g_t = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-            g_t = tl.where(mk, g_t, 0.0)
-            Gl = Gl + g_t
-            Gout = tl.where(sel[:, None], (Gref + Gl)[None, :], Gout)
-            el = tl.exp(Gl)  # exp(Gamma_t - G_ref) <= 1
-            kq = k_t * el
-            qq = q_t * el
-            eg = tl.exp(Gref)
-            wk = tl.sum(C * (kq * eg)[None, :], 1)  # C (exp(Gamma_t) k_t)
-            wq = tl.sum(C * (qq * eg)[None, :], 1)
-            s_k = tl.sum(kh * kq[None, :], 1)  # [BC]
-            s_q = tl.sum(kh * qq[None, :], 1)
-            E = tl.where(sel[:, None], 1.0, E * tl.exp(g_t)[None, :])
-            KE = Kmat * E
-            arow = tl.sum(KE * k_t[None, :], 1)  # [BT] over m
-            frow = tl.sum(KE * q_t[None, :], 1)
+            wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
+            wq = tl.dot(C, tl.trans(qc), input_precision=DOT_PRECISION)
         else:
-            x = tl.load(a + (tok0 + t) * stride_a_tok + i_hv).to(tl.float32) + dtb
-            g_t = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-            Gl = Gl + g_t
-            Glv = tl.where(sel, Gl, Glv)
-            Gouts = tl.where(sel, Gref + Gl, Gouts)
-            e_t = tl.exp(Gref + Gl)
-            wk = tl.sum(C * k_t[None, :], 1) * e_t
-            wq = tl.sum(C * q_t[None, :], 1) * e_t
-            w_hist = tl.where(mc, tl.exp(tl.minimum(Gref - Gh, 0.0) + Gl), 0.0)  # exp(Gamma_t - Gamma_j)
-            s_k = tl.sum(kh * k_t[None, :], 1) * w_hist
-            s_q = tl.sum(kh * q_t[None, :], 1) * w_hist
-            d_t = tl.where(o_t <= t, tl.exp(tl.minimum(Gl - Glv, 0.0)), 0.0)  # exp(Gl_t - Gl_m)
-            arow = tl.sum(Kmat * k_t[None, :], 1) * d_t
-            frow = tl.sum(Kmat * q_t[None, :], 1) * d_t
-        wk += tl.sum(uT * s_k[None, :], 1)
-        wq += tl.sum(uT * s_q[None, :], 1)
-        WK = tl.where(sel[None, :], wk[:, None], WK)
-        WQ = tl.where(sel[None, :], wq[:, None], WQ)
-        Amat = tl.where(sel[:, None] & (o_t[None, :] < t), arow[None, :], Amat)
-        Fmat = tl.where(sel[:, None] & (o_t[None, :] <= t), frow[None, :], Fmat)
-    Amat = Amat * beta[:, None]
+            wk = tl.dot(C, tl.trans(k), input_precision=DOT_PRECISION) * ecol[None, :]
+            wq = tl.dot(C, tl.trans(q), input_precision=DOT_PRECISION) * ecol[None, :]
+        wk += tl.dot(uT, s_k, input_precision=DOT_PRECISION)
+        wq += tl.dot(uT, s_q, input_precision=DOT_PRECISION)
+        vv = tl.load(
+            mixed + tok[None, :] * stride_mixed_tok + 2 * H * K + i_hv * V + o_v[:, None],
+            mask=mv[:, None] & mt[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        R = beta[None, :] * (vv - wk)  # [BV, BT]
+        U = tl.dot(R, tl.trans(Ti), input_precision=DOT_PRECISION)  # U[:, i] = sum_m Ti[i, m] R[:, m]
+        O = wq + tl.dot(U, tl.trans(Fmat), input_precision=DOT_PRECISION)  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
+        p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
+        tl.store(p_o, O.to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+        p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
+        tl.store(p_u, U.to(p_u.dtype.element_ty), mask=mv[:, None] & mt[None, :])
 
-    # UT transform: (I + A) U^T = R^T with A strictly lower, forward substitution on [BV, BT]:
-    # u_t = R_t - sum_{m<t} A[t, m] u_m.
-    vv = tl.load(p_tok + o_t[None, :] * stride_mixed_tok + 2 * H * K + i_hv * V + o_v[:, None], mask=mvt,
-                 other=0.0).to(tl.float32)
-    R = beta[None, :] * (vv - WK)
-    U = tl.zeros([BV, BT], dtype=tl.float32)
-    for t in tl.static_range(T):
-        sel = o_t == t
-        a_row = tl.sum(tl.where(sel[:, None], Amat, 0.0), 0)  # A[t, :]
-        r_t = tl.sum(tl.where(sel[None, :], R, 0.0), 1)
-        u_t = r_t - tl.sum(U * a_row[None, :], 1)
-        U = tl.where(sel[None, :], u_t[:, None], U)
-    # o_t = Q_t + sum_{m<=t} F[t, m] u_m
-    O = WQ + tl.sum(U[:, None, :] * Fmat[None, :, :], 2)
-
-    tl.store(p_o, O.to(p_o.dtype.element_ty), mask=mvt)
-    p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
-    tl.store(p_u, U.to(p_u.dtype.element_ty), mask=mvt)
-
-    # key and log-decay records of the drafts (once per head)
-    if i_v == 0:
+    # ---- key and log-decay records of the drafts (once per head) ----
+    if i_s == 0:
         if i_hv == i_h * (HV // H):
             p_k = ring_k + slot * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
-            tl.store(p_k, Kmat.to(p_k.dtype.element_ty), mask=mt[:, None] & mk[None, :])
+            tl.store(p_k, k.to(p_k.dtype.element_ty), mask=mtk)
         if IS_KDA:
-            tl.store(g_base + (h0 + o_t)[:, None] * K + o_k[None, :], Gout, mask=mt[:, None] & mk[None, :])
+            p_g = g_base + (h0 + o_t)[:, None] * K + o_k[None, :]
+            tl.store(p_g, Gref[None, :] + Gl, mask=mtk)
         else:
-            tl.store(g_base + h0 + o_t, Gouts, mask=mt)
+            tl.store(g_base + h0 + o_t, Gref + Gl, mask=mt)
 
 
 @triton.jit
@@ -324,11 +329,15 @@ def ring_commit_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accept
     return h
 
 
-def default_precision(device) -> str:
-    """Dot precision: 'tf32x3' (three TF32 passes, about fp32 accuracy) on NVIDIA GPUs, 'ieee' elsewhere."""
+def default_precision(device, state_dtype: torch.dtype = torch.float32) -> str:
+    """Dot precision. NVIDIA GPUs: 'tf32x3' (three TF32 passes, about fp32) for an fp32 pool, whose
+    accuracy the records must keep; 'tf32' (one pass, relative error ~5e-4, below the bf16 rounding of
+    the pool itself) for a bf16 pool. Elsewhere (CPU interpreter, ROCm): 'ieee'.
+    Measured on an H200 (benchmarks/results/verify-20261129-1859): one-pass TF32 is 2.7x faster than
+    3xTF32 at B=256, T=4 (GDN); pass ``precision='tf32'`` to trade fp32 accuracy for that."""
     dev = torch.device(device)
     if dev.type == "cuda" and torch.version.hip is None:
-        return "tf32x3"
+        return "tf32x3" if state_dtype == torch.float32 else "tf32"
     return "ieee"
 
 
@@ -368,7 +377,7 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     BK = triton.next_power_of_2(lay.K)
     BV = min(block_v, triton.next_power_of_2(lay.V))
     BC = max(16, triton.next_power_of_2(lay.cap))
-    precision = precision or default_precision(state.device)
+    precision = precision or default_precision(state.device, state.dtype)
     grid = (triton.cdiv(lay.V, BV), B, lay.HV)
     _ring_prefold_kernel[grid](
         state, ring.u, ring.k, ring.g, ring.h, slot_idx,
@@ -394,6 +403,7 @@ def ring_verify(
     out: torch.Tensor | None = None,
     lower_bound: float | None = None,
     block_v: int = 32,
+    nsplit: int = 1,
     num_warps: int = 4,
     fold_block_v: int = 64,
     fold_num_warps: int = 4,
@@ -435,23 +445,44 @@ def ring_verify(
         out = out.view(N, HV, V)
     if B == 0:
         return out
-    precision = precision or default_precision(mixed_qkv.device)
+    precision = precision or default_precision(mixed_qkv.device, state.dtype)
 
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision)
 
     BK = triton.next_power_of_2(K)
     BV = min(block_v, triton.next_power_of_2(V))
-    BC = triton.next_power_of_2(lay.cap)
-    BT = triton.next_power_of_2(T)
-    grid = (triton.cdiv(V, BV), B, HV)
+    BC = max(16, triton.next_power_of_2(lay.cap))
+    BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
+    NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
+    VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
+    nsplit = triton.cdiv(V, VS)
+    grid = (nsplit, B, HV)
+    try:
+        _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+    except Exception:
+        # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
+        if BT >= 16 or mixed_qkv.device.type != "cuda":
+            raise
+        _BT_MIN[0] = 16
+        _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+    return out
+
+
+_BT_MIN = [8]
+
+
+def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
         mixed_qkv.stride(0), a.stride(0), b.stride(0), state.stride(0),
         ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
         lay.L, lay.cap, T=T, H=H, HV=HV, K=K, V=V,
-        BK=BK, BV=BV, BC=BC, BT=BT,
+        BK=BK, BV=BV, BC=BC, BT=BT, VS=VS, NLOG=NLOG,
         IS_KDA=is_kda, USE_LOWER_BOUND=lower_bound is not None, SOFTPLUS_THRESHOLD=20.0,
+        DOT_PRECISION=precision,
         num_warps=num_warps,
     )
-    return out

@@ -9,10 +9,10 @@ bf16 activations, fp32 state pool):
   flashinfer    FlashInfer's gated_delta_rule_mtp, where it imports (not on the project's GPU image);
   upstream      SGLang 0.5.17's GDN spec ring (gdn_replayssm_spec_decode, launch_mode "both", +
                 commit_gdn_replayssm_spec), ring length L (power of two), its own early-flush rule;
-  ours          kernels/verify.py (pre-fold + verify) + ring.commit_verify_, ring length L, fp32 records;
+  ours          kernels/verify.py (pre-fold + verify) + kernels.verify.ring_commit_, ring length L, fp32
+                records, default_precision (3xTF32 dots for an fp32 pool);
   ours-bf16rec  the same with bf16 records (u, k), halving the ring;
-  (an earlier version of ours, with tensor-core dots at 3xTF32 / TF32, is recorded in
-  benchmarks/results/verify-20261129-1859.*; the arm names ours-tf32 there.)
+  ours-tf32     the same with one-pass TF32 dots instead of 3xTF32.
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -321,11 +321,13 @@ def make_arms(c: Case, names, cfg=None):
     return arms
 
 
-TUNE_CONFIGS = [  # no register spills on sm_90 for GDN/KDA, T = 4 and 8 (ptxas -v, triton 3.8)
-    dict(block_v=32, num_warps=4),
-    dict(block_v=64, num_warps=8),
-    dict(block_v=16, num_warps=2),
-    dict(block_v=32, num_warps=8),
+TUNE_CONFIGS = [
+    dict(block_v=32, num_warps=4, nsplit=1),
+    dict(block_v=64, num_warps=4, nsplit=1),
+    dict(block_v=32, num_warps=8, nsplit=1),
+    dict(block_v=64, num_warps=8, nsplit=1),
+    dict(block_v=32, num_warps=4, nsplit=2),
+    dict(block_v=32, num_warps=4, nsplit=4),
 ]
 
 
@@ -391,7 +393,7 @@ def main():
     ap.add_argument("--B", default="1,64,256")
     ap.add_argument("--T", default="2,4,8")
     ap.add_argument("--L", type=int, default=16)
-    ap.add_argument("--arms", default="conventional,upstream,ours,ours-bf16rec")
+    ap.add_argument("--arms", default="conventional,upstream,ours,ours-bf16rec,ours-tf32")
     ap.add_argument("--kda-arms", default="conventional,ours,ours-bf16rec")
     ap.add_argument("--tune", action="store_true", help="pick ours' launch config per kind at the largest and smallest B")
     ap.add_argument("--from-json", help="rebuild the .md table and .png plot from a results JSON")
@@ -481,8 +483,8 @@ def table(rows, meta, agree):
     lines = [f"Verify benchmark {meta['date']} on {meta['gpu']} (commit {meta['commit']}, torch {meta['torch']}, "
              f"triton {meta['triton']}), L={meta['L']}, bf16 activations, fp32 state; FlashInfer: {meta['flashinfer']}.",
              "", "Time per verify+commit step (us) and speed-up of committed tokens/s over conventional:", "",
-             "| kind | B | T | accept | conventional us | upstream us | ours us | ours-bf16rec us | ours/conv | ours/upstream |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| kind | B | T | accept | conventional us | upstream us | ours us | ours-bf16rec us | ours-tf32 us | ours/conv | ours/upstream |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (kind, arm, B, T, acc), r in sorted(idx.items(), key=lambda x: (x[0][0], x[0][3], x[0][2], x[0][4])):
         if arm != "ours":
             continue
@@ -490,7 +492,7 @@ def table(rows, meta, agree):
         f = lambda a: f"{g(a)['us_per_step']:.1f}" if g(a) else "-"  # noqa: E731
         conv, up = g("conventional"), g("upstream")
         lines.append(f"| {kind} | {B} | {T} | {acc} | {f('conventional')} | {f('upstream')} | {f('ours')} | "
-                     f"{f('ours-bf16rec')} | "
+                     f"{f('ours-bf16rec')} | {f('ours-tf32')} | "
                      f"{conv['us_per_step'] / r['us_per_step']:.2f}x | " + (f"{up['us_per_step'] / r['us_per_step']:.2f}x |" if up else "- |"))
     lines += ["", "State + ring bytes per committed token (KiB, modelled) and memory per request (MiB), B=256:", "",
               "| kind | T | accept | conventional | upstream | ours | ours-bf16rec | mem conv | mem upstream | mem ours | mem ours-bf16rec |",

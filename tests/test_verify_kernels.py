@@ -221,22 +221,27 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
     slots = torch.tensor([1], dtype=torch.int32, device=DEV)
     ref = ReferenceStream(state[1:2].cpu().double(), kind=kind, H=H, HV=HV, K=K, V=V, A_log=A_log.cpu(),
                           dt_bias=dt_bias.cpu())
-    plan = [1, 1, 4, 1, 2, 1, 1, 1, 4, 4, 1, 2, 1, 1, 1, 1, 1, 4, 1]
+    # (T, accepted or None = random): the first steps walk through a decode step that fills the
+    # ring (h + 1 == L) and one that starts with a full ring left by a verify (h == L)
+    plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (2, None), (4, None),
+            (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (1, 1), (4, None), (1, 1)]
     decode_steps = verify_steps = 0
-    for step, Tt in enumerate(plan):
+    paths = set()
+    for step, (Tt, acc_plan) in enumerate(plan):
         mixed, a, b = random_inputs(kind=kind, B=1, T=Tt, H=H, HV=HV, K=K, V=V, gen=gen, device=DEV)
         h_before = int(ring.h[1])
         ck_before = state[1].clone()
         o_ref = ref.verify(mixed.cpu(), a.cpu(), b.cpu(), Tt)
         if Tt == 1:
             out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L)
+            before_token = ref.S.clone()
             ref.commit(torch.tensor([1]))
             want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L)[0])
             flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L)[0])
             decode_steps += 1
         else:
             out = ring_verify(mixed, a, b, A_log, dt_bias, state, slots, ring, Tt)
-            acc = int(torch.randint(1, Tt + 1, (1,), generator=gen))
+            acc = acc_plan if acc_plan is not None else int(torch.randint(1, Tt + 1, (1,), generator=gen))
             flushed = h_before + Tt > L
             folded_state = ref.S.clone()
             ring_commit_(ring.h, slots, Tt, L, torch.tensor([acc], dtype=torch.int32, device=DEV))
@@ -247,13 +252,21 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
         assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: output rms ratio {e:.3e}"
         assert int(ring.h[1]) == want_h, f"seed={seed} step={step} T={Tt}"
         if flushed:
-            target = ref.S if Tt == 1 else folded_state  # decode folds its own token in; verify folds before
+            paths.add((Tt == 1, want_h == 0))
+            if Tt == 1:
+                # a decode step that fills the ring folds its own token in (h -> 0); one that starts
+                # with a full ring (h == L, left by a verify) folds the committed records first and
+                # keeps its token as record 0 (h -> 1)
+                target = ref.S if want_h == 0 else before_token
+            else:
+                target = folded_state  # verify folds before its drafts
             e = rms_ratio(state[1].cpu(), target[0])
             assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: checkpoint rms ratio {e:.3e}"
         else:
             assert torch.equal(state[1], ck_before), f"seed={seed} step={step}: checkpoint written without a fold"
     assert torch.equal(state[0].cpu(), torch.full((HV, V, K), 1e30))
     assert decode_steps > 0 and verify_steps > 0
+    assert {(True, True), (True, False), (False, False)} <= paths, paths  # both decode flush kinds, verify folds
 
 
 def test_rejected_drafts_never_reach_the_state():
