@@ -534,14 +534,18 @@ def _args(**kw):
     return SimpleNamespace(**base)
 
 
-ACCEPTED = [dict(), dict(linear_replayssm_cache_len=1), dict(linear_replayssm_cache_len=64)]
+ACCEPTED = [dict(), dict(linear_replayssm_cache_len=1), dict(linear_replayssm_cache_len=64),
+            dict(speculative_algorithm="NEXTN"),
+            dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_draft_tokens=4),
+            dict(speculative_algorithm="eagle3", speculative_num_draft_tokens=16,
+                 mamba_radix_cache_strategy="extra_buffer")]
 REFUSED = [
     (dict(enable_linear_replayssm_spec=True), "triton",
      "--enable-linear-replayssm and --enable-linear-replayssm-spec cannot be combined: "
      "--enable-linear-replayssm-spec selects upstream SGLang's separate spec-verify ring, while "
-     "replayssm-sglang verifies drafts in the same ring as decode (not wired into SGLang in "
-     "this build). Fix: pass only one of them (upstream's spec ring alone: drop "
-     "--enable-linear-replayssm)."),
+     "replayssm-sglang verifies drafts in the same ring as decode (--enable-linear-replayssm "
+     "alone turns on both). Fix: drop --enable-linear-replayssm-spec (or, for upstream's spec "
+     "ring, drop --enable-linear-replayssm)."),
     (dict(), "flashinfer",
      "--enable-linear-replayssm runs on the Triton linear-attention decode backend, got "
      "--linear-attn-decode-backend='flashinfer': pass --linear-attn-decode-backend triton "
@@ -549,14 +553,13 @@ REFUSED = [
     (dict(linear_replayssm_cache_len=0), "triton",
      "--linear-replayssm-cache-len must be >= 1, got 0; 16 is the default and a good choice."),
     (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4), "triton",
-     "--enable-linear-replayssm does not support speculative decoding in this build "
-     "(got --speculative-algorithm='EAGLE') (and --speculative-eagle-topk 4 is an EAGLE tree, which "
-     "the ring will not support): drafts are verified in the ring only once the verify path is "
-     "wired. Fix: drop --speculative-algorithm, or drop --enable-linear-replayssm."),
-    (dict(speculative_algorithm="NEXTN"), "triton",
-     "--enable-linear-replayssm does not support speculative decoding in this build "
-     "(got --speculative-algorithm='NEXTN'): drafts are verified in the ring only once the verify "
-     "path is wired. Fix: drop --speculative-algorithm, or drop --enable-linear-replayssm."),
+     "ReplaySSM speculative verify supports linear draft chains only, got --speculative-eagle-topk 4 "
+     "(an EAGLE tree). Fix: set --speculative-eagle-topk 1 (or use NEXTN/MTP), or turn off "
+     "--enable-linear-replayssm for tree drafting."),
+    (dict(speculative_algorithm="NGRAM"), "triton",
+     "--enable-linear-replayssm verifies linear draft chains of EAGLE, EAGLE3 or NEXTN, got "
+     "--speculative-algorithm='NGRAM'. Fix: use one of those with --speculative-eagle-topk 1, or "
+     "drop --enable-linear-replayssm."),
     (dict(disaggregation_mode="decode"), "triton",
      "--enable-linear-replayssm is not supported under PD disaggregation "
      "(--disaggregation-mode='decode'): the disaggregated decode pool "
@@ -574,6 +577,17 @@ REFUSED = [
      "--enable-linear-replayssm does not support --enable-streaming-session: a streaming "
      "session keeps a finished turn's live slot without the radix-cache path that folds the "
      "ring. Fix: drop --enable-streaming-session or drop --enable-linear-replayssm."),
+    (dict(speculative_algorithm="NEXTN", speculative_num_draft_tokens=20), "triton",
+     "tokens per step T=20 exceeds the ring length L=16: raise --linear-replayssm-cache-len to at "
+     "least 20"),
+    (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_adaptive=True), "triton",
+     "--enable-linear-replayssm does not support --speculative-adaptive: the ring and the commit are "
+     "sized for a fixed --speculative-num-draft-tokens. Fix: drop --speculative-adaptive or drop "
+     "--enable-linear-replayssm."),
+    (dict(speculative_algorithm="NEXTN", mamba_radix_cache_strategy="extra_buffer_lazy"), "triton",
+     "--enable-linear-replayssm with speculative decoding is not validated with "
+     "--mamba-radix-cache-strategy extra_buffer_lazy (its lazily prepared track slots). Fix: "
+     "--mamba-radix-cache-strategy extra_buffer (or auto), or drop --enable-linear-replayssm."),
 ]
 
 
@@ -842,6 +856,8 @@ def real_args(sg, tmp_path, monkeypatch):
     (dict(enable_mixed_chunk=True), "extra_buffer", False, True),
     (dict(mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True), "no_buffer", True, False),
     (dict(disable_radix_cache=True), "auto", False, False),
+    # MTP: NEXTN resolves to a linear chain (EAGLE, topk 1), verified in the same ring (patch 0006)
+    (dict(speculative_algorithm="NEXTN"), "extra_buffer", False, True),
 ])
 def test_real_server_args_accept_one_flag_under_defaults(real_args, kind, kw, strategy, overlap_off, extra_buffer):
     a = real_args(kind, enable_linear_replayssm=True, **kw)
@@ -853,7 +869,9 @@ def test_real_server_args_accept_one_flag_under_defaults(real_args, kind, kw, st
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(speculative_algorithm="NEXTN"), REFUSED[4][2]),
+    (dict(speculative_algorithm="NGRAM"), REFUSED[4][2]),
+    (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4, speculative_num_steps=3,
+          speculative_num_draft_tokens=8), REFUSED[3][2]),
     (dict(linear_attn_decode_backend="flashinfer"), REFUSED[1][2]),
     (dict(enable_unified_memory=True), REFUSED[6][2]),
     (dict(disaggregation_mode="decode"), REFUSED[5][2]),

@@ -34,6 +34,9 @@ def setup(backend: Any, model_runner: Any) -> None:
             "Fix: drop --enable-linear-replayssm for this model."
         )
     rp.track_interval = flush.track_interval_from_server_args(model_runner.server_args)
+    from replayssm_sglang.sglang_hooks import verify
+
+    verify.setup(rp, model_runner.server_args)
 
 
 def enabled(backend: Any) -> bool:
@@ -62,7 +65,8 @@ def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.T
     * ForwardMode.MIXED (--enable-mixed-chunk): decoding rows are read by the chunk kernel, so
       their records are folded into the checkpoint first; prefill rows (extending more than one
       token) are reset, so stale records of a slot's previous owner never reach their state.
-    Speculative forwards never reach here: server_args refuses speculative decoding with our flag.
+    A target-verify forward (speculative decoding, patch 0006) changes nothing here: its rows are
+    decoding rows whose records the verify kernel reads.
     Padded rows (-1) map to SGLang's padding slot 0, which never holds records."""
     rp = pool.of(backend.req_to_token_pool)
     if rp is None:

@@ -4,7 +4,9 @@ Patch 0002 calls ``attach`` at the end of ``MambaPool.__init__`` (flag on, spec 
 lifecycle hooks from ``HybridReqToTokenPool.alloc`` (reset), ``MambaPool.copy_from`` (reset the
 destination), ``MambaPool.get_cpu_copy`` (fold) / ``load_cpu_copy`` (reset); patch 0004 folds
 where the radix cache keeps a live slot; patch 0003 runs ``ReplayPool.decode`` from the GDN/KDA
-decode paths and resets/folds the rows of an extend batch on the forward stream.
+decode paths and resets/folds the rows of an extend batch on the forward stream; patch 0006 runs
+``ReplayPool.verify`` from the target-verify paths and ``materialize_`` / ``commit_verify`` from
+SGLang's post-acceptance commit (sglang_hooks/verify.py).
 
 Invariant: only *live* slots (a running request's ``mamba_pool_idx``) are ever folded. A slot in
 any other role (radix node, extra_buffer track slot, free) may carry a stale h from an earlier
@@ -83,6 +85,8 @@ class ReplayPool:
     h: torch.Tensor
     arrive: torch.Tensor
     track_interval: int | None = None  # forced flush every this many tokens (None: never)
+    spec_T: int | None = None  # draft tokens per verify step (None: speculative decoding off)
+    dropped_intermediate_bytes: int = 0  # SGLang's per-draft SSM snapshots not allocated (spec on)
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
@@ -128,6 +132,26 @@ class ReplayPool:
         if s.numel():
             self.h[:, s] = 0
 
+    def _state_after(self, temporal: torch.Tensor, li: int, s: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """The exact state of slots ``s`` after their first ``n`` records (per row, 0 <= n <= cap) in
+        layer ``li``: checkpoint decayed to record n-1 plus the rank-1 terms of records 0..n-1.
+        Returned in float32 (float64 when the state is float64); nothing is written."""
+        lay = self.layout
+        acc = torch.float64 if temporal.dtype == torch.float64 else torch.float32
+        grp = torch.arange(lay.HV, device=temporal.device) // (lay.HV // lay.HK)
+        j = torch.arange(lay.cap, device=temporal.device)
+        n = n.to(torch.long)
+        valid = j[None, :] < n[:, None]  # [m, cap]
+        G = self.g[li, s].to(acc)  # [m, HV, cap, GK]
+        last = (n - 1).clamp(min=0)
+        G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
+        G_ref = torch.where((n > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [m, HV, GK]
+        w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
+        kk = self.k[li, s][:, grp].to(acc)  # [m, HV, cap, K]
+        uu = torch.where(valid[:, None, :, None], self.u[li, s].to(acc), torch.zeros((), dtype=acc, device=G.device))
+        C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
+        return C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
+
     def fold_(self, temporal: torch.Tensor, slots) -> None:
         """Fold every committed record of these slots into their checkpoints, all layers, and set
         h := 0. ``temporal`` is SGLang's state pool ``[layers, slots, HV, V, K]``. Afterwards
@@ -136,22 +160,9 @@ class ReplayPool:
         s = self._rows_of(slots)
         if s.numel() == 0:
             return
-        lay = self.layout
-        acc = torch.float64 if temporal.dtype == torch.float64 else torch.float32
-        grp = torch.arange(lay.HV, device=temporal.device) // (lay.HV // lay.HK)
-        j = torch.arange(lay.cap, device=temporal.device)
         for li in range(self.num_layers):
             h = self.h[li, s].to(torch.long)  # [n]
-            valid = j[None, :] < h[:, None]  # [n, cap]
-            G = self.g[li, s].to(acc)  # [n, HV, cap, GK]
-            last = (h - 1).clamp(min=0)
-            G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
-            G_ref = torch.where((h > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [n, HV, GK]
-            w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
-            kk = self.k[li, s][:, grp].to(acc)  # [n, HV, cap, K]
-            uu = torch.where(valid[:, None, :, None], self.u[li, s].to(acc), torch.zeros((), dtype=acc, device=G.device))
-            C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
-            C = C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
+            C = self._state_after(temporal, li, s, h)
             temporal[li, s] = torch.where((h > 0).view(-1, 1, 1, 1), C.to(temporal.dtype), temporal[li, s])
             self.h[li, s] = 0
 
@@ -190,12 +201,78 @@ class ReplayPool:
         return out.transpose(0, 1)
 
 
-def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | None = None) -> ReplayPool:
+    # --- speculative verify (T draft tokens per row, patch 0006) ------------------------------
+    def verify(self, *, layer_idx: int, mixed_qkv, a, b, A_log, dt_bias, scale: float, ssm_states: torch.Tensor,
+               cache_indices: torch.Tensor, T: int, num_v_heads: int, head_v_dim: int,
+               lower_bound: float | None = None) -> torch.Tensor:
+        """One layer's target verify of T drafts per row in the ring (kernels/verify.py): outputs of
+        all T drafts from the checkpoint and the committed records; the T records are appended past
+        h; h is not moved (``commit_verify`` does that after acceptance); the checkpoint is written
+        only by the pre-step fold (h + T > L). Returns [1, B*T, HV, V]."""
+        from replayssm_sglang.kernels.verify import ring_verify
+
+        if self.spec_T is None or int(T) != self.spec_T:
+            raise RuntimeError(
+                f"--enable-linear-replayssm: a verify step of {T} draft tokens reached a ring sized for "
+                f"{self.spec_T} (--speculative-num-draft-tokens); the draft count must be fixed "
+                "(adaptive speculative decoding is refused)"
+            )
+        N = mixed_qkv.shape[0]
+        B = N // T
+        out = ring_verify(mixed_qkv, a.reshape(N, -1), b.reshape(N, -1), A_log, dt_bias, ssm_states,
+                          cache_indices[:B], self.ring(layer_idx), T, scale=scale, lower_bound=lower_bound)
+        return out.view(1, N, num_v_heads, head_v_dim)
+
+    def materialize_(self, temporal: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                     steps: torch.Tensor) -> None:
+        """extra_buffer tracking under verify (issue 6): for rows with ``steps >= 0``, write into
+        ``temporal[:, dst]`` the exact state of live slot ``src`` after draft ``steps`` of the verify
+        step just run (records r[0 .. verify_start(h) + steps]); the live checkpoint, records and h
+        are untouched. Call before ``commit_verify`` (it reads the pre-commit h).
+
+        Exact (the fold's math on a prefix of the records), in torch ops; it selects the crossing
+        rows with ``nonzero`` (one host sync per commit, only when a track slot is given). The fast
+        path is a kernel like ring_prefold with a destination slot and a per-row record count."""
+        T, L = self.spec_T, self.layout.L
+        src = src_slots.to(self.h.device).reshape(-1).to(torch.long)
+        dst = dst_slots.to(self.h.device).reshape(-1).to(torch.long)
+        st = steps.to(self.h.device).reshape(-1).to(torch.long)
+        rows = ((st >= 0) & (src >= 0) & (dst >= 0)).nonzero().reshape(-1)
+        if rows.numel() == 0:
+            return
+        s, d, st = self._rows_of(src[rows]), dst[rows], st[rows]
+        for li in range(self.num_layers):
+            n = ringmod.verify_start(self.h[li, s], T, L).to(torch.long) + st + 1
+            temporal[li, d] = self._state_after(temporal, li, s, n).to(temporal.dtype)
+
+    def commit_verify(self, state_indices: torch.Tensor, accepted: torch.Tensor) -> None:
+        """After acceptance: h := verify_start(h) + accepted in every layer (ring.commit_verify_'s
+        rule, one launch of kernels/verify.ring_commit_ over all layers). ``accepted`` counts the
+        kept drafts including the bonus token (0 for a row that keeps nothing); rows with slot -1 are
+        untouched. Rejected records stay past h and are overwritten by the next step."""
+        from replayssm_sglang.kernels.verify import ring_commit_
+
+        T, L = self.spec_T, self.layout.L
+        s = state_indices.to(self.h.device).reshape(-1).to(torch.int64)
+        s = torch.where(s < self.rows, s, torch.zeros_like(s))  # no ring storage: padding row 0
+        off = torch.arange(self.num_layers, device=s.device, dtype=torch.int64)[:, None] * self.rows
+        flat = torch.where(s[None, :] >= 0, s[None, :] + off, torch.full_like(s[None, :] + off, -1)).reshape(-1)
+        acc = accepted.to(device=s.device, dtype=torch.int32).reshape(1, -1).expand(self.num_layers, -1).reshape(-1)
+        ring_commit_(self.h.view(-1), flat.contiguous(), T, L, acc.contiguous())
+
+
+def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | None = None,
+           spec_T: int | None = None, spec_state_size: int | None = None) -> ReplayPool:
     """Allocate our ring for ``mamba_pool`` (called at the end of ``MambaPool.__init__``), add its
-    bytes to ``mamba_pool.mem_usage`` (GB), and return it (stored as ``mamba_pool.replayssm_pool``)."""
+    bytes to ``mamba_pool.mem_usage`` (GB), and return it (stored as ``mamba_pool.replayssm_pool``).
+
+    With speculative decoding (``spec_T`` = draft tokens per verify step) the ring is sized for
+    T <= L (ring.ring_capacity raises with the fix otherwise) and SGLang's per-draft SSM snapshots
+    (``intermediate_ssm``, ``[layers, spec_state_size + 1, T, HV, V, K]``) are not allocated by
+    patch 0002: their bytes are recorded as ``dropped_intermediate_bytes``."""
     temporal = mamba_pool.mamba_cache.temporal
     layers, slots = int(temporal.shape[0]), int(temporal.shape[1])
-    lay = layout_from_cache_params(cache_params, L)
+    lay = layout_from_cache_params(cache_params, L, int(spec_T) if spec_T else 1)
     if tuple(temporal.shape[2:]) != (lay.HV, lay.V, lay.K):
         raise RuntimeError(
             f"--enable-linear-replayssm: the mamba state pool is {tuple(temporal.shape)}, expected "
@@ -204,6 +281,10 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | 
         )
     pool = ReplayPool.allocate(lay, layers, slots, device=temporal.device,
                                record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval)
+    if spec_T:
+        pool.spec_T = int(spec_T)
+        per_draft = lay.HV * lay.V * lay.K * temporal.element_size()
+        pool.dropped_intermediate_bytes = layers * (int(spec_state_size or 0) + 1) * int(spec_T) * per_draft
     if hasattr(mamba_pool, "mem_usage"):
         mamba_pool.mem_usage += pool.nbytes() / (1 << 30)
     return pool

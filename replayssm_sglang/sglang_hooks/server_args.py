@@ -9,7 +9,9 @@ Accepted with the flag (this build): GDN and KDA models on the Triton decode bac
 on or off; mamba radix-cache strategy ``auto``/``extra_buffer``/``extra_buffer_lazy``/``no_buffer``
 (no_buffer still needs SGLang's own ``--disable-overlap-schedule``); the overlap scheduler; CUDA
 graphs; chunked prefill; ``--enable-mixed-chunk``; page size > 1; TP > 1 (the ring is sized
-from the per-rank head counts).
+from the per-rank head counts); speculative decoding with a linear draft chain (EAGLE, EAGLE3,
+NEXTN; topk 1; T <= L; fixed draft count; not with extra_buffer_lazy), verified in the same ring
+as decode (patch 0006).
 """
 
 from __future__ import annotations
@@ -24,13 +26,47 @@ CAPABILITIES = {
     "extra_buffer": True,       # auto -> extra_buffer, with forced flushes at track boundaries
     "overlap_schedule": True,
     "cuda_graph": True,
-    "spec_verify": False,       # the verify kernels exist (kernels/verify.py) but are not wired in
+    "spec_verify": True,        # linear draft chains (EAGLE/EAGLE3/NEXTN, topk 1) verified in the ring
 }
+
+# Speculative algorithms whose target verify and commit go through the hooked paths (patch 0006:
+# GDN/KDA target verify, HybridLinearAttnBackend.update_mamba_state_after_mtp_verify) with dense
+# draft windows of a fixed T. NGRAM drafts trees; DFLASH/DSPARK use ragged windows and their own
+# commit paths; STANDALONE is untested here.
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
 def _spec_on(args: Any) -> bool:
     alg = getattr(args, "speculative_algorithm", None)
     return alg not in (None, "", "NONE", "none")
+
+
+def _validate_spec(args: Any) -> None:
+    from replayssm_sglang import ring
+
+    alg = str(args.speculative_algorithm).upper()
+    if alg not in SPEC_ALGORITHMS:
+        raise ValueError(
+            f"--enable-linear-replayssm verifies linear draft chains of EAGLE, EAGLE3 or NEXTN, got "
+            f"--speculative-algorithm={args.speculative_algorithm!r}. Fix: use one of those with "
+            f"--speculative-eagle-topk 1, {_FIX_DROP}."
+        )
+    # EAGLE trees (topk > 1) and T > L are refused by the ring's own rule, with the fix
+    ring.check_draft_shape(getattr(args, "speculative_eagle_topk", None),
+                           getattr(args, "speculative_num_draft_tokens", None) or 1,
+                           args.linear_replayssm_cache_len)
+    if getattr(args, "speculative_adaptive", False):
+        raise ValueError(
+            "--enable-linear-replayssm does not support --speculative-adaptive: the ring and the commit "
+            "are sized for a fixed --speculative-num-draft-tokens. Fix: drop --speculative-adaptive "
+            f"{_FIX_DROP}."
+        )
+    if getattr(args, "mamba_radix_cache_strategy", None) == "extra_buffer_lazy":
+        raise ValueError(
+            "--enable-linear-replayssm with speculative decoding is not validated with "
+            "--mamba-radix-cache-strategy extra_buffer_lazy (its lazily prepared track slots). Fix: "
+            f"--mamba-radix-cache-strategy extra_buffer (or auto), {_FIX_DROP}."
+        )
 
 
 def validate(args: Any, decode: str) -> bool:
@@ -46,9 +82,9 @@ def validate(args: Any, decode: str) -> bool:
         raise ValueError(
             "--enable-linear-replayssm and --enable-linear-replayssm-spec cannot be combined: "
             "--enable-linear-replayssm-spec selects upstream SGLang's separate spec-verify ring, while "
-            "replayssm-sglang verifies drafts in the same ring as decode (not wired into SGLang in "
-            "this build). Fix: pass only one of them (upstream's spec ring alone: drop "
-            "--enable-linear-replayssm)."
+            "replayssm-sglang verifies drafts in the same ring as decode (--enable-linear-replayssm "
+            "alone turns on both). Fix: drop --enable-linear-replayssm-spec (or, for upstream's spec "
+            "ring, drop --enable-linear-replayssm)."
         )
     if decode != "triton":
         raise ValueError(
@@ -62,14 +98,7 @@ def validate(args: Any, decode: str) -> bool:
             "16 is the default and a good choice."
         )
     if _spec_on(args):
-        topk = getattr(args, "speculative_eagle_topk", None)
-        tree = f" (and --speculative-eagle-topk {topk} is an EAGLE tree, which the ring will not support)" if topk not in (None, 1) else ""
-        raise ValueError(
-            "--enable-linear-replayssm does not support speculative decoding in this build "
-            f"(got --speculative-algorithm={args.speculative_algorithm!r}){tree}: drafts are verified "
-            "in the ring only once the verify path is wired. Fix: drop --speculative-algorithm, "
-            f"{_FIX_DROP}."
-        )
+        _validate_spec(args)
     if args.disaggregation_mode != "null":
         raise ValueError(
             "--enable-linear-replayssm is not supported under PD disaggregation "
