@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/rs . >/dev/null || exit 1
 export PYTHONPATH=/tmp/rs:/tmp/site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
-timeout "${1:-150}" python3 -P -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_verify_kernels.py 2>&1 \
+timeout "${1:-300}" python3 -P -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_verify_kernels.py 2>&1 \
     | tail -60 | tee "$OUT/gpu-tests.log"
 timeout "${2:-260}" python3 -P scripts/bench_verify.py --tune --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^tune"
 ls -la "$OUT"
