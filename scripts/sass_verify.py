@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Offline instruction count of the verify kernel for sm_90 (no GPU needed).
+
+Compiles ``kernels/verify.py``'s ``_ring_verify_kernel`` with Triton for an H100/H200 target, runs
+ptxas -v (registers, spills) and nvdisasm (SASS) from Triton's bundled CUDA tools, and prints the
+static SASS count per warp with an issue-bound estimate at B=256 (warp instructions / (132 SMs x 4
+schedulers x 1.98 GHz)). With the V loop unrolled or absent the static count is the dynamic one
+up to the loop trip count, which is printed. A lower bound only: it says when a formulation is
+hopeless (docs/design.md, "Kernel layout and what the GPU said"), not how fast a good one runs.
+
+Usage: python scripts/sass_verify.py [--kinds gdn,kda] [--T 4,8] [--precision tf32x3,tf32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from replayssm_sglang.kernels import verify as V  # noqa: E402
+
+LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_verify(kind, T, precision, block_v, num_warps, state="fp32", act="bf16", rec="fp32", L=16):
+    d = LAYERS[kind]
+    BV = min(block_v, d["V"])
+    const = dict(T=T, H=d["H"], HV=d["HV"], K=d["K"], V=d["V"], BK=triton.next_power_of_2(d["K"]), BV=BV,
+                 BC=max(16, triton.next_power_of_2(L)), BT=max(8, triton.next_power_of_2(T)), VS=d["V"],
+                 NLOG=max(1, (T - 1).bit_length()), IS_KDA=kind == "kda", USE_LOWER_BOUND=False,
+                 SOFTPLUS_THRESHOLD=20.0, DOT_PRECISION=precision)
+    ptr = {"mixed": act, "a": act, "b": act, "A_log": "fp32", "dt_bias": "fp32", "out": act, "state": state,
+           "ring_u": rec, "ring_k": rec, "ring_g": "fp32", "ring_h": "i32", "slot_idx": "i32"}
+    fn = V._ring_verify_kernel
+    sig = {}
+    for n in fn.arg_names:
+        if n in ptr:
+            sig[n] = "*" + ptr[n]
+        elif n in const:
+            sig[n] = "constexpr"
+        elif n in ("scale", "lower_bound"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    const = {k: v for k, v in const.items() if k in fn.arg_names}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=num_warps))
+    return k, d["V"] // BV
+
+
+def sass_stats(k):
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    r = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], capture_output=True, text=True)
+    ops = {}
+    for line in r.stdout.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m:
+            ops[m.group(2)] = ops.get(m.group(2), 0) + 1
+    with tempfile.NamedTemporaryFile(suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"].encode())
+    r = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                       capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return sum(ops.values()), ops, int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kinds", default="gdn,kda")
+    ap.add_argument("--T", default="4,8")
+    ap.add_argument("--precision", default="tf32x3,tf32")
+    ap.add_argument("--configs", default="64:4,32:4", help="BV:num_warps pairs")
+    ap.add_argument("--B", type=int, default=256)
+    a = ap.parse_args()
+    for kind in a.kinds.split(","):
+        for T in [int(x) for x in a.T.split(",")]:
+            for prec in a.precision.split(","):
+                for cfg in a.configs.split(","):
+                    bv, nw = (int(x) for x in cfg.split(":"))
+                    k, trips = compile_verify(kind, T, prec, bv, nw)
+                    n, ops, regs, spill = sass_stats(k)
+                    warps = a.B * LAYERS[kind]["HV"] * nw
+                    us = n * warps / (132 * 4 * 1.98e9) * 1e6
+                    top = ", ".join(f"{o} {c}" for o, c in sorted(ops.items(), key=lambda x: -x[1])[:5])
+                    print(f"{kind} T={T} {prec:6s} BV={bv} warps={nw}: {n} SASS/warp (V loop x{trips}), "
+                          f"{regs} regs, {spill} B spilled; issue-bound >= {us:.0f} us at B={a.B} (static); {top}")
+
+
+if __name__ == "__main__":
+    main()
