@@ -196,7 +196,7 @@ class Stream:
             o_ref = ref.conventional_step(self.ref[li], x, idx)
             assert rms_ratio(out[0].to(F64), o_ref) < TOL
 
-    def verify(self, slots, accepted, *, track=None, steps_to_track=None, pad=0):
+    def verify(self, slots, accepted, *, track=None, steps_to_track=None, pad=0, via_worker=False):
         """One target-verify step of T drafts per row through the patched forward_extend, then the
         patched commit with ``accepted`` drafts kept per row (bonus included). ``pad`` padded rows
         (slot -1, CUDA-graph padding) ride along. Returns the float64 draft states [layers][B][T]."""
@@ -233,9 +233,32 @@ class Stream:
         fake = SimpleNamespace(linear_attn_backend=self.backend)
         last = torch.tensor(list(accepted) + [-1] * pad, dtype=torch.int64) - torch.tensor([1] * B + [0] * pad)
         self.scatters.clear()
-        HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(
-            fake, last_correct_step_indices=last, mamba_track_indices=track,
-            mamba_steps_to_track=steps_to_track, model=None, req_pool_indices=None)
+        if via_worker:
+            # the speculative workers' entry: spec_utils.commit_mamba_states_after_verify with
+            # SGLang's accept_lens/accept_index (chain: accept_index[r, j] = r*T + j); upstream's
+            # own ReplaySSM branches there must stay inert under our flag
+            from sglang.srt.speculative import spec_utils
+
+            assert len(slots) == len(idx), "the worker's batch has no padded rows"
+            mp = pytest.MonkeyPatch()
+            mp.setattr(spec_utils, "mambaish_config", lambda cfg: object())
+            try:
+                backend = SimpleNamespace(update_mamba_state_after_mtp_verify=(
+                    lambda **kw: HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(fake, **kw)))
+                worker = SimpleNamespace(model_runner=SimpleNamespace(
+                    model_config=None, req_to_token_pool=self.rtp, attn_backend=backend, model=None))
+                acc = torch.tensor(accepted, dtype=torch.int32)
+                j = torch.arange(T)
+                accept_index = torch.where(j[None, :] < acc[:, None], torch.arange(B)[:, None] * T + j[None, :], -1)
+                batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, mamba_track_indices=None,
+                                        seq_lens=torch.tensor([64] * B), req_pool_indices=torch.arange(B))
+                spec_utils.commit_mamba_states_after_verify(worker, batch, acc, accept_index, T)
+            finally:
+                mp.undo()
+        else:
+            HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(
+                fake, last_correct_step_indices=last, mamba_track_indices=track,
+                mamba_steps_to_track=steps_to_track, model=None, req_pool_indices=None)
         # the commit never writes a live checkpoint (only track slots, if any)
         assert torch.equal(self.temporal[:, idx[:B].long()], live_before)
         # SGLang's conv rollback ran on the state slots (and the track slots when tracking)
@@ -272,21 +295,25 @@ def test_verify_and_decode_steps_mix_in_one_request(sg, kind, lower_bound, monke
     rng = torch.Generator().manual_seed(7)
     seq = [5, 9]
     kinds = ["verify", "verify", "decode", "verify", "decode", "decode", "verify", "verify"]
-    prefolds = 0
+    prefolds = full_decodes = 0
     for i, step in enumerate(kinds):
         h = s.rp.h[0, slots].clone()
         if step == "decode":
+            full_decodes += int((h == L).sum())  # a decode that must fold first (only after a verify)
             seq = [x + 1 for x in seq]
             s.decode(slots, seq)
         else:
             acc = [int(torch.randint(1, T + 1, (1,), generator=rng)) for _ in slots]
             if i == 0:
                 acc = [T, 1]  # all accepted, all rejected (bonus only)
+            if i == 1:
+                acc = [1, T]  # row 1: h 1 -> 4 = L, so the next decode starts from a full ring
             prefolds += int(((h + T) > L).sum())
-            s.verify(slots, acc, pad=1 if i % 2 else 0)
+            s.verify(slots, acc, pad=1 if i % 2 else 0, via_worker=(i % 2 == 0 and i > 0))
             seq = [x + a for x, a in zip(seq, acc)]
         s.check_committed(slots)
     assert prefolds >= 2, "the pre-step fold must fire in this sequence"
+    assert full_decodes >= 1, "a decode step must start from h == L in this sequence"
     # finish (no_buffer) / retraction backup: the fold makes the checkpoint itself exact
     from replayssm_sglang.sglang_hooks import pool as P
 
