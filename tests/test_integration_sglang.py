@@ -12,7 +12,6 @@ stays pristine (tests/test_patching.py checks that) and later test modules impor
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import sys
@@ -25,54 +24,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from replayssm_sglang import patching, pin as pinmod
 from replayssm_sglang import reference as ref
 from replayssm_sglang.sglang_hooks import flush
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_trees import patched_sglang  # noqa: E402
 
 F64 = torch.float64
 H, HV, K, V = 1, 2, 16, 16
 L = 4
 
 
-def _clone(src: Path, dst: Path, copy: set[str]) -> Path:
-    dst.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src / "sglang", dst / "sglang", copy_function=os.link,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for rel in set(copy) | {"sglang/_version.py"}:
-        p = dst / rel
-        if p.exists():
-            data = p.read_bytes()
-            p.unlink()
-            p.write_bytes(data)
-    return dst
-
-
-def _forget_sglang() -> None:
-    """Drop every imported sglang module, so the next import reads sys.path again."""
-    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
-
-
 @pytest.fixture(scope="module")
 def sg(tmp_path_factory):
-    """SGLang with the series applied, imported from a clone in tmp; afterwards the clone leaves
-    sys.path and sys.modules again, so later test modules see the installed (pristine) SGLang."""
-    src = patching.find_target(None)
-    tree = _clone(src, tmp_path_factory.mktemp("patched") / "site", set(pinmod.load_pin().files))
-    patching.apply(tree)
-    _forget_sglang()
-    sys.path.insert(0, str(tree))
-    try:
-        import sglang
-
-        assert sglang.__file__.startswith(str(tree)), sglang.__file__
-        from sglang.srt.mem_cache import memory_pool
-
-        yield SimpleNamespace(tree=tree, memory_pool=memory_pool)
-    finally:
-        sys.path.remove(str(tree))
-        _forget_sglang()
+    with patched_sglang(tmp_path_factory.mktemp("patched") / "site") as ns:
+        yield ns
 
 
 # --- builders ------------------------------------------------------------------------------------

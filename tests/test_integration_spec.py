@@ -25,11 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from replayssm_sglang import patching, pin as pinmod
 from replayssm_sglang import reference as ref
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_integration_sglang import _clone, _forget_sglang, cache_params, new_req, rms_ratio  # noqa: E402
+from sglang_trees import patched_sglang  # noqa: E402
+from test_integration_sglang import cache_params, new_req, rms_ratio  # noqa: E402
 
 F64 = torch.float64
 H, HV, K, V = 1, 2, 16, 16
@@ -39,21 +39,8 @@ TOL = 2e-5
 
 @pytest.fixture(scope="module")
 def sg(tmp_path_factory):
-    src = patching.find_target(None)
-    tree = _clone(src, tmp_path_factory.mktemp("patched_spec") / "site", set(pinmod.load_pin().files))
-    patching.apply(tree)
-    _forget_sglang()
-    sys.path.insert(0, str(tree))
-    try:
-        import sglang
-
-        assert sglang.__file__.startswith(str(tree)), sglang.__file__
-        from sglang.srt.mem_cache import memory_pool
-
-        yield SimpleNamespace(tree=tree, memory_pool=memory_pool)
-    finally:
-        sys.path.remove(str(tree))
-        _forget_sglang()
+    with patched_sglang(tmp_path_factory.mktemp("patched_spec") / "site") as ns:
+        yield ns
 
 
 class _CpuTorch:

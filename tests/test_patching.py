@@ -20,6 +20,9 @@ import pytest
 from replayssm_sglang import patching, pin as pinmod
 from replayssm_sglang.patching import PatchError
 
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_trees import clone_tree  # noqa: E402
+
 PIN = pinmod.load_pin()
 
 
@@ -37,20 +40,6 @@ def tree_hashes(root: Path) -> dict[str, str]:
         if p.is_file() and "__pycache__" not in p.parts:
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
-
-
-def clone_tree(src: Path, dst: Path, copy: set[str]) -> Path:
-    """Hard-link src/sglang into dst (copying the files in `copy` and the version file)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src / "sglang", dst / "sglang", copy_function=os.link,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for rel in set(copy) | {"sglang/_version.py"}:
-        p = dst / rel
-        if p.exists():
-            data = p.read_bytes()
-            p.unlink()
-            p.write_bytes(data)
-    return dst
 
 
 @pytest.fixture(scope="module")
