@@ -158,7 +158,10 @@ def _ring_verify_kernel(
     USE_LOWER_BOUND: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    OUT_PRECISION: tl.constexpr,
 ):
+    # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
+    # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
     i_s = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -232,7 +235,7 @@ def _ring_verify_kernel(
         Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
         khd = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
         s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
-        s_q = tl.dot(khd, tl.trans(qq), input_precision=DOT_PRECISION)
+        s_q = tl.dot(khd, tl.trans(qq), input_precision=OUT_PRECISION)
         # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
         E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
         kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
@@ -250,10 +253,10 @@ def _ring_verify_kernel(
         Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
         wh = tl.where(mc[:, None] & mt[None, :], tl.exp(tl.minimum(Gref - Gh, 0.0))[:, None] * tl.exp(Gl)[None, :], 0.0)
         s_k = tl.dot(kh, tl.trans(k), input_precision=DOT_PRECISION) * wh  # [BC, BT]
-        s_q = tl.dot(kh, tl.trans(q), input_precision=DOT_PRECISION) * wh
+        s_q = tl.dot(kh, tl.trans(q), input_precision=OUT_PRECISION) * wh
         D = tl.where(causal, tl.exp(tl.minimum(Gl[:, None] - Gl[None, :], 0.0)), 0.0)
         kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <k_i, k_m>
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <q_i, k_m>
+        qk = tl.dot(q, tl.trans(k), input_precision=OUT_PRECISION)  # [i, m] = <q_i, k_m>
         Amat = tl.where(strict, beta[:, None] * kk * D, 0.0)
         Fmat = tl.where(causal, qk * D, 0.0)
 
@@ -276,12 +279,12 @@ def _ring_verify_kernel(
         uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
         if IS_KDA:
             wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
-            wq = tl.dot(C, tl.trans(qc), input_precision=DOT_PRECISION)
+            wq = tl.dot(C, tl.trans(qc), input_precision=OUT_PRECISION)
         else:
             wk = tl.dot(C, tl.trans(k), input_precision=DOT_PRECISION) * ecol[None, :]
-            wq = tl.dot(C, tl.trans(q), input_precision=DOT_PRECISION) * ecol[None, :]
+            wq = tl.dot(C, tl.trans(q), input_precision=OUT_PRECISION) * ecol[None, :]
         wk += tl.dot(uT, s_k, input_precision=DOT_PRECISION)
-        wq += tl.dot(uT, s_q, input_precision=DOT_PRECISION)
+        wq += tl.dot(uT, s_q, input_precision=OUT_PRECISION)
         vv = tl.load(
             mixed + tok[None, :] * stride_mixed_tok + 2 * H * K + i_hv * V + o_v[:, None],
             mask=mv[:, None] & mt[None, :],
@@ -289,7 +292,7 @@ def _ring_verify_kernel(
         ).to(tl.float32)
         R = beta[None, :] * (vv - wk)  # [BV, BT]
         U = tl.dot(R, tl.trans(Ti), input_precision=DOT_PRECISION)  # U[:, i] = sum_m Ti[i, m] R[:, m]
-        O = wq + tl.dot(U, tl.trans(Fmat), input_precision=DOT_PRECISION)  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
+        O = wq + tl.dot(U, tl.trans(Fmat), input_precision=OUT_PRECISION)  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
         p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
         tl.store(p_o, O.to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
         p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
@@ -408,6 +411,7 @@ def ring_verify(
     fold_block_v: int = 64,
     fold_num_warps: int = 4,
     precision: str | None = None,
+    out_precision: str | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -446,6 +450,9 @@ def ring_verify(
     if B == 0:
         return out
     precision = precision or default_precision(mixed_qkv.device, state.dtype)
+    # output-only products: one-pass TF32 on NVIDIA unless asked otherwise (outputs are consumed in
+    # the activation dtype and their error does not compound)
+    out_precision = out_precision or ("tf32" if precision in ("tf32x3", "tf32") else precision)
 
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision)
 
@@ -459,14 +466,14 @@ def ring_verify(
     grid = (nsplit, B, HV)
     try:
         _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision)
     except Exception:
         # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
         if BT >= 16 or mixed_qkv.device.type != "cuda":
             raise
         _BT_MIN[0] = 16
         _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision)
     return out
 
 
@@ -474,7 +481,7 @@ _BT_MIN = [8]
 
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps):
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -484,5 +491,6 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         BK=BK, BV=BV, BC=BC, BT=BT, VS=VS, NLOG=NLOG,
         IS_KDA=is_kda, USE_LOWER_BOUND=lower_bound is not None, SOFTPLUS_THRESHOLD=20.0,
         DOT_PRECISION=precision,
+        OUT_PRECISION=out_precision,
         num_warps=num_warps,
     )

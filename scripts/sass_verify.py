@@ -31,13 +31,14 @@ LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_verify(kind, T, precision, block_v, num_warps, state="fp32", act="bf16", rec="fp32", L=16):
+def compile_verify(kind, T, precision, block_v, num_warps, state="fp32", act="bf16", rec="fp32", L=16, out_precision=None):
     d = LAYERS[kind]
     BV = min(block_v, d["V"])
     const = dict(T=T, H=d["H"], HV=d["HV"], K=d["K"], V=d["V"], BK=triton.next_power_of_2(d["K"]), BV=BV,
                  BC=max(16, triton.next_power_of_2(L)), BT=max(8, triton.next_power_of_2(T)), VS=d["V"],
                  NLOG=max(1, (T - 1).bit_length()), IS_KDA=kind == "kda", USE_LOWER_BOUND=False,
-                 SOFTPLUS_THRESHOLD=20.0, DOT_PRECISION=precision)
+                 SOFTPLUS_THRESHOLD=20.0, DOT_PRECISION=precision,
+                 OUT_PRECISION=out_precision or ("tf32" if precision in ("tf32x3", "tf32") else precision))
     ptr = {"mixed": act, "a": act, "b": act, "A_log": "fp32", "dt_bias": "fp32", "out": act, "state": state,
            "ring_u": rec, "ring_k": rec, "ring_g": "fp32", "ring_h": "i32", "slot_idx": "i32"}
     fn = V._ring_verify_kernel

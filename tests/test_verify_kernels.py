@@ -223,8 +223,9 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
                           dt_bias=dt_bias.cpu())
     # (T, accepted or None = random): the first steps walk through a decode step that fills the
     # ring (h + 1 == L) and one that starts with a full ring left by a verify (h == L)
-    plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (2, None), (4, None),
-            (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (1, 1), (4, None), (1, 1)]
+    # and a verify that folds first (h + T > L)
+    plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (4, 3), (4, 2),
+            (2, None), (4, None), (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (4, None), (1, 1)]
     decode_steps = verify_steps = 0
     paths = set()
     for step, (Tt, acc_plan) in enumerate(plan):
