@@ -34,7 +34,9 @@ def rms_ratio(x, ref):
 
 # per-dtype tolerances (RMS ratio against float64)
 TOL = {
-    ("float32", "float32"): dict(out=2e-5, state=2e-5),  # fp32 activations, fp32 pool, fp32 records
+    # fp32 activations, fp32 pool, fp32 records. On a GPU the output-only products run at one-pass
+    # TF32 and the record products at 3xTF32 (kernels.verify.default_precision); the interpreter is exact.
+    ("float32", "float32"): dict(out=5e-3, state=2e-3) if CUDA and not INTERPRET else dict(out=2e-5, state=2e-5),
     ("bfloat16", "float32"): dict(out=1.5e-2, state=1.5e-2),  # bf16 inputs are exact; bf16 output rounding
     ("bfloat16", "bfloat16"): dict(out=3e-2, state=3e-2),  # + bf16 checkpoint rounding at each fold
 }
