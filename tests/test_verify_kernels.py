@@ -226,6 +226,7 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
     # (T, accepted or None = random): the first steps walk through a decode step that fills the
     # ring (h + 1 == L) and one that starts with a full ring left by a verify (h == L)
     # and a verify that folds first (h + T > L)
+    tol = TOL[("float32", "float32")]
     plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (4, 3), (4, 2),
             (2, None), (4, None), (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (4, None), (1, 1)]
     decode_steps = verify_steps = 0
@@ -252,7 +253,7 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
             want_h = int(R.h_after_verify(torch.tensor([h_before], dtype=torch.int32), Tt, L, torch.tensor([acc]))[0])
             verify_steps += 1
         e = rms_ratio(out.reshape(Tt, HV, V).cpu(), o_ref.reshape(Tt, HV, V))
-        assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: output rms ratio {e:.3e}"
+        assert e <= tol["out"], f"seed={seed} step={step} T={Tt}: output rms ratio {e:.3e}"
         assert int(ring.h[1]) == want_h, f"seed={seed} step={step} T={Tt}"
         if flushed:
             paths.add((Tt == 1, want_h == 0))
@@ -264,7 +265,7 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
             else:
                 target = folded_state  # verify folds before its drafts
             e = rms_ratio(state[1].cpu(), target[0])
-            assert e <= 2e-5, f"seed={seed} step={step} T={Tt}: checkpoint rms ratio {e:.3e}"
+            assert e <= tol["state"], f"seed={seed} step={step} T={Tt}: checkpoint rms ratio {e:.3e}"
         else:
             assert torch.equal(state[1], ck_before), f"seed={seed} step={step}: checkpoint written without a fold"
     assert torch.equal(state[0].cpu(), torch.full((HV, V, K), 1e30))
