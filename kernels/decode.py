@@ -353,6 +353,10 @@ def replay_decode(
     fold: str = "loop",
     dot_precision: str = "tf32x3",
     _diag_freeze_h: bool = False,
+    impl: str = "v1",
+    h_rows: torch.Tensor | None = None,
+    advance_h: bool = True,
+    may_prefold: bool = True,
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -364,8 +368,21 @@ def replay_decode(
     fold: how a flush folds the records into the checkpoint: "loop" (rank-1 updates, one record at a
     time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
     fp32-accurate on the tensor cores; opt-in until measured on the GPU).
+    impl: "v1" (this module's kernel, the default until the GPU says otherwise) or "v2"
+    (kernels/decode_v2.py: h read, never written by the decode launch; a one-program-per-row post launch
+    advances ring.h). v2 only: ``h_rows`` [B] int32, the committed count of each row's slot before this
+    step, given by the caller (e.g. a model-wide h gathered once per forward), so the kernel does not
+    load ring.h; ``advance_h=False`` leaves h alone (the caller advances it, e.g. once per forward with
+    ``decode_v2.advance_h_``); ``may_prefold=False`` (only with advance_h=False) also skips the post
+    launch, a promise by the caller that every row has h < L (no pre-step fold can happen).
+    v2 ignores ``k_chunks`` and ``dot_precision``; its ``fold`` is "loop" (default) or "unroll" (the record
+    loop unrolled over the ring capacity, masked by h); ``block_v`` / ``num_warps`` pick its launch.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
+    if impl not in ("v1", "v2"):
+        raise ValueError(f"impl must be 'v1' or 'v2', got {impl!r}")
+    if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold):
+        raise ValueError("h_rows / advance_h / may_prefold need impl='v2' (v1 advances h in the kernel)")
     lay = ring.layout
     if kind != lay.kind:
         raise ValueError(f"ring is for {lay.kind}, called with {kind}")
@@ -394,6 +411,13 @@ def replay_decode(
         out = torch.empty(B, 1, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     if not out.is_contiguous() or out.numel() != B * HV * V:
         raise ValueError("out must be contiguous with B*HV*V elements")
+    if impl == "v2":
+        from replayssm_sglang.kernels import decode_v2
+
+        return decode_v2.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
+                                K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
+                                num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
+                                fold="loop" if fold in ("loop", None) else fold)
     if ring.arrive is None:
         raise ValueError("ring has no arrival counter (allocate it with RingLayout.allocate)")
     BK = triton.next_power_of_2(K)

@@ -7,6 +7,13 @@ Arms (per layer kind, state dtype and batch size B):
   upstream    SGLang 0.5.17's fused_recurrent_linear_replayssm_decode (bf16 records, host cursors)
   ours        kernels/decode.py, L = 16 (records fp32 and bf16: ours_r32, ours_r16)
   ours_L1     kernels/decode.py run with window 1 (the small-batch policy's conventional-equivalent path)
+  v2_r16/r32  kernels/decode_v2.py (replay_decode(impl="v2")), bf16 / fp32 records, h read from the ring and
+              advanced by its one-program-per-row post launch (a drop-in for ours_*: same ring, same rule)
+  v2_r16_rows the v2 kernel alone with per-row h given by the caller (h_rows, advance_h=False): what each
+              layer costs when one model-wide h is advanced once per forward (docs/design.md); the same
+              conditions as upstream's arm (cursors supplied per row, (row + step) % 16)
+  v2_r16_unroll  (--variants unroll) v2 with the fold loop unrolled over the ring capacity
+--impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
 that the state touched by a graph replay is at least 4x the L2 (a model has dozens of such layers);
@@ -170,7 +177,7 @@ def arm_upstream(c: Case):
     return run
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False):
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -183,8 +190,20 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         r.h.copy_(row_of_slot % c.L)
         rings.append(r)
-    bv, nw, nk = cfg if cfg else (None, None, None)
     L = window if window is not None else c.L
+    if impl == "v2":
+        bv, nw = cfg if cfg else (None, None)
+        rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
+        h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
+        extra = dict(h_rows=None, advance_h=True)
+
+        def run(step):
+            if rows:
+                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
+            replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
+                          block_v=bv, num_warps=nw, fold=fold, impl="v2", **extra)
+        return run
+    bv, nw, nk = cfg if cfg else (None, None, None)
 
     def run(step):
         replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
@@ -227,6 +246,10 @@ def main():
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
+    ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
+                    "(kernels/decode_v2.py), or both")
+    ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
+    ap.add_argument("--v2-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
     if args.plot:
@@ -274,23 +297,59 @@ def main():
                 chosen[f"{kind}/{sdt}"] = best[1]
                 del c
                 torch.cuda.empty_cache()
+    impls = args.impl.split(",")
+    chosen2 = {}
+    if args.v2_sweep and "v2" in impls:
+        from replayssm_sglang.kernels import decode_v2 as _d2
+        cfgs = [tuple(int(v) for v in s.split("x")) for s in (args.v2_sweep_configs or _d2.V2_SWEEP).split(",")]
+        for kind in kinds:
+            for sdt in dtypes:
+                c = Case(kind, 256, sdt, dev)
+                best = None
+                for cfg in cfgs:
+                    try:
+                        t = time_graph(c, arm_ours(c, torch.bfloat16, cfg=cfg, impl="v2"))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"v2 sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    kk = _d2._LAST.get("kernel")
+                    regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
+                    print(f"v2 sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us"
+                          f"  regs {regs[0]} spills {regs[1]}", flush=True)
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm="v2sweep_" + "x".join(map(str, cfg)),
+                                     t_us=t * 1e6, n_regs=regs[0], n_spills=regs[1]))
+                    if best is None or t < best[0]:
+                        best = (t, cfg)
+                if best:
+                    chosen2[f"{kind}/{sdt}"] = best[1]
+                del c
+                torch.cuda.empty_cache()
     meta["configs"] = {k: list(v) for k, v in chosen.items()}
+    meta["v2_configs"] = {k: list(v) for k, v in chosen2.items()}
 
     for kind in kinds:
         for sdt in dtypes:
             cfg = chosen.get(f"{kind}/{sdt}")
+            cfg2 = chosen2.get(f"{kind}/{sdt}")
+            v1, v2 = "v1" in impls, "v2" in impls
             for B in batches:
                 c = Case(kind, B, sdt, dev)
                 arms = {
                     "conv": arm_conv(c),
                     "conv_cuda": arm_conv_cuda(c),
                     "upstream": arm_upstream(c),
-                    "ours_r32": arm_ours(c, torch.float32, cfg=cfg) if sdt == "float32" else None,
-                    "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg),
-                    "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if B <= 32 else None,
-                    "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot") if "dot" in args.variants else None,
-                    "diag_no_atomics": arm_ours(c, torch.bfloat16, cfg=cfg, freeze_h=True) if "freeze" in args.variants
-                    else None,
+                    "ours_r32": arm_ours(c, torch.float32, cfg=cfg) if v1 and sdt == "float32" else None,
+                    "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg) if v1 else None,
+                    "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if v1 and B <= 32 else None,
+                    "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot")
+                    if v1 and "dot" in args.variants else None,
+                    "diag_no_atomics": arm_ours(c, torch.bfloat16, cfg=cfg, freeze_h=True)
+                    if v1 and "freeze" in args.variants else None,
+                    "v2_r16": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2") if v2 else None,
+                    "v2_r32": arm_ours(c, torch.float32, cfg=cfg2, impl="v2") if v2 and sdt == "float32" else None,
+                    "v2_r16_rows": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", rows=True) if v2 else None,
+                    "v2_r16_unroll": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", fold="unroll")
+                    if v2 and "unroll" in args.variants else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -304,7 +363,7 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name == "ours_r32" else 2  # ours_r16*, upstream: bf16 records
+                    rec_es = 4 if name in ("ours_r32", "v2_r32") else 2  # *_r16*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -334,7 +393,9 @@ def table(path) -> str:
     """Markdown: per (kind, state dtype, B) the conventional time and each arm's speedup, TB/s, % of copy peak."""
     d = json.load(open(path))
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
-    arms = ["upstream", "ours_r16", "ours_r32", "ours_L1"]
+    present = {r["arm"] for r in rows}
+    arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v2_r16", "v2_r32", "v2_r16_rows",
+                        "v2_r16_unroll", "ours_r16_dot", "diag_no_atomics"] if a in present]
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
            "|---|---|---|---|" + "---|" * len(arms)]
     keys = sorted({(r["kind"], r["state_dtype"], r["B"]) for r in rows}, key=lambda k: (k[0], k[1] != "float32", k[2]))
@@ -365,7 +426,8 @@ def plot(path):
     fig, axes = plt.subplots(1, len(combos), figsize=(4.2 * len(combos), 3.6), squeeze=False)
     for ax, (kind, sdt) in zip(axes[0], combos):
         colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
-                  "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown"}
+                  "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown",
+                  "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

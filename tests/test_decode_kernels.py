@@ -16,6 +16,7 @@ from conftest import extra_cases
 from replayssm_sglang import reference as R
 from replayssm_sglang import ring as ringmod
 from replayssm_sglang.kernels.decode import replay_decode
+from replayssm_sglang.kernels.decode_v2 import advance_h_
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ON_GPU = torch.cuda.is_available() and not __import__("os").environ.get("TRITON_INTERPRET") == "1"
@@ -46,12 +47,13 @@ class Harness:
     """Kernel and float64 reference side by side over many steps, with the checks of every step."""
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
-                 seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop"):
+                 seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
+                 impl="v1", h_rows=False):
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
         self.p_pad, self.p_forced, self.windows = p_pad, p_forced, windows
         self.state_dtype, self.rec_dtype, self.block_v, self.lower_bound = state_dtype, rec_dtype, block_v, lower_bound
-        self.fold = fold
+        self.fold, self.impl, self.h_rows = fold, impl, h_rows
         self.lay = ringmod.RingLayout.for_layer(kind, L=L, H=H, HV=HV, K=K, V=V)
         self.slots = B + 3
         perm = torch.randperm(self.slots, generator=self.gen)
@@ -88,8 +90,20 @@ class Harness:
         u_b, k_b, g_b = self.ring.u.clone(), self.ring.k.clone(), self.ring.g.clone()
 
         out = torch.full((B, 1, self.HV, self.V), float("nan"), device=DEV)
+        kw = dict(impl=self.impl, fold=self.fold)
+        if self.h_rows:
+            # v2 with the caller's h snapshot (the model-wide h of docs/design.md): the kernel reads
+            # h_rows (padded rows hold junk), never ring.h, and writes no h; advance_h_ advances it after
+            h_rows = torch.where(real, h_before[slot_idx.clamp(min=0).long()], torch.full_like(h_before[:B], 12345))
+            h_rows = h_rows.to(torch.int32).to(DEV)
+            self.ring.h.fill_(-7)  # the kernel must not read it
+            kw.update(h_rows=h_rows, advance_h=False, may_prefold=len(self.windows) > 1)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
-                      block_v=self.block_v, lower_bound=self.lower_bound, fold=self.fold)
+                      block_v=self.block_v, lower_bound=self.lower_bound, **kw)
+        if self.h_rows:
+            assert bool((self.ring.h == -7).all()), "the decode launch wrote h"
+            self.ring.h.copy_(h_before.to(DEV))
+            advance_h_(self.ring.h, slot_idx.to(DEV), L, forced.to(DEV), h_rows=h_rows)
         xi = R.unpack(self.kind, *[t.cpu() for t in x], H=self.H, HV=self.HV, K=self.K, V=self.V,
                       lower_bound=self.lower_bound)
         o_ref = self.ref.step(xi, slot_idx, forced, L=L)
@@ -153,53 +167,130 @@ def _run_case(c, steps=None, **kw):
     return st
 
 
+# every test runs both kernels: v1 (kernels/decode.py, the default) and v2 (kernels/decode_v2.py);
+# CPU time is kept down by small shapes and few steps (the interpreter's cost is per program and op)
+IMPLS = ["v1", "v2"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("L", [1, 4, 16])
-def test_matches_reference_over_windows(kind, L):
+def test_matches_reference_over_windows(kind, L, impl):
     """Outputs, state at every flush, h and records vs float64, staggered cursors, random forced
-    flushes, padded rows, several windows (L = 4: four windows; L = 16: one window plus forced flushes)."""
-    st = _run_case(dict(kind=kind, L=L, seed=L), steps={1: 3, 4: 16, 16: 20}[L])
+    flushes, padded rows, several windows (L = 4: three windows; L = 16: one window plus forced flushes)."""
+    st = _run_case(dict(kind=kind, L=L, seed=L, B=2 if L == 16 else 3), steps={1: 3, 4: 12, 16: 17}[L], impl=impl,
+                   p_forced={1: 0.1, 4: 0.1, 16: 0.15}[L])
     assert st["forced"] > 0 or L == 1
 
 
-def test_gdn_L32():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gdn_L32(impl):
     """L = 32: a full window and then some (one head, small K/V to keep the interpreter fast)."""
-    hz = Harness("gdn", B=2, H=1, HV=1, K=16, V=16, L=32, seed=3, p_forced=0.0, p_pad=0.05)
-    st = hz.run(36)
+    hz = Harness("gdn", B=2, H=1, HV=1, K=16, V=16, L=32, seed=3, p_forced=0.0, p_pad=0.05, impl=impl)
+    st = hz.run(34)
     assert st["flushes"] > 0 and st["staggered"] > 0
 
 
-def test_gdn_L8_gqa4():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gdn_L8_gqa4(impl):
     """L = 8 with GQA: four value heads share each key head (records hold one key per key head)."""
-    hz = Harness("gdn", B=2, H=1, HV=4, K=16, V=16, L=8, seed=4, p_forced=0.1)
-    st = hz.run(12)
+    hz = Harness("gdn", B=2, H=1, HV=4, K=16, V=16, L=8, seed=4, p_forced=0.1, impl=impl)
+    st = hz.run(10)
     assert st["flushes"] > 0
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_window_switching_prefolds(kind):
+def test_window_switching_prefolds(kind, impl):
     """The small-batch policy may change the window between launches (L = 1 .. capacity): rows with
     h >= L fold first (pre-step fold), with or without flushing the current token. V is split over
-    two programs here (BV = 16), so the last-arriving program writes the shared record parts."""
+    two programs here (BV = 16), so record 0's shared parts are written by one program after every
+    program of the row has read the old ones (v1: the last to arrive; v2: the post launch)."""
     hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=8, seed=11,
-                 windows=(8, 8, 8, 3, 1), p_forced=0.05, block_v=16)
-    st = hz.run(20)
+                 windows=(8, 8, 8, 3, 1), p_forced=0.05, block_v=16, impl=impl)
+    st = hz.run(14)
     assert st["prefolds"] > 0
 
 
-def test_kda_safe_gate_and_bf16_records():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kda_safe_gate_and_bf16_records(impl):
     """KDA's lower-bound gate; bf16 u/k records with an fp32 state."""
-    hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=5, lower_bound=-5.0, rec_dtype=torch.bfloat16)
+    hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=5, lower_bound=-5.0, rec_dtype=torch.bfloat16,
+                 impl=impl)
     st = hz.run(8)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("impl,fold", [("v1", "dot"), ("v2", "unroll")])
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_fold_variants(kind, impl, fold):
+    """The opt-in folds (v1: tensor-core fold="dot"; v2: the record loop unrolled over the capacity,
+    fold="unroll") agree with the reference like the default loop."""
+    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=4, seed=21, p_forced=0.2, fold=fold,
+                 impl=impl)
+    st = hz.run(6)
     assert st["flushes"] > 0
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_fold_dot_variant(kind):
-    """The opt-in tensor-core fold (fold="dot") agrees with the reference like the default loop."""
-    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=4, seed=21, p_forced=0.2, fold="dot")
-    st = hz.run(8)
+@pytest.mark.parametrize("windows", [(None,), (8, 8, 3, 1)], ids=["fixed", "switching"])
+def test_v2_h_rows_snapshot(kind, windows):
+    """v2 with the caller's per-row h (h_rows, advance_h=False): the decode launch neither reads nor
+    writes ring.h (filled with junk during the launch, checked after), padded rows' h_rows are junk,
+    and decode_v2.advance_h_ then advances h by ring.py's rule. Fixed window: may_prefold=False (no
+    post launch at all); switching windows: pre-step folds, the post launch writes record 0."""
+    hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=16, V=16, L=8, seed=31, windows=windows,
+                 p_forced=0.1, impl="v2", h_rows=True)
+    st = hz.run(12)
     assert st["flushes"] > 0
+    if len(windows) > 1:
+        assert st["prefolds"] > 0
+
+
+def test_advance_h_matches_ring_rule():
+    """decode_v2.advance_h_ (one launch) equals ring.h_after_decode for every real row, from h or from
+    h_rows, with and without forced flushes, including h >= L (pre-step fold); padded rows and slots
+    no row addresses are untouched."""
+    g = torch.Generator().manual_seed(41)
+    for L in (1, 4, 16):
+        for use_rows in (False, True):
+            for with_forced in (False, True):
+                slots, B = 40, 24
+                h = torch.randint(0, L + 1, (slots,), generator=g, dtype=torch.int32)
+                slot_idx = torch.randperm(slots, generator=g)[:B].to(torch.int32)
+                slot_idx[torch.rand(B, generator=g) < 0.25] = -1
+                forced = (torch.rand(B, generator=g) < 0.3).to(torch.int32) if with_forced else None
+                real = slot_idx >= 0
+                h_old = h[slot_idx.clamp(min=0).long()]
+                h_rows = torch.where(real, h_old, torch.full_like(h_old, 999)) if use_rows else None
+                expect = h.clone()
+                want = ringmod.h_after_decode(h_old, L, forced)
+                expect[slot_idx[real].long()] = want[real]
+                hd = h.to(DEV)
+                if use_rows:
+                    hd.fill_(-3)  # read from h_rows only
+                    expect_d = torch.full_like(h, -3)
+                    expect_d[slot_idx[real].long()] = want[real]
+                    expect = expect_d
+                advance_h_(hd, slot_idx.to(DEV), L, None if forced is None else forced.to(DEV),
+                           h_rows=None if h_rows is None else h_rows.to(DEV))
+                assert torch.equal(hd.cpu(), expect), (L, use_rows, with_forced)
+
+
+def test_impl_argument_checks():
+    lay = ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16)
+    ring = lay.allocate(3)
+    x = R.random_decode_inputs("gdn", 2, 1, 2, 16, 16)
+    st = torch.zeros(3, 2, 16, 16)
+    si = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="impl"):
+        replay_decode("gdn", *x, st, ring, si, impl="v3")
+    with pytest.raises(ValueError, match="impl='v2'"):
+        replay_decode("gdn", *x, st, ring, si, advance_h=False)
+    with pytest.raises(ValueError, match="may_prefold"):
+        replay_decode("gdn", *x, st, ring, si, impl="v2", may_prefold=False)
+    with pytest.raises(ValueError, match="h_rows"):
+        replay_decode("gdn", *x, st, ring, si, impl="v2", h_rows=torch.zeros(2, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -231,14 +322,15 @@ def test_L1_equals_conventional_exactly(kind):
 
 
 @pytest.mark.parametrize("case", extra_cases(), ids=lambda c: str(c))
-def test_extra_cases(case):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extra_cases(case, impl):
     c = dict(case)
     if c.get("T", 1) != 1:
         pytest.skip("decode kernel: T = 1 only (verify cases belong to the verify kernel)")
     c.pop("T", None)
     if c.get("state_dtype", "float32") != "float32" and not ON_GPU:
         pytest.skip("bf16 state is checked on the GPU")
-    _run_case(c)
+    _run_case(c, impl=impl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,10 +342,23 @@ def test_extra_cases(case):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rec_dtype", ["float32", "bfloat16"])
-def test_gpu_real_shapes(kind, state_dtype, rec_dtype):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
-                 rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4))
+                 rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4), impl=impl)
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_gpu_real_shapes_v2_h_rows(kind):
+    """v2 with the caller's h snapshot at real head sizes (bf16 state, bf16 records), window switching."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16,
+                 seed=2, windows=(16, 16, 16, 16, 16, 1, 4), impl="v2", h_rows=True)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
