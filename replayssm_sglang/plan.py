@@ -473,7 +473,11 @@ def make_plan(
     has_read_copy = read_dtype != "same" and dtype_bytes(_READ[read_dtype]) != dtype_bytes(state_dtype)
     if read_dtype != "same" and not has_read_copy:
         notes.append(f"--read-dtype {read_dtype} equals the state dtype: no separate read copy")
-    read_copy_b = sh.HV * model.V * model.K * dtype_bytes(_READ[read_dtype]) if has_read_copy else 0
+    # the read copy's layout (fp8: codes + one fp32 scale per (value head, V-row)) is owned by
+    # replayssm_sglang.precision
+    from replayssm_sglang.precision import read_copy_bytes
+
+    read_copy_b = read_copy_bytes(sh.HV, model.V, model.K, read_dtype) if has_read_copy else 0
     rec_b = layout.record_bytes(_torch_dtype(record_dtype))
     ring_b = layout.bytes_per_slot(_torch_dtype(record_dtype))
     conv_b = layer_conv_bytes(model, sh)
@@ -653,7 +657,8 @@ Bytes model (per linear layer, per request; see docs/design.md, "Bytes model"):
   ReplaySSM spec verify     = averaged over the cycle of h that ring.py's rule produces:
                               S per step + R * h read + T R written + S per fold
   with --read-dtype bf16|fp8_e4m3 (two-precision state): a step that writes no checkpoint reads
-  the read copy (Sr) instead of S; a fold reads S and writes S and Sr.
+  the read copy (Sr) instead of S; a fold reads S and writes S and Sr. Sr = HV/tp * V * K * 2
+  (bf16) or HV/tp * V * K + HV/tp * V * 4 (fp8 e4m3 codes + one fp32 scale per value-head row).
 Ring capacity is ring.ring_capacity(L, T) = L records (the pre-step fold keeps h + T <= L).
 --tp is the attention TP size (tp_size / dp_size under DP attention).
 """

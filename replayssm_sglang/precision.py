@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_sglang import reference as R
+from replayssm_sglang import ring as ringmod
 
 F64 = torch.float64
 FP8 = torch.float8_e4m3fn
@@ -187,13 +188,14 @@ class TwoCopyPool:
         self.rec = torch.zeros_like(state, dtype=F64)
         self.read = torch.zeros_like(state, dtype=F64)
         self.folding = False
+        self.rec_slots: set[int] = set()  # slots whose current step flushes: they read C only
         self.writes = 0
         for s in range(state.shape[0]):
             self[s] = state[s]
         self.writes = 0
 
     def __getitem__(self, s):
-        return self.rec[s] if self.folding else self.read[s]
+        return self.rec[s] if self.folding or s in self.rec_slots else self.read[s]
 
     def __setitem__(self, s, S: torch.Tensor) -> None:
         S = S.to(F64)
@@ -214,6 +216,22 @@ class TwoCopyReference(R.ReplayReference):
                  stochastic: bool | None = None):
         super().__init__(kind, state, H=H, L=L)
         self.state = TwoCopyPool(self.state, state_dtype, read_dtype, generator, stochastic)
+
+    def step(self, x: R.DecodeInputs, slot_idx: torch.Tensor, forced: torch.Tensor | None = None,
+             L: int | None = None) -> torch.Tensor:
+        """A step that writes the checkpoint (``ring.decode_flushes``: ring full, forced, or a pre-step
+        fold) reads the recurrence copy only, for its fold and for its own output; every other
+        step reads the read copy only."""
+        L = self.L if L is None else L
+        valid = slot_idx >= 0
+        slots = slot_idx[valid].long()
+        f = None if forced is None else forced[valid]
+        flushes = ringmod.decode_flushes(self.h[slots], L, f)
+        self.state.rec_slots = {int(s) for s in slots[flushes]}
+        try:
+            return super().step(x, slot_idx, forced, L)
+        finally:
+            self.state.rec_slots = set()
 
     def _fold(self, s: int, n_rec: int, G_ref: torch.Tensor) -> torch.Tensor:
         self.state.folding = True
@@ -299,12 +317,12 @@ def error_study(kind: str = "gdn", regime: str = "slow", dtype: str = "bf16", *,
     (rounded once per window of L), ``c_two_copies`` keeps an fp32 recurrence copy and a read copy
     in it; ``c_bf16sr_two_copies`` (optional) a bf16 recurrence copy with stochastic rounding.
 
-    Batched over the arms with one [arms, V, K] tensor so that 4096 steps at K = V = 128 take about
-    a second. It uses two equalities of the protocol (checked against ``TwoCopyReference`` and
+    Batched over the arms with one [arms, V, K] tensor so that 4096 steps at K = V = 128 take a few
+    seconds. It uses two equalities of the protocol (checked against ``TwoCopyReference`` and
     ``RoundedConventional`` step by step in tests/test_precision.py): between flushes, the output
     computed from a read copy Cr plus the ring equals the conventional recurrence started from Cr
-    (the unrolled identity of docs/design.md); and the fold, C Diag(exp Gamma) + sum_j u_j w_j^T,
-    equals that running state plus (C - Cr) Diag(exp Gamma)."""
+    (the unrolled identity of docs/design.md); and C Diag(exp Gamma) + sum_j u_j w_j^T, what the
+    flush step sees and folds, equals that running state plus (C - Cr) Diag(exp Gamma)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # [arms, 128, 128] ops: threading costs more than it gives
     try:
@@ -328,6 +346,11 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
     out = torch.empty(steps, N, V, dtype=F64)
     for t in range(steps):
         g, k, q = x.g[t], x.k[t], x.q[t]
+        flush = (t + 1) % L == 0  # plain decode: ring.decode_flushes is true when h + 1 == L
+        if flush:  # this step reads the recurrence copy: switch to the trajectory from C
+            for n in ring_arms:
+                i = idx[n]
+                S[i] = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])
         S = S * torch.exp(g)  # [N, V, K] * [GK]
         u = x.beta[t] * (x.v[t] - S @ k)  # [N, V]
         S = S + u[:, :, None] * k
@@ -336,10 +359,10 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
         if "a_every_step" in idx:
             i = idx["a_every_step"]
             S[i] = round_nearest(S[i], dtype)
-        if (t + 1) % L == 0:
+        if flush:
             for n in ring_arms:
                 i = idx[n]
-                F = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])
+                F = S[i]
                 if n == "b_checkpoint":
                     C[i] = round_nearest(F, dtype)
                     Cr[i] = C[i]

@@ -163,9 +163,13 @@ def test_read_copy_bf16(tmp_path, capsys):
 
 
 def test_read_copy_fp8(tmp_path, capsys):
-    # Sr = 256: (3*256 + 1024)/4 + (1024 + 256)/4 + 520 = 448 + 320 + 520 = 1288
+    """fp8 e4m3 read copy: HV*V*K = 256 one-byte codes plus one fp32 scale per (value head, V-row),
+    HV*V*4 = 128 bytes (replayssm_sglang.precision's layout): Sr = 384.  Per token:
+    (3*384 + 1024)/4 + (1024 + 384)/4 + 1.5*208 + 208 = 544 + 352 + 312 + 208 = 1416."""
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, read_dtype="fp8_e4m3")
-    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1288
+    assert d["per_layer"]["read_copy_bytes"] == 384
+    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1416
+    assert d["per_request"]["memory_bytes"]["replayssm"] == 3 * (1024 + 384 + 836)
 
 
 def test_L1_is_conventional_plus_one_record(tmp_path, capsys):

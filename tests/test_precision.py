@@ -198,9 +198,28 @@ def test_non_flush_steps_read_only_the_read_copy(kind):
     for t in range(L, 2 * L - 1):
         assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
         assert not bool(b.flushed[0])
-    b.step(x.step(2 * L - 1), slot)
+    o = b.step(x.step(2 * L - 1), slot)
     assert bool(b.flushed[0])
+    assert torch.isnan(o).all(), "the flush step reads the recurrence copy"
     assert torch.isnan(b.state.rec).all() and torch.isnan(b.state.read).all()
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_flush_step_reads_only_the_recurrence_copy(kind):
+    """Poison the read copy just before a flush step: the flush step's output, its fold and every
+    later step equal an unpoisoned run (the flush rewrites the read copy from the fold)."""
+    H, HV, K, V, L = 1, 1, 16, 8, 4
+    x = P.study_inputs(kind, "fast", 4 * L, K, V, _seed())
+    slot = torch.zeros(1, dtype=torch.int32)
+    zero = torch.zeros(1, HV, V, K, dtype=F64)
+    a = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="fp8_e4m3")
+    b = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="fp8_e4m3")
+    for t in range(2 * L - 1):
+        assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
+    b.state.read.fill_(math.nan)
+    for t in range(2 * L - 1, 4 * L):
+        assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
+    assert torch.equal(a.state.rec, b.state.rec) and torch.equal(a.state.read, b.state.read)
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
