@@ -41,6 +41,14 @@ def sg(tmp_path_factory):
         yield ns
 
 
+@pytest.fixture(autouse=True)
+def _buffered_window(monkeypatch):
+    """Serving lets the small-batch policy pick the decode window per batch size (policy.py), which
+    at these test batch sizes is window 1 for most kinds; pin the ring's own L so the lifecycle tests
+    exercise pending records (the policy path is tested on its own)."""
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(1 << 30))
+
+
 # --- builders ------------------------------------------------------------------------------------
 
 def cache_params(kind: str, layers: list[int], dtype=torch.float32):
@@ -205,6 +213,33 @@ def test_fresh_alloc_free_and_reuse_mid_window(sg):
     m.write_prefill_state(s)
     for _ in range(3):
         assert m.step([s]) < TOL
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_serving_decode_uses_the_small_batch_policy_and_stays_exact(sg, kind, monkeypatch):
+    """Without the override, a small batch runs the window the policy measured not slower
+    (window 1 here: the state is written every step, no record stays pending); switching to the
+    buffered window and back mid-request keeps the state exact."""
+    from replayssm_sglang import policy
+
+    monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW")
+    assert policy.decode_window(kind, 1, torch.float32, L) == 1  # B = 1 is below every threshold
+    rtp = hybrid_pool(sg, kind, mamba_size=1)
+    m = Model(kind, rtp)
+    r = new_req(1)
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    for _ in range(3):
+        assert m.step([s]) < TOL
+        assert h_of(rtp, s) == [0] and m.state_err(s) < TOL
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(L))  # as a larger batch would
+    for _ in range(2):
+        assert m.step([s]) < TOL
+    assert h_of(rtp, s) == [2]
+    monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW")  # back to a small batch: records folded first
+    assert m.step([s]) < TOL
+    assert h_of(rtp, s) == [0] and m.state_err(s) < TOL
 
 
 def test_abort_mid_window_then_extend_resets_on_the_forward_stream(sg):

@@ -43,6 +43,14 @@ def sg(tmp_path_factory):
         yield ns
 
 
+@pytest.fixture(autouse=True)
+def _buffered_window(monkeypatch):
+    """Serving lets the small-batch policy pick the decode window per batch size (policy.py), which
+    at these test batch sizes is window 1 for most kinds; pin the ring's own L so the lifecycle tests
+    exercise pending records (the policy path is tested on its own)."""
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(1 << 30))
+
+
 class _CpuTorch:
     """MambaPool allocates the speculative scratch (conv windows, SSM snapshots) with
     device="cuda" hard-coded; on this CPU-only machine those allocations go to the CPU."""

@@ -196,8 +196,11 @@ class ReplayPool:
 
         B = mixed_qkv.shape[0]
         out = mixed_qkv.new_empty(B, 1, num_v_heads, head_v_dim)
+        # L="auto": the small-batch policy (replayssm_sglang/policy.py) picks, per batch size, the
+        # window measured not slower than conventional decode; every window keeps the ring exact,
+        # so CUDA graphs of different batch sizes may use different windows.
         replay_decode(self.kind, mixed_qkv, a, b, A_log, dt_bias, ssm_states, self.ring(layer_idx),
-                      cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound)
+                      cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound, L="auto")
         return out.transpose(0, 1)
 
 
