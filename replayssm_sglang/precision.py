@@ -39,6 +39,9 @@ recurrence copy and writes both copies from the same unrounded matrix. The study
   rounded once per window (folds and reads both use it);
 * (c) ``TwoCopyReference(..., state_dtype="float32", read_dtype=low)``: two copies.
 
+Verify steps: ``TwoCopyRingModel`` does the same on ``reference_verify.RingModel`` (rows that fold
+before the step read the recurrence copy, all others the read copy).
+
 ``error_study`` runs them against the exact float64 recurrence (``reference.conventional_step``)
 on one head and returns the relative output error per step.
 """
@@ -51,6 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_sglang import reference as R
+from replayssm_sglang import reference_verify as RV
 from replayssm_sglang import ring as ringmod
 
 F64 = torch.float64
@@ -239,6 +243,34 @@ class TwoCopyReference(R.ReplayReference):
             return super()._fold(s, n_rec, G_ref)
         finally:
             self.state.folding = False
+
+
+class _RowPool(TwoCopyPool):
+    """A ``TwoCopyPool`` indexed by batch row (``reference_verify.RingModel.C``)."""
+
+    @property
+    def shape(self):
+        return self.rec.shape
+
+
+class TwoCopyRingModel(RV.RingModel):
+    """Verify steps with two copies, on ``reference_verify.RingModel``'s step math: a row whose
+    step folds first (``ring.needs_prefold``: h + T > L) reads the recurrence copy only (its fold
+    and the step that runs from the new checkpoint); every other row reads the read copy only.
+    The pre-step fold writes both copies from the same unrounded fold."""
+
+    def __init__(self, C0: torch.Tensor, *, state_dtype: str = "float32", read_dtype: str = "same",
+                 generator: torch.Generator | None = None, stochastic: bool | None = None, **kw):
+        super().__init__(C0, **kw)
+        self.C = _RowPool(self.C, state_dtype, read_dtype, generator, stochastic)
+
+    def verify(self, mixed_qkv, a, b, T):
+        pre = ringmod.needs_prefold(self.h, T, self.L)
+        self.C.rec_slots = {int(r) for r in torch.nonzero(pre).flatten()}
+        try:
+            return super().verify(mixed_qkv, a, b, T)
+        finally:
+            self.C.rec_slots = set()
 
 
 class RoundedConventional:
