@@ -357,6 +357,7 @@ def replay_decode(
     h_rows: torch.Tensor | None = None,
     advance_h: bool = True,
     may_prefold: bool = True,
+    records: str = "masked",
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -376,12 +377,14 @@ def replay_decode(
     ``decode_v2.advance_h_``); ``may_prefold=False`` (only with advance_h=False) also skips the post
     launch, a promise by the caller that every row has h < L (no pre-step fold can happen).
     v2 ignores ``k_chunks`` and ``dot_precision``; its ``fold`` is "loop" (default) or "unroll" (the record
-    loop unrolled over the ring capacity, masked by h); ``block_v`` / ``num_warps`` pick its launch.
+    loop unrolled over the ring capacity, masked by h); its ``records`` is "masked" (load the h committed
+    records) or "all" (load every ring position without waiting for h, zero those past h with a select);
+    ``block_v`` / ``num_warps`` pick its launch.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     if impl not in ("v1", "v2"):
         raise ValueError(f"impl must be 'v1' or 'v2', got {impl!r}")
-    if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold):
+    if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
         raise ValueError("h_rows / advance_h / may_prefold need impl='v2' (v1 advances h in the kernel)")
     lay = ring.layout
     if kind != lay.kind:
@@ -417,7 +420,7 @@ def replay_decode(
         return decode_v2.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                fold="loop" if fold in ("loop", None) else fold)
+                                fold="loop" if fold in ("loop", None) else fold, records=records)
     if ring.arrive is None:
         raise ValueError("ring has no arrival counter (allocate it with RingLayout.allocate)")
     BK = triton.next_power_of_2(K)

@@ -18,7 +18,9 @@ What changes against v1 (``replay_decode_kernel``):
     u_t <k, q> with G_t = G_last + g_t; a row that writes its checkpoint (flush, or a pre-step fold)
     folds the records into its register tile by rank-1 updates, re-reading each record (L1 hits: the
     tiles were just loaded); ``fold="unroll"`` unrolls that loop over the ``cap`` record slots at
-    compile time (masked by h, all loads independent) instead of a loop of h trips;
+    compile time (masked by h, all loads independent) instead of a loop of h trips; ``records="all"``
+    loads every ring position without waiting for h (zeroed past h by a select): more bytes (cap
+    instead of h records), one dependent round trip fewer when h comes from the ring;
   * a pre-step fold (h >= L) that appends the token needs record 0's shared parts (keys per key head,
     G per value head) rewritten while other programs of the row may still read the old record 0: the
     post launch writes them (stream order puts it after every read). The private part (u of this
@@ -61,7 +63,7 @@ def replay_decode_v2_kernel(
     K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
-    USE_LOWER_BOUND: tl.constexpr, FOLD_UNROLL: tl.constexpr = False,
+    USE_LOWER_BOUND: tl.constexpr, FOLD_UNROLL: tl.constexpr = False, REC_ALL: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -124,13 +126,24 @@ def replay_decode_v2_kernel(
     base_u = ring_u + (slot * HV + i_hv) * CAP * V
     base_k = ring_k + (slot * HK + i_hk) * CAP * K
     base_g = ring_g + (slot * HV + i_hv) * CAP * GK
-    m_ck = valid[:, None] & mask_k[None, :]
+    if REC_ALL:
+        # every ring position (independent of h, so these loads issue with the state's); the ones past h
+        # (stale, or never written) are replaced by zeros with a select, never multiplied
+        rv = o_c < CAP
+    else:
+        rv = valid
+    m_ck = rv[:, None] & mask_k[None, :]
     rk = tl.load(base_k + o_c[:, None] * K + o_k[None, :], mask=m_ck, other=0).to(tl.float32)  # [BC, BK]
-    ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
+    ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=rv[:, None] & mask_v[None, :],
                  other=0).to(tl.float32)  # [BC, BV]
+    if REC_ALL:
+        rk = tl.where(valid[:, None], rk, 0.0)
+        ru = tl.where(valid[:, None], ru, 0.0)
     last = o_c == (h_old - 1)
     if IS_KDA:
         rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
+        if REC_ALL:
+            rg = tl.where(valid[:, None], rg, 0.0)
         G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
         G_t = G_last + g_t
         kw = rk * tl.where(valid[:, None], tl.exp(G_t[None, :] - rg), 0.0)
@@ -140,7 +153,9 @@ def replay_decode_v2_kernel(
         Cq = tl.sum(C * (e_t * q)[None, :], 1)
         Ck = tl.sum(C * (e_t * k)[None, :], 1)
     else:
-        rg = tl.load(base_g + o_c, mask=valid, other=0)  # [BC]
+        rg = tl.load(base_g + o_c, mask=rv, other=0)  # [BC]
+        if REC_ALL:
+            rg = tl.where(valid, rg, 0.0)
         G_last = tl.sum(tl.where(last, rg, 0.0), 0)
         G_t = G_last + g_t
         w = tl.where(valid, tl.exp(G_t - rg), 0.0)
@@ -238,15 +253,19 @@ def replay_decode_v2_post_kernel(
 # ----------------------------------------------------------------------------------------------
 
 # (BV, num_warps) per (kind, state element size); anything unlisted uses V2_DEFAULT_CONFIG. Not yet
-# tuned on a GPU: scripts/bench_kernels.py --v2-sweep picks from V2_SWEEP (docs/benchmarks.md).
+# tuned on a GPU: scripts/bench_kernels.py --v2-sweep picks from V2_SWEEP (docs/benchmarks.md). Chosen
+# offline from ptxas (scripts/sass_decode.py, sm_90, Triton 3.8): no spills, <= 128 registers, so 16
+# warps per SM; KDA at BV=64 so that each head's per-K gate records are read (and exponentiated) by two
+# programs, not four.
 V2_DEFAULT_CONFIG = (32, 4)
-V2_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {("kda", 4): (64, 4), ("kda", 2): (64, 4)}
+V2_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {("kda", 4): (64, 8), ("kda", 2): (64, 8)}
 V2_SWEEP = "32x1,32x2,32x4,64x4,64x8"
 _LAST: dict = {}
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
-           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop"):
+           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
+           records="masked"):
     lay = ring.layout
     B = mixed_qkv.shape[0]
     _, HV, V, K = state.shape
@@ -258,6 +277,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("may_prefold=False only skips the post launch, which advance_h=True needs anyway")
     if fold not in ("loop", "unroll"):
         raise ValueError(f"v2 fold must be 'loop' or 'unroll', got {fold!r}")
+    if records not in ("masked", "all"):
+        raise ValueError(f"v2 records must be 'masked' or 'all', got {records!r}")
     BK = triton.next_power_of_2(K)
     cfg = V2_CONFIGS.get((kind, state.element_size()), V2_DEFAULT_CONFIG)
     BV = max(16, min(block_v or cfg[0], triton.next_power_of_2(V)))
@@ -275,7 +296,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f,
         float(scale), lb, L,
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-        V=V, BV=BV, BC=BC, FOLD_UNROLL=(fold == "unroll"), num_warps=nw, num_stages=1, **common,
+        V=V, BV=BV, BC=BC, FOLD_UNROLL=(fold == "unroll"), REC_ALL=(records == "all"), num_warps=nw, num_stages=1, **common,
     )
     if advance_h or may_prefold:
         replay_decode_v2_post_kernel[(B,)](

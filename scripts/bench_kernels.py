@@ -242,7 +242,9 @@ def main():
     ap.add_argument("--sweep-configs", default="32x1x2,32x1x4,16x1x2,64x1x4,64x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
     ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
-    ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'dot' = tensor-core "
+    ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
+                    "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
+                    "(v2_r16_unroll); 'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -338,7 +340,8 @@ def main():
                     "conv": arm_conv(c),
                     "conv_cuda": arm_conv_cuda(c),
                     "upstream": arm_upstream(c),
-                    "ours_r32": arm_ours(c, torch.float32, cfg=cfg) if v1 and sdt == "float32" else None,
+                    "ours_r32": arm_ours(c, torch.float32, cfg=cfg)
+                    if v1 and sdt == "float32" and "r32" in args.variants else None,
                     "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg) if v1 else None,
                     "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if v1 and B <= 32 else None,
                     "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot")
