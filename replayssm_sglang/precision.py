@@ -376,6 +376,7 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
     idx = {n: i for i, n in enumerate(names)}
     ring_arms = [n for n in arms if n != "a_every_step"]
     out = torch.empty(steps, N, V, dtype=F64)
+    rec_err = {n: [] for n in ring_arms}  # ||C - S_exact|| / ||S_exact|| at every flush
     for t in range(steps):
         g, k, q = x.g[t], x.k[t], x.q[t]
         flush = (t + 1) % L == 0  # plain decode: ring.decode_flushes is true when h + 1 == L
@@ -407,12 +408,15 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
                 else:
                     raise ValueError(f"unknown arm {n!r}")
                 S[i] = Cr[i]
+                rec_err[n].append(float(torch.linalg.vector_norm(C[i] - S[0]) / torch.linalg.vector_norm(S[0])))
             Gw = torch.zeros_like(Gw)
     o = out[:, 0]
     norm = torch.linalg.vector_norm(o, dim=-1)
     res = {n: torch.linalg.vector_norm(out[:, idx[n]] - o, dim=-1) / norm for n in arms}
     res["norm"] = norm
     res["outputs"] = out
+    for n in ring_arms:  # the recurrence copy's own error after each flush (step L, 2L, ...)
+        res["recurrence_" + n] = torch.tensor(rec_err[n], dtype=F64)
     return res
 
 

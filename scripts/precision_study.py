@@ -8,7 +8,8 @@ step against the exact float64 recurrence of
   (b) b_checkpoint         one low-precision checkpoint, rounded once per window of L,
   (c) c_two_copies         fp32 recurrence copy + read copy in the low precision (round to nearest),
   (c') c_bf16sr_two_copies bf16 recurrence copy (stochastic rounding) + read copy.
-"Error at step t" = sqrt(sum ||e||^2 / sum ||o||^2) over the 64 steps ending at t.
+"Error at step t" = sqrt(sum ||e||^2 / sum ||o||^2) over the 64 steps ending at t. For the ring arms
+the JSON also holds the recurrence copy's own error after the flush at step t, ||C - S|| / ||S||.
 
     python scripts/precision_study.py [--steps 4096] [--K 128] [--seed 1234] [--out benchmarks/results/precision-DATE]
 """
@@ -68,6 +69,9 @@ def run(args) -> dict:
                         row["curve"][arm] = [P.window_error(res[arm], res["norm"], t) for t in row["curve_steps"]]
                         e = row["error_at"][arm]
                         row["error_at"][arm]["growth_last_over_256"] = e[str(args.steps)] / e["256"]
+                    row["recurrence_copy_error_at"] = {
+                        arm: {str(t): float(res["recurrence_" + arm][t // args.L - 1]) for t in checkpoints}
+                        for arm in ARMS if "recurrence_" + arm in res}
                     out["runs"].append(row)
                     ea = row["error_at"]
                     print(f"{kind} {keys:9s} {regime} {dtype:8s} " + "  ".join(
