@@ -254,12 +254,12 @@ def replay_decode_v2_post_kernel(
 
 # (BV, num_warps) per (kind, state element size); anything unlisted uses V2_DEFAULT_CONFIG. Not yet
 # tuned on a GPU: scripts/bench_kernels.py --v2-sweep picks from V2_SWEEP (docs/benchmarks.md). Chosen
-# offline from ptxas (scripts/sass_decode.py, sm_90, Triton 3.8): no spills, <= 128 registers, so 16
-# warps per SM; KDA at BV=64 so that each head's per-K gate records are read (and exponentiated) by two
-# programs, not four.
+# offline from ptxas (scripts/sass_decode.py, sm_90, Triton 3.6 as on the GPU): no spills, <= 162 registers
+# (3-5 programs, 12-20 warps per SM); KDA at BV=64, 8 warps (128 registers) so that each head's per-K gate
+# records are read (and exponentiated) by two programs, not four.
 V2_DEFAULT_CONFIG = (32, 4)
 V2_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {("kda", 4): (64, 8), ("kda", 2): (64, 8)}
-V2_SWEEP = "32x1,32x2,32x4,64x4,64x8"
+V2_SWEEP = "16x2,32x2,32x4,64x4,64x8"
 _LAST: dict = {}
 
 

@@ -13,6 +13,7 @@ Arms (per layer kind, state dtype and batch size B):
               layer costs when one model-wide h is advanced once per forward (docs/design.md); the same
               conditions as upstream's arm (cursors supplied per row, (row + step) % 16)
   v2_r16_unroll  (--variants unroll) v2 with the fold loop unrolled over the ring capacity
+  v2_r16_all  (--variants all) v2 loading every ring position without waiting for h (records="all")
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -177,7 +178,8 @@ def arm_upstream(c: Case):
     return run
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False):
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
+             records="masked"):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -201,7 +203,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                          block_v=bv, num_warps=nw, fold=fold, impl="v2", **extra)
+                          block_v=bv, num_warps=nw, fold=fold, impl="v2", records=records, **extra)
         return run
     bv, nw, nk = cfg if cfg else (None, None, None)
 
@@ -244,7 +246,8 @@ def main():
     ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
-                    "(v2_r16_unroll); 'dot' = tensor-core "
+                    "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
+                    "'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -254,6 +257,7 @@ def main():
     ap.add_argument("--v2-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
+    variants = set(args.variants.split(",")) - {""}
     if args.plot:
         plot(args.plot)
         return
@@ -341,18 +345,20 @@ def main():
                     "conv_cuda": arm_conv_cuda(c),
                     "upstream": arm_upstream(c),
                     "ours_r32": arm_ours(c, torch.float32, cfg=cfg)
-                    if v1 and sdt == "float32" and "r32" in args.variants else None,
+                    if v1 and sdt == "float32" and "r32" in variants else None,
                     "ours_r16": arm_ours(c, torch.bfloat16, cfg=cfg) if v1 else None,
                     "ours_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg) if v1 and B <= 32 else None,
                     "ours_r16_dot": arm_ours(c, torch.bfloat16, cfg=cfg, fold="dot")
-                    if v1 and "dot" in args.variants else None,
+                    if v1 and "dot" in variants else None,
                     "diag_no_atomics": arm_ours(c, torch.bfloat16, cfg=cfg, freeze_h=True)
-                    if v1 and "freeze" in args.variants else None,
+                    if v1 and "freeze" in variants else None,
                     "v2_r16": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2") if v2 else None,
                     "v2_r32": arm_ours(c, torch.float32, cfg=cfg2, impl="v2") if v2 and sdt == "float32" else None,
                     "v2_r16_rows": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", rows=True) if v2 else None,
                     "v2_r16_unroll": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", fold="unroll")
-                    if v2 and "unroll" in args.variants else None,
+                    if v2 and "unroll" in variants else None,
+                    "v2_r16_all": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", records="all")
+                    if v2 and "all" in variants else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -398,7 +404,7 @@ def table(path) -> str:
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
     present = {r["arm"] for r in rows}
     arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v2_r16", "v2_r32", "v2_r16_rows",
-                        "v2_r16_unroll", "ours_r16_dot", "diag_no_atomics"] if a in present]
+                        "v2_r16_unroll", "v2_r16_all", "ours_r16_dot", "diag_no_atomics"] if a in present]
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
            "|---|---|---|---|" + "---|" * len(arms)]
     keys = sorted({(r["kind"], r["state_dtype"], r["B"]) for r in rows}, key=lambda k: (k[0], k[1] != "float32", k[2]))
@@ -430,7 +436,8 @@ def plot(path):
     for ax, (kind, sdt) in zip(axes[0], combos):
         colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
                   "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown",
-                  "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black"}
+                  "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black",
+                  "v2_r16_all": "tab:gray"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
