@@ -16,7 +16,7 @@ What changes against v1 (``replay_decode_kernel``):
     one round trip, no loop;
   * one uniform path for every row: output = C (exp(G_t) q) + sum_j u_j <k_j exp(G_t - G_j), q> +
     u_t <k, q> with G_t = G_last + g_t; a row that writes its checkpoint (flush, or a pre-step fold)
-    folds the records into its register tile by rank-1 updates, re-reading each record (L1 hits: the
+    folds the records into its register tile by rank-1 updates, re-reading each record (expected cache hits: the
     tiles were just loaded); ``fold="unroll"`` unrolls that loop over the ``cap`` record slots at
     compile time (masked by h, all loads independent) instead of a loop of h trips; ``records="all"``
     loads every ring position without waiting for h (zeroed past h by a select): more bytes (cap
@@ -181,7 +181,7 @@ def replay_decode_v2_kernel(
             for j in tl.static_range(CAP):  # unrolled: independent loads, masked by h
                 S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
         else:
-            for j in range(h_old):  # records just loaded above: L1 hits
+            for j in range(h_old):  # records just loaded above: expected cache hits
                 S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
