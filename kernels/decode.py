@@ -72,6 +72,29 @@ def _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound,
 # the decode kernel
 # ----------------------------------------------------------------------------------------------
 
+
+@triton.jit
+def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
+                          H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                          GK: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr, IS_KDA: tl.constexpr,
+                          USE_LOWER_BOUND: tl.constexpr):
+    """Record 0's parts shared by a row's programs, for every head: the l2-normalised keys and
+    G_0 = g_t. Written by one program once every program of the row is done reading the old
+    record 0 (a pre-step fold that appends)."""
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    for hk in range(HK):
+        kk = tl.load(p_x + H * K + hk * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
+        tl.store(ring_k + (slot * HK + hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
+    for hv in range(HV):
+        gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
+                        IS_KDA, USE_LOWER_BOUND)
+        if IS_KDA:
+            tl.store(ring_g + (slot * HV + hv) * CAP * GK + o_k, gg, mask=mask_k)
+        else:
+            tl.store(ring_g + (slot * HV + hv) * CAP, gg)
+
 @triton.jit
 def replay_decode_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
@@ -301,21 +324,8 @@ def replay_decode_kernel(
             tl.store(ring_h + slot, h_new)
             tl.store(arrive + slot, 0)
             if prefold & (flush == 0):
-                # record 0's shared parts for every head of this row: keys and G_0 = g_t
-                o_kf = tl.arange(0, BK)
-                mask_kf = o_kf < K
-                for hk in range(HK):
-                    kk = tl.load(p_x + H * K + hk * K + o_kf, mask=mask_kf, other=0).to(tl.float32)
-                    kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
-                    tl.store(ring_k + (slot * HK + hk) * CAP * K + o_kf, kk.to(ring_k.dtype.element_ty),
-                             mask=mask_kf)
-                for hv in range(HV):
-                    gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_kf, mask_kf, lower_bound, K,
-                                    IS_KDA, USE_LOWER_BOUND)
-                    if IS_KDA:
-                        tl.store(ring_g + (slot * HV + hv) * CAP * GK + o_kf, gg, mask=mask_kf)
-                    else:
-                        tl.store(ring_g + (slot * HV + hv) * CAP, gg)
+                _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
+                                      H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_sglang.kernels.decode import _load_gate
+from replayssm_sglang.kernels.decode import _load_gate, _store_record0_shared
 
 
 @triton.jit
@@ -231,21 +231,8 @@ def replay_decode_v2_post_kernel(
             tl.store(h_dst + slot, h_new)
         if WRITE_REC0:
             if prefold & (flush == 0):
-                o_k = tl.arange(0, BK)
-                mask_k = o_k < K
-                for hk in range(HK):
-                    kk = tl.load(mixed_qkv + i_n * stride_qkv + H * K + hk * K + o_k, mask=mask_k,
-                                 other=0).to(tl.float32)
-                    kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
-                    tl.store(ring_k + (slot * HK + hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty),
-                             mask=mask_k)
-                for hv in range(HV):
-                    gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
-                                    IS_KDA, USE_LOWER_BOUND)
-                    if IS_KDA:
-                        tl.store(ring_g + (slot * HV + hv) * CAP * GK + o_k, gg, mask=mask_k)
-                    else:
-                        tl.store(ring_g + (slot * HV + hv) * CAP, gg)
+                _store_record0_shared(mixed_qkv + i_n * stride_qkv, a, dt_bias, A_log, i_n, stride_a, lower_bound,
+                                      ring_k, ring_g, slot, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
 
 
 # ----------------------------------------------------------------------------------------------
