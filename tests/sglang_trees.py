@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 
 def clone_tree(src: Path, dst: Path, copy: set[str]) -> Path:
     """Hard-link src/sglang into dst, copying the files in `copy` and the version file."""
@@ -57,3 +59,20 @@ def patched_sglang(dst: Path):
     finally:
         sys.path.remove(str(tree))
         forget_sglang()
+
+
+# Fixtures shared by the integration test modules (import them by name into the module).
+
+@pytest.fixture(scope="module")
+def sg(tmp_path_factory):
+    """The patched SGLang, imported from a clone in tmp for the duration of the module."""
+    with patched_sglang(tmp_path_factory.mktemp("patched") / "site") as ns:
+        yield ns
+
+
+@pytest.fixture(autouse=True)
+def buffered_window(monkeypatch):
+    """Serving lets the small-batch policy pick the decode window per batch size (policy.py), which
+    at these test batch sizes is window 1 for most kinds; pin the ring's own L so the lifecycle tests
+    exercise pending records (the policy path is tested on its own)."""
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(1 << 30))

@@ -28,27 +28,13 @@ import torch
 from replayssm_sglang import reference as ref
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_trees import patched_sglang  # noqa: E402
+from sglang_trees import buffered_window, sg  # noqa: E402,F401  (fixtures)
 from test_integration_sglang import cache_params, new_req, rms_ratio  # noqa: E402
 
 F64 = torch.float64
 H, HV, K, V = 1, 2, 16, 16
 L, T = 4, 3
 TOL = 2e-5
-
-
-@pytest.fixture(scope="module")
-def sg(tmp_path_factory):
-    with patched_sglang(tmp_path_factory.mktemp("patched_spec") / "site") as ns:
-        yield ns
-
-
-@pytest.fixture(autouse=True)
-def _buffered_window(monkeypatch):
-    """Serving lets the small-batch policy pick the decode window per batch size (policy.py), which
-    at these test batch sizes is window 1 for most kinds; pin the ring's own L so the lifecycle tests
-    exercise pending records (the policy path is tested on its own)."""
-    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(1 << 30))
 
 
 class _CpuTorch:
