@@ -15,22 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
-import tempfile
 
-os.environ.pop("TRITON_INTERPRET", None)
+from sm90_offline import compile_sm90, sass_stats
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from replayssm_sglang.kernels import decode as D1  # noqa: E402
 from replayssm_sglang.kernels import decode_v2 as D2  # noqa: E402
 
 LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 FOLD_UNROLL = os.environ.get("V2_FOLD_UNROLL", "0") == "1"
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
 def compile_decode(impl, kind, state, rec, cfg, L=16, act="bf16", h_rows=False):
@@ -51,36 +45,14 @@ def compile_decode(impl, kind, state, rec, cfg, L=16, act="bf16", h_rows=False):
     ptr = {"mixed_qkv": act, "a": act, "b": act, "A_log": "fp32", "dt_bias": "fp32", "out": act, "state": state,
            "ring_u": rec, "ring_k": rec, "ring_g": "fp32", "ring_h": "i32", "arrive": "i32", "h_rows": "i32",
            "slot_idx": "i32", "forced": "i32"}
-    sig = {}
-    for n in fn.arg_names:
-        if n in ptr:
-            sig[n] = "*" + ptr[n]
-        elif n in const:
-            sig[n] = "constexpr"
-        elif n in ("scale", "lower_bound"):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-    const = {k: v for k, v in const.items() if k in fn.arg_names}
     # what the JIT specialises at a real launch: 16-byte aligned pointers, strides divisible by 16
     aligned = set(ptr) | {"stride_qkv", "stride_a", "stride_b", "stride_slot"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned and n in sig}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, num_stages=1))
+    return compile_sm90(fn, ptr, const, num_warps=nw, aligned=aligned, num_stages=1)
 
 
 def stats(k):
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    r = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], capture_output=True, text=True)
-    n = sum(1 for line in r.stdout.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/\s+\S", line))
-    with tempfile.NamedTemporaryFile(suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"].encode())
-    r = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                       capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return n, int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
+    n, _, regs, spill = sass_stats(k)
+    return n, regs, spill
 
 
 def main():

@@ -14,21 +14,14 @@ Usage: python scripts/sass_verify.py [--kinds gdn,kda] [--T 4,8] [--precision tf
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
-import tempfile
 
-os.environ.pop("TRITON_INTERPRET", None)
+from sm90_offline import compile_sm90, sass_stats
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from replayssm_sglang.kernels import verify as V  # noqa: E402
 
 LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
 def compile_verify(kind, T, precision, block_v, num_warps, state="fp32", act="bf16", rec="fp32", L=16, out_precision=None):
@@ -42,38 +35,8 @@ def compile_verify(kind, T, precision, block_v, num_warps, state="fp32", act="bf
     ptr = {"mixed": act, "a": act, "b": act, "A_log": "fp32", "dt_bias": "fp32", "out": act, "state": state,
            "ring_u": rec, "ring_k": rec, "ring_g": "fp32", "ring_h": "i32", "slot_idx": "i32"}
     fn = V._ring_verify_kernel
-    sig = {}
-    for n in fn.arg_names:
-        if n in ptr:
-            sig[n] = "*" + ptr[n]
-        elif n in const:
-            sig[n] = "constexpr"
-        elif n in ("scale", "lower_bound"):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-    const = {k: v for k, v in const.items() if k in fn.arg_names}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=num_warps))
+    k = compile_sm90(fn, ptr, const, num_warps=num_warps)
     return k, d["V"] // BV
-
-
-def sass_stats(k):
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(k.asm["cubin"])
-    r = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], capture_output=True, text=True)
-    ops = {}
-    for line in r.stdout.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
-        if m:
-            ops[m.group(2)] = ops.get(m.group(2), 0) + 1
-    with tempfile.NamedTemporaryFile(suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"].encode())
-    r = subprocess.run([os.path.join(BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                       capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return sum(ops.values()), ops, int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
 
 
 def main():
