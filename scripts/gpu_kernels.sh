@@ -1,7 +1,7 @@
 #!/bin/bash
 # One-command GPU run for the decode kernels (run on the GPU machine from the repo root, carrying .gpu/kwhl):
 #   bash scripts/gpu_kernels.sh [bench args]
-# .gpu/kwhl holds cp312 wheels: sglang 0.5.17 (its fla kernels are the baselines; loaded by path, see
+# .gpu/kwhl (filled by `bash scripts/gpu-kernel-wheels` on a machine with PyPI) holds cp312 wheels: sglang 0.5.17 (its fla kernels are the baselines; loaded by path, see
 # kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
 # (+ pydantic-core, annotated-types, typing-inspection). Steps: GPU tests (fp32 and bf16 states against the
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
