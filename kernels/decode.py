@@ -73,6 +73,22 @@ def _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound,
 # ----------------------------------------------------------------------------------------------
 
 
+
+@triton.jit
+def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
+    """ring.py's rule for a T = 1 decode step of row i_n, in Triton (the one copy every decode
+    kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = h_eff + 1 >= L or forced;
+    h_new = 0 if flush else h_eff + 1."""
+    if HAS_FORCED:
+        is_forced = tl.load(forced + i_n) != 0
+    else:
+        is_forced = h_old < 0  # h >= 0: never
+    prefold = h_old >= L
+    h_eff = tl.where(prefold, 0, h_old)
+    flush = ((h_eff + 1) >= L) | is_forced
+    h_new = tl.where(flush, 0, h_eff + 1)
+    return prefold, h_eff, flush, h_new
+
 @triton.jit
 def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
                           H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
@@ -139,13 +155,7 @@ def replay_decode_kernel(
         beta = tl.sigmoid(b_val).to(b.dtype.element_ty).to(tl.float32)
 
     # the protocol (ring.py): prefold, flush, new h
-    is_forced = h_old < 0
-    if HAS_FORCED:
-        is_forced = tl.load(forced + i_n) != 0
-    prefold = h_old >= L
-    h_eff = tl.where(prefold, 0, h_old)
-    flush = ((h_eff + 1) >= L) | is_forced
-    h_new = tl.where(flush, 0, h_eff + 1)
+    prefold, h_eff, flush, h_new = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     update_h = (h_new != h_old) & UPDATE_H  # UPDATE_H=False: diagnostics only (h frozen, no atomics)
     # arrival count for the in-kernel h update; the increment depends on h_old, so it is performed
     # only after this program has read h (the last program to arrive then writes h_new)

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_sglang.kernels.decode import _load_gate, _store_record0_shared
+from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _store_record0_shared
 
 
 @triton.jit
@@ -113,13 +113,7 @@ def replay_decode_v2_kernel(
     k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
 
     # the protocol (ring.py): prefold, flush
-    if HAS_FORCED:
-        is_forced = tl.load(forced + i_n) != 0
-    else:
-        is_forced = h_old < 0
-    prefold = h_old >= L
-    h_eff = tl.where(prefold, 0, h_old)
-    flush = ((h_eff + 1) >= L) | is_forced
+    prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
 
     # the h_old committed records (folded into the checkpoint first on a prefold: same sums)
     valid = o_c < h_old
@@ -219,14 +213,7 @@ def replay_decode_v2_post_kernel(
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
             h_old = tl.load(ring_h + slot).to(tl.int32)
-        if HAS_FORCED:
-            is_forced = tl.load(forced + i_n) != 0
-        else:
-            is_forced = h_old < 0
-        prefold = h_old >= L
-        h_eff = tl.where(prefold, 0, h_old)
-        flush = ((h_eff + 1) >= L) | is_forced
-        h_new = tl.where(flush, 0, h_eff + 1)
+        prefold, h_eff, flush, h_new = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         if WRITE_H:
             tl.store(h_dst + slot, h_new)
         if WRITE_REC0:
