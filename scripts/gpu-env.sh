@@ -3,8 +3,8 @@
 #  - SGLang: the one already installed in this Python if it is 0.5.17; otherwise the offline bundle
 #    (.bundle/*.tar.xz, built on a machine with PyPI by `python scripts/gpu_bundle.py`) unpacked to $SITE;
 #    otherwise `pip install sglang==0.5.17` (needs the internet).
-#  - replayssm_sglang: installed if importable, else laid out as installed under /tmp/rs
-#    (kernels/ -> replayssm_sglang.kernels, patches/ beside it), with no pip and no network.
+#  - replayssm_sglang: this source tree, with replayssm_sglang/kernels linked to kernels/ (the installed
+#    layout; patches/ is found beside the package in a checkout), no pip and no network.
 # Exports PYTHONPATH, SGLANG_TARGET (the folder that holds sglang/) and the offline/NCCL variables.
 SITE=${SITE:-/tmp/site}
 _t0=$(date +%s)
@@ -23,13 +23,18 @@ else
   python3 -m pip install -q "sglang==0.5.17" || { echo "could not install sglang 0.5.17: build .bundle/ with scripts/gpu_bundle.py on a machine with PyPI"; return 2 2>/dev/null || exit 2; }
   SGLANG_TARGET=$(python3 -c "import importlib.util,os; print(os.path.dirname(list(importlib.util.find_spec('sglang').submodule_search_locations)[0]))")
 fi
-RS_PATH=""
-if ! python3 -c "import replayssm_sglang.kernels" 2>/dev/null; then
-  RS=/tmp/rs; rm -rf $RS; mkdir -p $RS
-  cp -r replayssm_sglang $RS/ && cp -r kernels $RS/replayssm_sglang/kernels && cp -r patches $RS/patches
-  RS_PATH=$RS
+# replayssm_sglang from this source tree, in its installed layout: `python -m sglang.launch_server` puts the
+# working directory first on sys.path, so the tree itself must resolve replayssm_sglang.kernels (a copy
+# elsewhere would be shadowed by it). The link is git-ignored.
+[ -e replayssm_sglang/kernels ] || ln -s ../kernels replayssm_sglang/kernels
+# DeepGEMM: SGLang's NEXTN/EAGLE draft worker imports it while capturing graphs (dsa_backend); images
+# without it get an import-only stub, and SGLang's JIT DeepGEMM stays off.
+STUB_PATH=""
+if ! PYTHONPATH=$SGLANG_TARGET python3 -c "import deep_gemm" 2>/dev/null; then
+  STUB_PATH=$PWD/scripts/gpu_stubs
+  export SGLANG_ENABLE_JIT_DEEPGEMM=0
 fi
 export SGLANG_TARGET
-export PYTHONPATH=$SGLANG_TARGET${RS_PATH:+:$RS_PATH}${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$SGLANG_TARGET:$PWD${STUB_PATH:+:$STUB_PATH}${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
