@@ -30,13 +30,14 @@ def section(res: dict, tag: str) -> str:
          f"{res.get('date')}; patch series applied: {res.get('series_applied')}. "
          f"Raw: `benchmarks/results/e2e-{tag}.json`, plot `benchmarks/results/e2e-{tag}.png`.", "",
          "Common server flags: `" + " ".join(res.get("common_flags", [])) + "`.", "",
-         "How to run (one `run` call of at most 10 minutes; one model with two arms and all tasks is estimated at ~7 minutes with the JIT caches carried, not yet verified):",
+         "How to run (one `run` call of at most 10 minutes; one model with two arms, NEXTN for each, tasks "
+         "correctness,spec,throughput,prefix took 448 s of wall time on 2026-11-29 with the JIT caches carried):",
          "", "```",
          "python scripts/gpu_bundle.py                      # here, once: .bundle/ (~56 MiB, pinned cp312 wheels)",
          "git rev-parse --short HEAD > .gpu/COMMIT           # here: the device gets no .git",
-         "# device, carry [.bundle, .gpu]:",
-         "E2E_MODELS=gdn E2E_SAVE_CACHES=1 bash scripts/gpu_e2e.sh --arms conventional,upstream_replayssm \\",
-         "    --tasks correctness,spec,throughput,prefix,ssm_share --budget-s 500",
+         "# device, carry [.bundle, .gpu/fi-cache.tar.xz, .gpu/triton-cache.tar.xz, .gpu/COMMIT] (not .gpu/kwhl: 64 MiB cap):",
+         "E2E_MODELS=gdn bash scripts/gpu_e2e.sh --arms conventional,ours,ours_w16 \\",
+         "    --tasks correctness,spec,throughput,prefix --budget-s 500",
          "python scripts/e2e_report.py /work/.device/N --tag <tag>   # here: results + this section",
          "```", ""]
     for mname, m in res.get("models", {}).items():
@@ -83,12 +84,15 @@ def section(res: dict, tag: str) -> str:
                 f"{d.get('distinct_outputs', '-')}/{len(a.get('outputs', []))} distinct, "
                 f"{d.get('unique_tokens', '-')} unique tokens | "
                 f"{(str(n.get('same_greedy_text')) + ' (' + fmt(nx.get('token_agreement'), '.3f') + ')') if n else '-'} | "
+                f"{fmt((n.get('vs_reference_arm_nextn') or {}).get('token_agreement'), '.3f')} / "
+                f"{fmt((n.get('vs_reference_arm_nextn') or {}).get('max_abs_logprob_diff'), '.2e')} | "
                 f"{fmt(p.get('hit_rate'), '.3f')} / {fmt(p.get('ideal_hit_rate'), '.3f')} | "
                 f"{fmt(p.get('mean_ttft_s'), '.3f')} | {a.get('error', '')[:80]} |")
         if rows:
             L += ["| arm | token agreement vs ref | max abs logprob diff (common prefix) | outputs | "
-                  "NEXTN same greedy (agreement) | prefix hit rate / ideal | mean TTFT s | error |",
-                  "|---|---|---|---|---|---|---|---|", *rows, ""]
+                  "NEXTN same greedy as without (agreement) | NEXTN vs ref arm's NEXTN (agreement / max lp diff) | "
+                  "prefix hit rate / ideal | mean TTFT s | error |",
+                  "|---|---|---|---|---|---|---|---|---|", *rows, ""]
     for n in res.get("notes", []):
         L += [f"- {n}"]
     if res.get("notes"):

@@ -62,7 +62,11 @@ ARMS = {
     "upstream_replayssm": ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer",
                            "--disable-overlap-schedule"],
     "ours": ["--enable-linear-replayssm"],
+    # the same server with the buffered window forced at every batch size (the policy would run window 1 at the
+    # correctness task's batch of 16): checks the buffered decode's outputs, not only its speed
+    "ours_w16": ["--enable-linear-replayssm"],
 }
+ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
@@ -96,6 +100,7 @@ class Deadline(Exception):
 class Server:
     def __init__(self, name: str, model: str, extra: list[str], port: int, logdir: Path, audit: Path | None):
         self.name, self.model, self.port = name, model, port
+        self.arm = name.split("-")[1] if "-" in name else name
         self.url = f"http://127.0.0.1:{port}"
         self.logpath = logdir / f"server-{name}.log"
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
@@ -105,7 +110,8 @@ class Server:
 
     def start(self) -> None:
         env = dict(os.environ)
-        if self.name.split("-")[1:2] == ["ours"] and os.environ.get("E2E_OURS_PATH"):
+        env.update(ARM_ENV.get(self.arm, {}))
+        if self.arm.startswith("ours") and os.environ.get("E2E_OURS_PATH"):
             # the patched copy of the sglang package shadows the pristine one for this arm only
             env["PYTHONPATH"] = os.environ["E2E_OURS_PATH"] + os.pathsep + env.get("PYTHONPATH", "")
         if self.audit is not None:
@@ -485,12 +491,12 @@ def main() -> None:
                                             "linear_layers": n_lin, "layers": cfg["num_hidden_layers"],
                                             "hidden": cfg["hidden_size"], "arms": {}}
             prompts = prompt_set(vocab)
-            ref = None
+            ref = ref_nextn = None
             for arm in args.arms.split(","):
                 if time.time() > deadline:
                     results["skipped"].append(f"{mname}:{arm} (time budget)")
                     continue
-                if arm == "ours" and not results["series_applied"]:
+                if arm.startswith("ours") and not results["series_applied"]:
                     msg = f"{mname}:ours skipped: the replayssm-sglang patch series is not applied"
                     log(msg)
                     results["skipped"].append(msg)
@@ -558,7 +564,14 @@ def main() -> None:
                             res = run_prompts(ss, prompts)
                             sr["vs_same_arm_without_spec"] = compare(r["_res"], res)
                             sr["same_greedy_text"] = all(a["tokens"] == b["tokens"] for a, b in zip(r["_res"], res))
+                            sr["outputs"] = [x["tokens"] for x in res]
                             log(f"{ss.name}: vs no-spec {sr['vs_same_arm_without_spec']}")
+                            # the same spec path on both sides: this arm + NEXTN against the reference arm + NEXTN
+                            if ref_nextn is None:
+                                ref_nextn = res
+                            else:
+                                sr["vs_reference_arm_nextn"] = compare(ref_nextn, res)
+                                log(f"{ss.name}: vs {m.get('reference_arm')}+NEXTN {sr['vs_reference_arm_nextn']}")
                             acc = re.findall(r"accept len: ([\d.]+)", ss.logpath.read_text(errors="replace"))
                             sr["accept_len_logged"] = [float(x) for x in acc[-5:]]
                         except Exception as e:

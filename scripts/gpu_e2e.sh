@@ -15,7 +15,8 @@ t0=$(date +%s)
 SITE=$SGLANG_TARGET
 export PYTHONPATH=$PYTHONPATH:$PWD/scripts/gpu_hooks
 # the device gets the working tree without .git: write the commit to .gpu/COMMIT here before the call
-export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || echo "?")}
+# .gpu/COMMIT first: the device copy may carry a stale .git (2026-11-29: rev-parse there named an older commit)
+export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo "?")}
 # JIT caches from an earlier call (carry .gpu): flashinfer's gemma_rmsnorm build (~80 s) and Triton's kernels
 # (~60 s in the first server's first prefill-graph capture). Save them with E2E_SAVE_CACHES=1 and copy the
 # returned tarballs to .gpu/ here.
