@@ -389,7 +389,9 @@ def replay_decode(
     fold: how a flush folds the records into the checkpoint: "loop" (rank-1 updates, one record at a
     time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
     fp32-accurate on the tensor cores; opt-in until measured on the GPU).
-    impl: "v1" (this module's kernel, the default until the GPU says otherwise) or "v2"
+    impl: "v1" (this module's kernel, the default until the GPU says otherwise), "v3" (kernels/decode_v3.py:
+    a pre launch per (row, key head) does the V-tile-independent work, the main launch only the checkpoint's;
+    same h_rows / advance_h / may_prefold options as v2) or "v2"
     (kernels/decode_v2.py: h read, never written by the decode launch; a one-program-per-row post launch
     advances ring.h). v2 only: ``h_rows`` [B] int32, the committed count of each row's slot before this
     step, given by the caller (e.g. a model-wide h gathered once per forward), so the kernel does not
@@ -402,10 +404,12 @@ def replay_decode(
     ``block_v`` / ``num_warps`` pick its launch.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
-    if impl not in ("v1", "v2"):
-        raise ValueError(f"impl must be 'v1' or 'v2', got {impl!r}")
+    if impl not in ("v1", "v2", "v3"):
+        raise ValueError(f"impl must be 'v1', 'v2' or 'v3', got {impl!r}")
     if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
-        raise ValueError("h_rows / advance_h / may_prefold need impl='v2' (v1 advances h in the kernel)")
+        raise ValueError("h_rows / advance_h / may_prefold need impl='v2' or 'v3' (v1 advances h in the kernel)")
+    if impl == "v3" and (records != "masked" or fold not in ("loop", None)):
+        raise ValueError("impl='v3' folds with the record loop and loads the committed records only")
     lay = ring.layout
     if kind != lay.kind:
         raise ValueError(f"ring is for {lay.kind}, called with {kind}")
@@ -434,6 +438,12 @@ def replay_decode(
         out = torch.empty(B, 1, HV, V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     if not out.is_contiguous() or out.numel() != B * HV * V:
         raise ValueError("out must be contiguous with B*HV*V elements")
+    if impl == "v3":
+        from replayssm_sglang.kernels import decode_v3
+
+        return decode_v3.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
+                                K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
+                                num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold)
     if impl == "v2":
         from replayssm_sglang.kernels import decode_v2
 

@@ -60,11 +60,14 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
     GK = 1 if kind == "gdn" else K
     HK = H if kind == "gdn" else HV
     inputs = B * ((2 * H * K + HV * V) * 2 + HV * GK * 2 + HV * 2 + HV * V * 2)  # qkv, a, b, out (bf16)
-    if arm in ("conv", "conv_cuda", "ours_L1"):
+    if arm in ("conv", "conv_cuda", "ours_L1", "v3_L1"):
         return 2 * state + inputs
     rec = HV * V * rec_es + HK * K * rec_es + HV * GK * 4
     mean_read = (L - 1) / 2  # cursors uniform over 0..L-1
-    return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs
+    scratch = 0
+    if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: q~, k~, coefficients
+        scratch = 2 * B * (HK * 2 * K * 4 + HV * (2 * 16 + 2) * 4)
+    return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
 
 
 class Case:
@@ -193,7 +196,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         r.h.copy_(row_of_slot % c.L)
         rings.append(r)
     L = window if window is not None else c.L
-    if impl == "v2":
+    if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
         rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
@@ -202,8 +205,9 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         def run(step):
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
+            vx = dict(fold=fold, records=records) if impl == "v2" else {}
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                          block_v=bv, num_warps=nw, fold=fold, impl="v2", records=records, **extra)
+                          block_v=bv, num_warps=nw, impl=impl, **vx, **extra)
         return run
     bv, nw, nk = cfg if cfg else (None, None, None)
 
@@ -255,6 +259,8 @@ def main():
                     "(kernels/decode_v2.py), or both")
     ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
     ap.add_argument("--v2-sweep-configs", default=None)
+    ap.add_argument("--v3-sweep", action="store_true", help="first time decode_v3.V3_SWEEP (BVxwarps) at B=256")
+    ap.add_argument("--v3-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
     args = ap.parse_args()
     variants = set(args.variants.split(",")) - {""}
@@ -305,39 +311,48 @@ def main():
                 torch.cuda.empty_cache()
     impls = args.impl.split(",")
     chosen2 = {}
+    chosen3 = {}
+    sweeps = []
     if args.v2_sweep and "v2" in impls:
         from replayssm_sglang.kernels import decode_v2 as _d2
-        cfgs = [tuple(int(v) for v in s.split("x")) for s in (args.v2_sweep_configs or _d2.V2_SWEEP).split(",")]
+        sweeps.append(("v2", _d2, args.v2_sweep_configs or _d2.V2_SWEEP, chosen2))
+    if args.v3_sweep and "v3" in impls:
+        from replayssm_sglang.kernels import decode_v3 as _d3
+        sweeps.append(("v3", _d3, args.v3_sweep_configs or _d3.V3_SWEEP, chosen3))
+    for impl_s, mod_s, cfg_s, chosen_s in sweeps:
+        cfgs = [tuple(int(v) for v in s.split("x")) for s in cfg_s.split(",")]
         for kind in kinds:
             for sdt in dtypes:
                 c = Case(kind, 256, sdt, dev)
                 best = None
                 for cfg in cfgs:
                     try:
-                        t = time_graph(c, arm_ours(c, torch.bfloat16, cfg=cfg, impl="v2"))
+                        t = time_graph(c, arm_ours(c, torch.bfloat16, cfg=cfg, impl=impl_s))
                     except Exception as e:  # noqa: BLE001
-                        print(f"v2 sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
+                        print(f"{impl_s} sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
                         continue
-                    kk = _d2._LAST.get("kernel")
+                    kk = mod_s._LAST.get("kernel")
                     regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
-                    print(f"v2 sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us"
+                    print(f"{impl_s} sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us"
                           f"  regs {regs[0]} spills {regs[1]}", flush=True)
-                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm="v2sweep_" + "x".join(map(str, cfg)),
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm=f"{impl_s}sweep_" + "x".join(map(str, cfg)),
                                      t_us=t * 1e6, n_regs=regs[0], n_spills=regs[1]))
                     if best is None or t < best[0]:
                         best = (t, cfg)
                 if best:
-                    chosen2[f"{kind}/{sdt}"] = best[1]
+                    chosen_s[f"{kind}/{sdt}"] = best[1]
                 del c
                 torch.cuda.empty_cache()
     meta["configs"] = {k: list(v) for k, v in chosen.items()}
     meta["v2_configs"] = {k: list(v) for k, v in chosen2.items()}
+    meta["v3_configs"] = {k: list(v) for k, v in chosen3.items()}
 
     for kind in kinds:
         for sdt in dtypes:
             cfg = chosen.get(f"{kind}/{sdt}")
             cfg2 = chosen2.get(f"{kind}/{sdt}")
-            v1, v2 = "v1" in impls, "v2" in impls
+            cfg3 = chosen3.get(f"{kind}/{sdt}")
+            v1, v2, v3 = "v1" in impls, "v2" in impls, "v3" in impls
             for B in batches:
                 c = Case(kind, B, sdt, dev)
                 arms = {
@@ -359,6 +374,10 @@ def main():
                     if v2 and "unroll" in variants else None,
                     "v2_r16_all": arm_ours(c, torch.bfloat16, cfg=cfg2, impl="v2", records="all")
                     if v2 and "all" in variants else None,
+                    "v3_r16": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3") if v3 else None,
+                    "v3_r32": arm_ours(c, torch.float32, cfg=cfg3, impl="v3") if v3 and sdt == "float32" else None,
+                    "v3_r16_rows": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", rows=True) if v3 else None,
+                    "v3_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg3, impl="v3") if v3 and B <= 32 else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -372,7 +391,7 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name in ("ours_r32", "v2_r32") else 2  # *_r16*, upstream: bf16 records
+                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32") else 2  # *_r16*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -403,7 +422,8 @@ def table(path) -> str:
     d = json.load(open(path))
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
     present = {r["arm"] for r in rows}
-    arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v2_r16", "v2_r32", "v2_r16_rows",
+    arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v3_r16", "v3_r32", "v3_r16_rows", "v3_L1",
+                        "v2_r16", "v2_r32", "v2_r16_rows",
                         "v2_r16_unroll", "v2_r16_all", "ours_r16_dot", "diag_no_atomics"] if a in present]
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
            "|---|---|---|---|" + "---|" * len(arms)]
@@ -437,7 +457,8 @@ def plot(path):
         colors = {"upstream": "tab:blue", "ours_r32": "tab:orange", "ours_r16": "tab:green", "ours_L1": "tab:red",
                   "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown",
                   "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black",
-                  "v2_r16_all": "tab:gray"}
+                  "v2_r16_all": "tab:gray", "v3_r16": "darkgreen", "v3_r32": "darkorange", "v3_r16_rows": "magenta",
+                  "v3_L1": "darkred"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

@@ -175,7 +175,7 @@ def _run_case(c, steps=None, **kw):
 
 # every test runs both kernels: v1 (kernels/decode.py, the default) and v2 (kernels/decode_v2.py);
 # CPU time is kept down by small shapes and few steps (the interpreter's cost is per program and op)
-IMPLS = ["v1", "v2"]
+IMPLS = ["v1", "v2", "v3"]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -241,13 +241,14 @@ def test_fold_variants(kind, impl, fold, records):
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("windows", [(None,), (8, 8, 3)], ids=["fixed", "switching"])
-def test_v2_h_rows_snapshot(kind, windows):
-    """v2 with the caller's per-row h (h_rows, advance_h=False): the decode launch neither reads nor
+@pytest.mark.parametrize("impl", ["v2", "v3"])
+def test_h_rows_snapshot(kind, windows, impl):
+    """v2 and v3 with the caller's per-row h (h_rows, advance_h=False): the decode launch neither reads nor
     writes ring.h (filled with junk during the launch, checked after), padded rows' h_rows are junk,
     and decode_v2.advance_h_ then advances h by ring.py's rule. Fixed window: may_prefold=False (no
     post launch at all); switching windows: pre-step folds, the post launch writes record 0."""
     hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=16, V=16, L=8, seed=32, windows=windows,
-                 p_forced=0.1, impl="v2", h_rows=True)
+                 p_forced=0.1, impl=impl, h_rows=True)
     st = hz.run(12)
     assert st["flushes"] > 0
     if len(windows) > 1:
@@ -291,7 +292,7 @@ def test_impl_argument_checks():
     st = torch.zeros(3, 2, 16, 16)
     si = torch.tensor([0, 1], dtype=torch.int32)
     with pytest.raises(ValueError, match="impl"):
-        replay_decode("gdn", *x, st, ring, si, impl="v3")
+        replay_decode("gdn", *x, st, ring, si, impl="v9")
     with pytest.raises(ValueError, match="impl='v2'"):
         replay_decode("gdn", *x, st, ring, si, advance_h=False)
     with pytest.raises(ValueError, match="may_prefold"):
@@ -361,11 +362,12 @@ def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_gpu_real_shapes_v2_h_rows(kind):
-    """v2 with the caller's h snapshot at real head sizes (bf16 state, bf16 records), window switching."""
+@pytest.mark.parametrize("impl", ["v2", "v3"])
+def test_gpu_real_shapes_h_rows(kind, impl):
+    """v2 / v3 with the caller's h snapshot at real head sizes (bf16 state, bf16 records), window switching."""
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16,
-                 seed=2, windows=(16, 16, 16, 16, 16, 1, 4), impl="v2", h_rows=True)
+                 seed=2, windows=(16, 16, 16, 16, 16, 1, 4), impl=impl, h_rows=True)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 

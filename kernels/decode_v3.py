@@ -1,0 +1,299 @@
+"""Buffered (ReplaySSM) decode, version 3: the per-V-tile programs do only the checkpoint's work.
+
+Selected with ``replay_decode(..., impl="v3")`` (kernels/decode.py); the protocol is ring.py's, the float64
+reference ``replayssm_sglang.reference``; docs/design.md ("Decode kernel v3") has the measurements behind it.
+
+Why: v1 and v2 stream 2.1-2.3 TB/s where the conventional kernel streams 3.9 because they are bound by
+instruction issue, not by memory: ptxas for sm_90 counts 5.5-5.9k SASS instructions per 16 KiB of fp32
+checkpoint for them against 1.7k for SGLang's conventional decode (which reads AND writes those 16 KiB) and
+1.3k for upstream's buffered kernel. Most of ours went to work that does not depend on the V-tile: the l2
+norms of q and k, the dots of the h cached keys with q and k, the history decays, KDA's per-K exponentials,
+done again by each of the V / BV programs of a value head and, for GDN, by both value heads of a key head.
+
+v3 splits the step into three launches:
+  pre   grid (B, HK), one program per (row, key head): normalises q and k, computes <k, q>, the record
+        coefficients c_j = <k_j e^{G_t - G_j}, q> and d_j = <k_j e^{G_t - G_j}, k> for every value head of
+        the group (zero past h), GDN's e^{G_t} (KDA: q and k pre-multiplied by e^{G_t}, per K), into a
+        small scratch (4-8 MB at B = 256); it also appends this token's shared record parts (the key per
+        key head, G_t per value head) unless the row flushes or pre-folds;
+  main  grid (V / BV, B, HV): the [BV, K] checkpoint tile read once, C q~ and C k~ (two multiply-reduce
+        passes), the h correction vectors u_j of this V-tile, and
+            o   = e C q + sum_j u_j c_j + u_t <k, q>,   u_t = beta (v - e C k - sum_j u_j d_j);
+        a row that writes its checkpoint (flush or pre-fold, 1/L of them) folds its records into the tile
+        exactly as v2 does (rank-1 updates, recomputed from the ring, not from the scratch); a row that
+        appends writes u_t of its V-tile;
+  post  v2's post launch: h advanced by ring.py's rule, and record 0's shared parts for a row that
+        pre-folded and appends (other programs may still read the old record 0 during main).
+The maths is v2's term by term (same sums, same order of the exponent differences, all <= 0); only where
+each term is computed changes. Padded rows (slot < 0) write zeros and touch nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
+from replayssm_sglang.kernels.decode_v2 import _fold_one, replay_decode_v2_post_kernel
+
+
+@triton.jit
+def replay_decode_v3_pre_kernel(
+    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    qk_buf, coef, scal,
+    scale, lower_bound, L, stride_qkv, stride_a,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
+    CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_hk = tl.program_id(1)
+    if IS_KDA:
+        i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
+    else:
+        i_h = i_hk
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if slot >= 0:
+        if HAS_H_ROWS:
+            h_old = tl.load(h_rows + i_n).to(tl.int32)
+        else:
+            h_old = tl.load(ring_h + slot).to(tl.int32)
+        prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+        append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
+
+        o_k = tl.arange(0, BK)
+        o_c = tl.arange(0, BC)
+        mask_k = o_k < K
+        valid = o_c < h_old
+        last = o_c == (h_old - 1)
+        p_x = mixed_qkv + i_n * stride_qkv
+        q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q) + 1e-6)
+        q = q * scale
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        kq = tl.sum(k * q)
+        m_ck = valid[:, None] & mask_k[None, :]
+        rk = tl.load(ring_k + ((slot * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
+                     other=0).to(tl.float32)  # [BC, BK]
+        p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK + o_k
+        if IS_KDA:
+            i_hv = i_hk
+            g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
+                             USE_LOWER_BOUND)
+            base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+            rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
+            G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
+            G_t = G_last + g_t
+            kw = rk * tl.where(valid[:, None], tl.exp(G_t[None, :] - rg), 0.0)
+            p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+            tl.store(p_c, tl.sum(kw * q[None, :], 1))
+            tl.store(p_c + BC, tl.sum(kw * k[None, :], 1))
+            e_t = tl.exp(G_t)
+            tl.store(p_qk, e_t * q)
+            tl.store(p_qk + BK, e_t * k)
+            tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
+            if append:
+                tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
+                         mask=mask_k)
+                tl.store(base_g + h_eff * GK + o_k, G_t, mask=mask_k)
+        else:
+            tl.store(p_qk, q)
+            tl.store(p_qk + BK, k)
+            dq = tl.sum(rk * q[None, :], 1)  # [BC], shared by the value heads of this key head
+            dk = tl.sum(rk * k[None, :], 1)
+            for r in tl.static_range(HV // H):
+                i_hv = i_hk * (HV // H) + r
+                g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
+                                 USE_LOWER_BOUND)
+                base_g = ring_g + (slot * HV + i_hv) * CAP
+                rg = tl.load(base_g + o_c, mask=valid, other=0)
+                G_last = tl.sum(tl.where(last, rg, 0.0), 0)
+                G_t = G_last + g_t
+                w = tl.where(valid, tl.exp(G_t - rg), 0.0)
+                p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+                tl.store(p_c, dq * w)
+                tl.store(p_c + BC, dk * w)
+                tl.store(scal + (i_n * HV + i_hv) * 2, tl.exp(G_t))
+                tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
+                if append:
+                    tl.store(base_g + h_eff, G_t)
+            if append:
+                tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
+                         mask=mask_k)
+
+
+@triton.jit
+def replay_decode_v3_kernel(
+    mixed_qkv, a, b, A_log, dt_bias, out, state,
+    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    qk_buf, coef, scal,
+    scale, lower_bound, L,
+    stride_qkv, stride_a, stride_b, stride_slot,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
+    USE_LOWER_BOUND: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    if IS_KDA:
+        i_hk = i_hv
+    else:
+        i_hk = i_h
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    o_c = tl.arange(0, BC)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    m_vk = mask_v[:, None] & mask_k[None, :]
+
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if HAS_H_ROWS:
+        h_old = tl.load(h_rows + i_n).to(tl.int32)
+    p_o = out + (i_n * HV + i_hv) * V + o_v
+    if slot < 0:
+        tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+        return
+
+    # C q~ and C k~ over the [BV, K] checkpoint tile (it depends on the slot only: issued first), with
+    # q~, k~ from the pre launch (GDN: normalised q, k; KDA: times e^{G_t}). The tile is read in K chunks
+    # of 64 bytes per row (BKT elements) and the products are accumulated element-wise across chunks,
+    # so Triton lays a chunk out as 8 rows x 4 threads per warp: each thread reduces its 4 rows' K
+    # elements in registers and only 2 shuffle levels remain per row, where one [BV, K] load would put 32
+    # threads along K (5 shuffle levels per row and reduction: most of the kernel's instructions).
+    p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK
+    acc_q = tl.zeros([BV, BKT], dtype=tl.float32)
+    acc_k = tl.zeros([BV, BKT], dtype=tl.float32)
+    for c in tl.static_range(BK // BKT):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        C_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
+                      mask=mask_v[:, None] & (o_kc < K)[None, :], other=0).to(tl.float32)
+        acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
+        acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
+    if not HAS_H_ROWS:
+        h_old = tl.load(ring_h + slot).to(tl.int32)
+    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+    cq = tl.load(p_c)  # zero past h
+    ck = tl.load(p_c + BC)
+    kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
+    p_x = mixed_qkv + i_n * stride_qkv
+    v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    b_val = tl.load(b + i_n * stride_b + i_hv).to(tl.float32)
+    if IS_KDA:
+        beta = tl.sigmoid(b_val).to(tl.float32)
+    else:
+        beta = tl.sigmoid(b_val).to(b.dtype.element_ty).to(tl.float32)
+
+    Cq = tl.sum(acc_q, 1)
+    Ck = tl.sum(acc_k, 1)
+    if not IS_KDA:
+        e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
+        Cq = Cq * e_t
+        Ck = Ck * e_t
+
+    prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+    valid = o_c < h_old
+    base_u = ring_u + (slot * HV + i_hv) * CAP * V
+    ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
+                 other=0).to(tl.float32)  # [BC, BV]
+    u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
+    o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
+    tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
+
+    if flush | prefold:
+        # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
+        # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
+        base_k = ring_k + (slot * HK + i_hk) * CAP * K
+        base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+        C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
+        k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA,
+                         USE_LOWER_BOUND)
+        has = h_old > 0
+        if IS_KDA:
+            G_last = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k & has, other=0)
+        else:
+            G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
+        G_f = tl.where(flush, G_last + g_t, G_last)
+        if IS_KDA:
+            S = C * tl.exp(G_f)[None, :]
+        else:
+            S = C * tl.exp(G_f)
+        for j in range(h_old):
+            S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+        S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
+        tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
+        tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
+    if flush == 0:
+        tl.store(base_u + h_eff * V + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side (called by kernels.decode.replay_decode with impl="v3", after its argument checks)
+# ----------------------------------------------------------------------------------------------
+
+# (BV, num_warps) of the main launch per (kind, state element size); unlisted: V3_DEFAULT_CONFIG.
+# scripts/bench_kernels.py --v3-sweep times V3_SWEEP at B = 256 (docs/benchmarks.md).
+V3_DEFAULT_CONFIG = (32, 1)
+V3_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {}
+V3_SWEEP = "32x1,32x2,64x2,64x4,128x4"
+PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
+_LAST: dict = {}
+
+
+def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
+           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True):
+    lay = ring.layout
+    B = mixed_qkv.shape[0]
+    _, HV, V, K = state.shape
+    GK = 1 if kind == "gdn" else K
+    if h_rows is not None:
+        if h_rows.shape != (B,) or h_rows.dtype != torch.int32 or h_rows.device != slot_idx.device:
+            raise ValueError("h_rows must be an int32 [B] tensor on the batch's device")
+    if not may_prefold and advance_h:
+        raise ValueError("may_prefold=False only skips the post launch, which advance_h=True needs anyway")
+    BK = triton.next_power_of_2(K)
+    BC = max(4, triton.next_power_of_2(lay.cap))
+    cfg = V3_CONFIGS.get((kind, state.element_size()), V3_DEFAULT_CONFIG)
+    BV = max(16, min(block_v or cfg[0], triton.next_power_of_2(V)))
+    nw = num_warps or cfg[1]
+    dev = mixed_qkv.device
+    # scratch (graph-safe: the caching allocator serves captured launches from the graph's pool)
+    qk_buf = torch.empty(B, lay.HK, 2, BK, dtype=torch.float32, device=dev)
+    coef = torch.empty(B, HV, 2, BC, dtype=torch.float32, device=dev)
+    scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
+    common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
+                  HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
+                  USE_LOWER_BOUND=lower_bound is not None)
+    f = forced if forced is not None else slot_idx
+    hr = h_rows if h_rows is not None else slot_idx
+    lb = float(lower_bound if lower_bound is not None else 0.0)
+    if B == 0:
+        return out
+    replay_decode_v3_pre_kernel[(B, lay.HK)](
+        mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+        float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
+        **common,
+    )
+    _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
+        mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+        ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+        float(scale), lb, L,
+        mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+        V=V, BV=BV, BC=BC, BKT=min(BK, max(1, 64 // state.element_size())), num_warps=nw, num_stages=1, **common,
+    )
+    if advance_h or may_prefold:
+        replay_decode_v2_post_kernel[(B,)](
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f,
+            lb, L, mixed_qkv.stride(0), a2.stride(0),
+            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, **common,
+        )
+    return out
