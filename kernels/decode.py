@@ -373,7 +373,7 @@ def replay_decode(
     fold: str = "loop",
     dot_precision: str = "tf32x3",
     _diag_freeze_h: bool = False,
-    impl: str = "v1",
+    impl: str = "auto",
     h_rows: torch.Tensor | None = None,
     advance_h: bool = True,
     may_prefold: bool = True,
@@ -389,7 +389,8 @@ def replay_decode(
     fold: how a flush folds the records into the checkpoint: "loop" (rank-1 updates, one record at a
     time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
     fp32-accurate on the tensor cores; opt-in until measured on the GPU).
-    impl: "v1" (this module's kernel, the default until the GPU says otherwise), "v3" (kernels/decode_v3.py:
+    impl: "auto" (default: replayssm_sglang.policy.decode_impl, v3 for a buffered window, v1 for window 1),
+    "v1" (this module's kernel), "v3" (kernels/decode_v3.py:
     a pre launch per (row, key head) does the V-tile-independent work, the main launch only the checkpoint's;
     same h_rows / advance_h / may_prefold options as v2) or "v2"
     (kernels/decode_v2.py: h read, never written by the decode launch; a one-program-per-row post launch
@@ -404,8 +405,8 @@ def replay_decode(
     ``block_v`` / ``num_warps`` pick its launch.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
-    if impl not in ("v1", "v2", "v3"):
-        raise ValueError(f"impl must be 'v1', 'v2' or 'v3', got {impl!r}")
+    if impl not in ("auto", "v1", "v2", "v3"):
+        raise ValueError(f"impl must be 'auto', 'v1', 'v2' or 'v3', got {impl!r}")
     if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
         raise ValueError("h_rows / advance_h / may_prefold need impl='v2' or 'v3' (v1 advances h in the kernel)")
     if impl == "v3" and (records != "masked" or fold not in ("loop", None)):
@@ -432,6 +433,8 @@ def replay_decode(
     L = int(L)
     if not 1 <= L <= lay.cap:
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")
+    if impl == "auto":
+        impl = policy.decode_impl(L)
     a2 = a.reshape(B, HV * GK)
     b2 = b.reshape(B, HV)
     if out is None:

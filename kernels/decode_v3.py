@@ -242,8 +242,11 @@ def replay_decode_v3_kernel(
 
 # (BV, num_warps) of the main launch per (kind, state element size); unlisted: V3_DEFAULT_CONFIG.
 # scripts/bench_kernels.py --v3-sweep times V3_SWEEP at B = 256 (docs/benchmarks.md).
+# H200 sweep at B = 256 (benchmarks/results/kernels-20261129-2108.json, us): GDN fp32 32x1 205, 32x2 211,
+# 64x2 209; GDN bf16 32x2 157 (32x1 222); KDA fp32 32x1 235 (32x2 244); KDA bf16 32x2 187 (32x1 262).
 V3_DEFAULT_CONFIG = (32, 1)
-V3_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {}
+V3_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {("gdn", 4): (32, 1), ("gdn", 2): (32, 2),
+                                                      ("kda", 4): (32, 1), ("kda", 2): (32, 2)}
 V3_SWEEP = "32x1,32x2,64x2,64x4,128x4"
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}

@@ -5,10 +5,10 @@
 # kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
 # (+ pydantic-core, annotated-types, typing-inspection). Steps: GPU tests (fp32 and bf16 states against the
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
-# Env: GPU_TESTS=0 skips the tests; TEST_ARGS overrides the pytest selection (default: the v2 kernel's GPU
-# cases; v1's passed on 2026-11-29 and its kernel is unchanged); BENCH_ARGS overrides the benchmark arguments
-# (default: v2 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v2 (v2_r16,
-# v2_r32, v2_r16_rows) at B = 1, 32, 128, 256).
+# Env: GPU_TESTS=0 skips the tests; TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
+# kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
+# (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
+# v3_r32, v3_r16_rows, v3_L1) at B = 1, 32, 128, 256).
 # Budget: about 5 minutes in all (tests cut at 90 s, the benchmark at 210 s; the JSON is written after
 # every batch size, so a cut run still leaves results).
 set -u -o pipefail
@@ -26,12 +26,12 @@ export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .gpu/COMMIT 2>/dev/null || git
 echo "setup $(( $(date +%s) - t0 ))s; commit $REPLAYSSM_COMMIT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py ${TEST_ARGS:--k "gpu_real and v2"} 2>&1 \
+  timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py -k "${TEST_K:-gpu_real and v3}" 2>&1 \
     | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
   echo "tests $(( $(date +%s) - t0 ))s"
 fi
 stamp=$(date -u +%Y%m%d-%H%M)
 timeout ${BENCH_TIMEOUT:-210} python3 scripts/bench_kernels.py --out "$OUT/kernels-$stamp.json" \
-  ${BENCH_ARGS:---impl v1,v2 --v2-sweep --batches 1,32,128,256} 2>&1 | tee "$OUT/kernels-$stamp.txt"
+  ${BENCH_ARGS:---impl v1,v3 --v3-sweep --batches 1,32,128,256} 2>&1 | tee "$OUT/kernels-$stamp.txt"
 python3 scripts/bench_kernels.py --table "$OUT/kernels-$stamp.json" > "$OUT/kernels-$stamp.md" 2>&1 || true
 echo "total $(( $(date +%s) - t0 ))s"

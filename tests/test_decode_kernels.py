@@ -294,7 +294,9 @@ def test_impl_argument_checks():
     with pytest.raises(ValueError, match="impl"):
         replay_decode("gdn", *x, st, ring, si, impl="v9")
     with pytest.raises(ValueError, match="impl='v2'"):
-        replay_decode("gdn", *x, st, ring, si, advance_h=False)
+        replay_decode("gdn", *x, st, ring, si, impl="v1", advance_h=False)
+    with pytest.raises(ValueError, match="impl='v3'"):
+        replay_decode("gdn", *x, st, ring, si, impl="v3", fold="dot")
     with pytest.raises(ValueError, match="may_prefold"):
         replay_decode("gdn", *x, st, ring, si, impl="v2", may_prefold=False)
     with pytest.raises(ValueError, match="h_rows"):
@@ -378,10 +380,14 @@ def test_policy_windows(monkeypatch):
 
     monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW", raising=False)
     assert policy.decode_window("gdn", 1, torch.float32, 16) == 1
-    assert policy.decode_window("gdn", 32, torch.float32, 16) == 1
+    assert policy.decode_window("gdn", 8, torch.float32, 16) == 1
+    assert policy.decode_window("gdn", 32, torch.float32, 16) == 16
     assert policy.decode_window("gdn", 128, torch.float32, 16) == 16
     assert policy.decode_window("gdn", 512, torch.bfloat16, 16) == 1
-    assert policy.decode_window("kda", 512, torch.float32, 16) == 1
+    assert policy.decode_window("kda", 64, torch.float32, 16) == 1
+    assert policy.decode_window("kda", 128, torch.float32, 16) == 16
+    assert policy.decode_window("kda", 512, torch.bfloat16, 16) == 1
+    assert policy.decode_impl(16) == "v3" and policy.decode_impl(1) == "v1"
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "8")
     assert policy.decode_window("kda", 512, torch.float32, 16) == 8
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "99")
