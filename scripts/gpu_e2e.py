@@ -65,8 +65,13 @@ ARMS = {
     # the same server with the buffered window forced at every batch size (the policy would run window 1 at the
     # correctness task's batch of 16): checks the buffered decode's outputs, not only its speed
     "ours_w16": ["--enable-linear-replayssm"],
+    # a control for the correctness comparison: window 1 (exactly the conventional update) with every GDN/KDA
+    # decode output multiplied by (1 +- 1e-6), a perturbation of fp32-rounding size: how far does this model's
+    # greedy text move under numerics alone?
+    "ours_perturbed": ["--enable-linear-replayssm"],
 }
-ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"}}
+ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
+           "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

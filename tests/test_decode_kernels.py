@@ -285,6 +285,16 @@ def test_advance_h_matches_ring_rule():
                 assert torch.equal(hd.cpu(), expect), (L, use_rows, with_forced)
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_auto_impl_alternates_v1_and_v3(kind):
+    """impl="auto" (what the server runs): buffered windows run v3, window 1 runs v1; batches that grow
+    and shrink across the policy's threshold alternate the two kernels on one ring, mid-window."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=16, V=16, L=8, seed=41,
+                 windows=(8, 8, 8, 1, 8, 1), p_forced=0.1, impl="auto")
+    st = hz.run(16)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+
+
 def test_impl_argument_checks():
     lay = ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16)
     ring = lay.allocate(3)

@@ -114,3 +114,21 @@ def test_prompts_and_prefix_against_fake_server(fake):
     assert p["mean_ttft_s"] > 0
     tp = g.throughput(fake, 4096, [1, 4], 1, time.time() + 60)
     assert set(tp) == {"1", "4"} and all(v["decode_tok_s"] > 0 and not v["queued"] for v in tp.values())
+
+
+def test_diag_perturb_is_off_by_default_and_relative_when_on(monkeypatch):
+    """The ours_perturbed control arm's knob: no-op without REPLAYSSM_DIAG_PERTURB, an exact +-eps
+    relative change per element with it (alternating along the last dim)."""
+    import torch
+
+    from replayssm_sglang.sglang_hooks.pool import diag_perturb_
+
+    monkeypatch.delenv("REPLAYSSM_DIAG_PERTURB", raising=False)
+    x = torch.randn(3, 1, 2, 8, dtype=torch.float64)
+    assert torch.equal(diag_perturb_(x.clone()), x)
+    monkeypatch.setenv("REPLAYSSM_DIAG_PERTURB", "1e-3")
+    y = diag_perturb_(x.clone())
+    rel = (y - x) / x
+    assert torch.allclose(rel[..., 0::2], torch.full_like(rel[..., 0::2], 1e-3))
+    assert torch.allclose(rel[..., 1::2], torch.full_like(rel[..., 1::2], -1e-3))
+    assert "ours_perturbed" in g.ARMS and g.ARM_ENV["ours_perturbed"]["REPLAYSSM_DECODE_WINDOW"] == "1"

@@ -58,6 +58,24 @@ def record_dtype_for(ssm_dtype: torch.dtype) -> torch.dtype:
     return ssm_dtype
 
 
+def diag_perturb_(out: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """Diagnostics only (REPLAYSSM_DIAG_PERTURB=<eps>, unset in normal use): multiply a decode output by
+    (1 + eps * p) in place, p a fixed +-1 pattern along the last dim. With the window forced to 1 (the
+    conventional update, exactly) this is a control for end-to-end comparisons: it shows how far a
+    perturbation of fp32-rounding size moves a model's greedy tokens and logprobs
+    (scripts/gpu_e2e.py, arm ours_perturbed). No host sync, graph-capturable."""
+    if eps is None:
+        import os
+
+        v = os.environ.get("REPLAYSSM_DIAG_PERTURB")
+        if not v:
+            return out
+        eps = float(v)
+    n = out.shape[-1]
+    sign = 1.0 - 2.0 * (torch.arange(n, device=out.device) % 2).to(out.dtype)
+    return out.mul_(1.0 + eps * sign)
+
+
 def ring_bytes_per_slot(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1) -> int:
     """Bytes our ring adds per ring slot, over all linear layers of this rank. This is the number
     patch 0005 charges in SGLang's mamba memory budget next to ``mamba_cache_per_req``."""
@@ -201,6 +219,7 @@ class ReplayPool:
         # so CUDA graphs of different batch sizes may use different windows.
         replay_decode(self.kind, mixed_qkv, a, b, A_log, dt_bias, ssm_states, self.ring(layer_idx),
                       cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound, L="auto")
+        diag_perturb_(out)  # no-op unless REPLAYSSM_DIAG_PERTURB is set (diagnostics)
         return out.transpose(0, 1)
 
 
