@@ -409,8 +409,6 @@ def replay_decode(
         raise ValueError(f"impl must be 'auto', 'v1', 'v2' or 'v3', got {impl!r}")
     if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
         raise ValueError("h_rows / advance_h / may_prefold need impl='v2' or 'v3' (v1 advances h in the kernel)")
-    if impl == "v3" and (records != "masked" or fold not in ("loop", None)):
-        raise ValueError("impl='v3' folds with the record loop and loads the committed records only")
     lay = ring.layout
     if kind != lay.kind:
         raise ValueError(f"ring is for {lay.kind}, called with {kind}")
@@ -435,6 +433,9 @@ def replay_decode(
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")
     if impl == "auto":
         impl = policy.decode_impl(L)
+    if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", None)):
+        raise ValueError("impl='v3' folds with the record loop (fold='loop', or 'chunked': one K chunk at a "
+                         "time) and loads the committed records only")
     a2 = a.reshape(B, HV * GK)
     b2 = b.reshape(B, HV)
     if out is None:
@@ -446,7 +447,8 @@ def replay_decode(
 
         return decode_v3.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
-                                num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold)
+                                num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
+                                fold="loop" if fold is None else fold)
     if impl == "v2":
         from replayssm_sglang.kernels import decode_v2
 

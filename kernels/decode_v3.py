@@ -135,7 +135,7 @@ def replay_decode_v3_kernel(
     K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
-    USE_LOWER_BOUND: tl.constexpr,
+    USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -207,7 +207,44 @@ def replay_decode_v3_kernel(
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
-    if flush | prefold:
+    if (flush | prefold) & FOLD_CHUNKED:
+        # the same fold, one K chunk at a time ([BV, BKT] live instead of [BV, K]): fewer registers for the
+        # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
+        base_k = ring_k + (slot * HK + i_hk) * CAP * K
+        base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+        tl.debug_barrier()  # every read of the tile above (other threads' layouts) precedes the writes below
+        kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
+        has = h_old > 0
+        if not IS_KDA:
+            g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
+                             USE_LOWER_BOUND)
+            G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
+            G_f = tl.where(flush, G_last + g_t, G_last)
+        u_add = tl.where(flush, u_t, 0.0)
+        for c in tl.static_range(BK // BKT):
+            o_kc = c * BKT + tl.arange(0, BKT)
+            mk = o_kc < K
+            m_c = mask_v[:, None] & mk[None, :]
+            p_c_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :]
+            C_c = tl.load(p_c_s, mask=m_c, other=0).to(tl.float32)  # read a moment ago: cache hits
+            k_c = tl.load(p_x + H * K + i_h * K + o_kc, mask=mk, other=0).to(tl.float32) / n_k
+            if IS_KDA:
+                g_c = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True,
+                                 USE_LOWER_BOUND)
+                G_last_c = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk & has, other=0)
+                G_fc = tl.where(flush, G_last_c + g_c, G_last_c)
+                S_c = C_c * tl.exp(G_fc)[None, :]
+            else:
+                G_fc = G_f
+                S_c = C_c * tl.exp(G_f)
+            for j in range(h_old):
+                S_c = _fold_one(S_c, j, h_old, G_fc, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK,
+                                IS_KDA)
+            S_c += u_add[:, None] * k_c[None, :]
+            tl.store(p_c_s, S_c.to(state.dtype.element_ty), mask=m_c)
+        tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
+    if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
         base_k = ring_k + (slot * HK + i_hk) * CAP * K
@@ -253,7 +290,7 @@ _LAST: dict = {}
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
-           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True):
+           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop"):
     lay = ring.layout
     B = mixed_qkv.shape[0]
     _, HV, V, K = state.shape
@@ -291,7 +328,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
         float(scale), lb, L,
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-        V=V, BV=BV, BC=BC, BKT=min(BK, max(1, 64 // state.element_size())), num_warps=nw, num_stages=1, **common,
+        V=V, BV=BV, BC=BC, BKT=min(BK, max(1, 64 // state.element_size())), FOLD_CHUNKED=(fold == "chunked"),
+        num_warps=nw, num_stages=1, **common,
     )
     if advance_h or may_prefold:
         replay_decode_v2_post_kernel[(B,)](

@@ -205,7 +205,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         def run(step):
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
-            vx = dict(fold=fold, records=records) if impl == "v2" else {}
+            vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
                           block_v=bv, num_warps=nw, impl=impl, **vx, **extra)
         return run
@@ -251,7 +251,7 @@ def main():
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
                     "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
-                    "'dot' = tensor-core "
+                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked); 'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -378,6 +378,10 @@ def main():
                     "v3_r32": arm_ours(c, torch.float32, cfg=cfg3, impl="v3") if v3 and sdt == "float32" else None,
                     "v3_r16_rows": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", rows=True) if v3 else None,
                     "v3_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg3, impl="v3") if v3 and B <= 32 else None,
+                    "v3_r16_chunked": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="chunked")
+                    if v3 and "chunked" in variants else None,
+                    "v3_r32_chunked": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="chunked")
+                    if v3 and sdt == "float32" and "chunked" in variants else None,
                 }
                 res = {}
                 for name, run in arms.items():
@@ -391,7 +395,7 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32") else 2  # *_r16*, upstream: bf16 records
+                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked") else 2  # *_r16*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -423,6 +427,7 @@ def table(path) -> str:
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
     present = {r["arm"] for r in rows}
     arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v3_r16", "v3_r32", "v3_r16_rows", "v3_L1",
+                        "v3_r16_chunked", "v3_r32_chunked",
                         "v2_r16", "v2_r32", "v2_r16_rows",
                         "v2_r16_unroll", "v2_r16_all", "ours_r16_dot", "diag_no_atomics"] if a in present]
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
@@ -458,7 +463,7 @@ def plot(path):
                   "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown",
                   "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black",
                   "v2_r16_all": "tab:gray", "v3_r16": "darkgreen", "v3_r32": "darkorange", "v3_r16_rows": "magenta",
-                  "v3_L1": "darkred"}
+                  "v3_L1": "darkred", "v3_r16_chunked": "lime", "v3_r32_chunked": "gold"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

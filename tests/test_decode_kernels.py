@@ -227,12 +227,14 @@ def test_kda_safe_gate_and_bf16_records(impl):
     assert st["flushes"] > 0
 
 
-@pytest.mark.parametrize("impl,fold,records", [("v1", "dot", "masked"), ("v2", "unroll", "all")])
+@pytest.mark.parametrize("impl,fold,records", [("v1", "dot", "masked"), ("v2", "unroll", "all"),
+                                               ("v3", "chunked", "masked")])
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_fold_variants(kind, impl, fold, records):
     """The opt-in variants (v1: tensor-core fold="dot"; v2: the record loop unrolled over the capacity,
     fold="unroll", with records="all": every ring position loaded, the NaN-poisoned ones past h
-    zeroed by a select) agree with the reference like the defaults."""
+    zeroed by a select; v3: the fold one K chunk at a time, fold="chunked") agree with the reference like
+    the defaults."""
     hz = Harness(kind, B=2, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=4, seed=21, p_forced=0.2, fold=fold,
                  impl=impl, records=records)
     st = hz.run(6)
@@ -293,6 +295,17 @@ def test_auto_impl_alternates_v1_and_v3(kind):
                  windows=(8, 8, 8, 1, 8, 1), p_forced=0.1, impl="auto")
     st = hz.run(16)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_v3_chunked_fold_with_prefolds(kind, state_dtype):
+    """v3's fold="chunked" through pre-step folds that append (record 0 rewritten after the fold read it)
+    and both chunk widths (16 fp32 / 32 bf16 elements of K = 64)."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=44, windows=(6, 6, 6, 2),
+                 p_forced=0.1, impl="v3", fold="chunked", state_dtype=DTYPES[state_dtype])
+    st = hz.run(20)
+    assert st["flushes"] > 0 and st["prefold_appends"] > 0
 
 
 def test_impl_argument_checks():
