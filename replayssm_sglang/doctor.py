@@ -386,6 +386,12 @@ def check_flags(st, *, probe: bool = False, target: str | None = None) -> list[C
                          + ("on (linear draft chains: NEXTN/MTP, EAGLE topk 1)" if caps["spec_verify"]
                             else "not in this build: --enable-linear-replayssm refuses "
                                   "--speculative-algorithm at startup")))
+    if "read_copy" in caps:
+        out.append(Check("flags-read-copy", INFO, "low-precision read copy of the state: "
+                         + ("--linear-replayssm-read-dtype bf16|fp8_e4m3 (default same: none; needs "
+                            "--enable-linear-replayssm; decode reads the copy, verify the fp32 checkpoint)"
+                            if caps["read_copy"]
+                            else "not in this build: --linear-replayssm-read-dtype accepts only same")))
     return out
 
 

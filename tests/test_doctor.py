@@ -201,12 +201,15 @@ def test_flags_unpatched_names_the_upstream_recipe(fakes):
 
 def test_flags_patched_with_full_capabilities(fakes, monkeypatch):
     monkeypatch.setattr(D, "_load_rules", lambda: types.SimpleNamespace(
-        CAPABILITIES={"extra_buffer": True, "overlap_schedule": True, "cuda_graph": True, "spec_verify": True}))
+        CAPABILITIES={"extra_buffer": True, "overlap_schedule": True, "cuda_graph": True, "spec_verify": True,
+                      "read_copy": True}))
     checks = D.collect()
     f = by_name(checks, "flags")
     assert f.status == D.OK
     assert "auto -> extra_buffer" in f.detail and "overlap" in f.detail and "CUDA graphs" in f.detail
     assert by_name(checks, "flags-spec").status == D.INFO
+    rc = by_name(checks, "flags-read-copy")
+    assert rc.status == D.INFO and "--linear-replayssm-read-dtype bf16|fp8_e4m3" in rc.detail
 
 
 def test_flags_patched_without_extra_buffer(fakes, monkeypatch):

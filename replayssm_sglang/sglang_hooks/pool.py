@@ -23,6 +23,14 @@ lives and *when* SGLang's slot lifecycle forces a fold or a reset:
   request's slot, a CPU backup of a retracted request, an extend (mixed chunk) over a decoding
   row. A fold never loses an accepted update, and is the identity when h == 0.
 
+Read copy (``--linear-replayssm-read-dtype bf16|fp8_e4m3``, issue 7): each layer's ring also holds a
+low-precision copy ``rc`` of every slot's checkpoint (``rc_scale`` per V-row for fp8) and ``rc_valid``
+(1 while ``rc == round(checkpoint)``). Only the decode kernel writes ``rc`` (and sets ``rc_valid``);
+every other write of a checkpoint -- SGLang's prefill, copies and restores, our folds, the verify
+pre-fold, ``materialize_`` -- leaves ``rc`` stale, so each glue path that writes a checkpoint or
+resets h clears ``rc_valid`` for its slots (``invalidate_read_copy_``); the next decode step of
+such a row is then a forced flush that reads the fp32 checkpoint and rewrites both copies.
+
 No function here syncs with the host: everything is device tensor ops (safe to call from the
 overlap scheduler's paths; the fold is not meant for CUDA-graph capture, it runs on lifecycle
 paths only).
@@ -35,7 +43,11 @@ from typing import Any
 
 import torch
 
+from replayssm_sglang import precision
 from replayssm_sglang import ring as ringmod
+
+READ_DTYPES = precision.READ_DTYPES
+_READ_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def layer_kind(cache_params: Any) -> str:
@@ -76,14 +88,45 @@ def diag_perturb_(out: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     return out.mul_(1.0 + eps * sign)
 
 
-def ring_bytes_per_slot(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1) -> int:
+def read_dtype_option() -> str:
+    """``--linear-replayssm-read-dtype`` of the published server arguments (patch 0001 adds the field);
+    ``same`` when no server arguments are published (a pool built outside a server, as in tests)."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        mamba = get_exec().mamba
+    except (ImportError, ValueError):  # ValueError: "config namespace 'exec' not published"
+        return "same"
+    return str(getattr(mamba, "linear_replayssm_read_dtype", "same") or "same")
+
+
+def _check_read_dtype(read_dtype: str) -> str:
+    if read_dtype not in READ_DTYPES:
+        raise ValueError(f"--linear-replayssm-read-dtype must be one of {', '.join(READ_DTYPES)}, got {read_dtype!r}")
+    return read_dtype
+
+
+def effective_read_dtype(read_dtype: str, state_dtype: torch.dtype) -> str:
+    """The read copy actually kept: none (``same``) when it would have the state's own dtype (a bf16
+    copy of a bf16 checkpoint is the checkpoint; plan.py counts it the same way)."""
+    if _check_read_dtype(read_dtype) != "same" and _READ_TORCH_DTYPES[read_dtype] == state_dtype:
+        return "same"
+    return read_dtype
+
+
+def ring_bytes_per_slot(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1,
+                        read_dtype: str = "same") -> int:
     """Bytes our ring adds per ring slot, over all linear layers of this rank. This is the number
-    patch 0005 charges in SGLang's mamba memory budget next to ``mamba_cache_per_req``."""
+    patch 0005 charges in SGLang's mamba memory budget next to ``mamba_cache_per_req``; with a read
+    copy (``read_dtype`` bf16/fp8_e4m3) it includes the copy, its scales and ``rc_valid``."""
     lay = layout_from_cache_params(cache_params, L, T_max)
     n = len(cache_params.layers) if num_layers is None else int(num_layers)
     rec = record_dtype_for(cache_params.dtype.temporal)
-    # per layer: records + h + arrive (int32 each)
-    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4)
+    rc = 0
+    if effective_read_dtype(read_dtype, cache_params.dtype.temporal) != "same":
+        rc = precision.read_copy_bytes(lay.HV, lay.V, lay.K, read_dtype) + 4  # + rc_valid (int32)
+    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid]
+    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc)
 
 
 @dataclass
@@ -94,6 +137,10 @@ class ReplayPool:
     layer's kernel writes its own h; all layers hold the same value between steps).
     ``rows`` is the number of slots that own ring storage; a slot index >= rows has none (its h is
     0 by construction) -- today rows == the pool's slot count (see docs/integration.md, "Memory").
+
+    With a read copy (``read_dtype`` bf16/fp8_e4m3): ``rc`` ``[layers, rows, HV, V, K]``, ``rc_scale``
+    ``[layers, rows, HV, V]`` fp32 (fp8 only) and ``rc_valid`` ``[layers, rows]`` int32 (0: invalid,
+    the state at allocation); all None without one.
     """
 
     layout: ringmod.RingLayout
@@ -105,15 +152,25 @@ class ReplayPool:
     track_interval: int | None = None  # forced flush every this many tokens (None: never)
     spec_T: int | None = None  # draft tokens per verify step (None: speculative decoding off)
     dropped_intermediate_bytes: int = 0  # SGLang's per-draft SSM snapshots not allocated (spec on)
+    rc: torch.Tensor | None = None  # read copy of the checkpoint (--linear-replayssm-read-dtype)
+    rc_scale: torch.Tensor | None = None  # fp8: one fp32 scale per (layer, slot, head, V-row)
+    rc_valid: torch.Tensor | None = None  # 1 while rc == round(checkpoint)
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
-                 record_dtype: torch.dtype = torch.float32, track_interval: int | None = None) -> "ReplayPool":
+                 record_dtype: torch.dtype = torch.float32, track_interval: int | None = None,
+                 read_dtype: str = "same") -> "ReplayPool":
         s = layout.shapes(rows)
         z = lambda shape, dt: torch.zeros((num_layers,) + tuple(shape), dtype=dt, device=device)  # noqa: E731
+        rc = rc_scale = rc_valid = None
+        if _check_read_dtype(read_dtype) != "same":
+            rc = z((rows, layout.HV, layout.V, layout.K), _READ_TORCH_DTYPES[read_dtype])
+            if read_dtype == "fp8_e4m3":
+                rc_scale = torch.ones((num_layers, rows, layout.HV, layout.V), dtype=torch.float32, device=device)
+            rc_valid = z((rows,), torch.int32)  # invalid: every slot's first decode step flushes
         return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
                    g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
-                   track_interval=track_interval)
+                   track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid)
 
     # --- shape facts ---------------------------------------------------------------------------
     @property
@@ -128,13 +185,22 @@ class ReplayPool:
     def kind(self) -> str:
         return self.layout.kind
 
+    @property
+    def read_dtype(self) -> str:
+        if self.rc is None:
+            return "same"
+        return "fp8_e4m3" if self.rc.dtype == torch.float8_e4m3fn else "bf16"
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.u, self.k, self.g, self.h, self.arrive))
+        ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def ring(self, layer_idx: int) -> ringmod.Ring:
         i = int(layer_idx)
+        pick = lambda t: None if t is None else t[i]  # noqa: E731
         return ringmod.Ring(layout=self.layout, u=self.u[i], k=self.k[i], g=self.g[i], h=self.h[i],
-                            arrive=self.arrive[i])
+                            arrive=self.arrive[i], rc=pick(self.rc), rc_scale=pick(self.rc_scale),
+                            rc_valid=pick(self.rc_valid))
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _rows_of(self, slots) -> torch.Tensor:
@@ -143,12 +209,30 @@ class ReplayPool:
         s = torch.as_tensor(slots, device=self.h.device).reshape(-1).to(torch.long)
         return torch.where(s < self.rows, s, torch.zeros_like(s))
 
+    def invalidate_read_copy_(self, slots, layer_idx: int | None = None) -> None:
+        """The checkpoints of these slots were (or are about to be) written without their read copy:
+        clear ``rc_valid`` in every layer (or in ``layer_idx`` only), so their next decode step is a
+        forced flush. A no-op without a read copy. Device ops only (no host sync, graph-capturable);
+        a slot < 0 or without ring storage maps to SGLang's padding slot 0, whose copy is never read
+        by a real request (clearing it costs nothing)."""
+        if self.rc_valid is None:
+            return
+        s = torch.as_tensor(slots, device=self.rc_valid.device).reshape(-1).to(torch.long)
+        if s.numel() == 0:
+            return
+        s = torch.where((s >= 0) & (s < self.rows), s, torch.zeros_like(s))
+        if layer_idx is None:
+            self.rc_valid.index_fill_(1, s, 0)
+        else:
+            self.rc_valid[int(layer_idx)].index_fill_(0, s, 0)
+
     def reset_(self, slots) -> None:
-        """Forget the records of these slots in every layer (their checkpoint is exact as it is).
-        Slots must be real (>= 0)."""
+        """Forget the records of these slots in every layer (their checkpoint is exact as it is, and
+        was written by someone else: the read copy is invalidated too). Slots must be real (>= 0)."""
         s = self._rows_of(slots)
         if s.numel():
             self.h[:, s] = 0
+            self.invalidate_read_copy_(s)
 
     def _state_after(self, temporal: torch.Tensor, li: int, s: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         """The exact state of slots ``s`` after their first ``n`` records (per row, 0 <= n <= cap) in
@@ -174,10 +258,13 @@ class ReplayPool:
         """Fold every committed record of these slots into their checkpoints, all layers, and set
         h := 0. ``temporal`` is SGLang's state pool ``[layers, slots, HV, V, K]``. Afterwards
         ``temporal[:, s]`` is the exact state after every token the slot has decoded (the
-        identity for h == 0). Computed in float32 (float64 when the state is float64)."""
+        identity for h == 0). Computed in float32 (float64 when the state is float64).
+        The read copy of these slots is invalidated (also where h == 0: a fold precedes someone
+        else reading -- and possibly writing -- the checkpoint)."""
         s = self._rows_of(slots)
         if s.numel() == 0:
             return
+        self.invalidate_read_copy_(s)
         for li in range(self.num_layers):
             h = self.h[li, s].to(torch.long)  # [n]
             C = self._state_after(temporal, li, s, h)
@@ -243,6 +330,9 @@ class ReplayPool:
         B = N // T
         out = ring_verify(mixed_qkv, a.reshape(N, -1), b.reshape(N, -1), A_log, dt_bias, ssm_states,
                           cache_indices[:B], self.ring(layer_idx), T, scale=scale, lower_bound=lower_bound)
+        # the verify kernels read and (pre-fold) write only the fp32 checkpoint: this layer's read
+        # copy of the batch's slots is stale from here on (padded rows -1 clear slot 0 only)
+        self.invalidate_read_copy_(cache_indices[:B], layer_idx)
         return out.view(1, N, num_v_heads, head_v_dim)
 
     def materialize_(self, temporal: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
@@ -263,6 +353,7 @@ class ReplayPool:
         if rows.numel() == 0:
             return
         s, d, st = self._rows_of(src[rows]), dst[rows], st[rows]
+        self.invalidate_read_copy_(d)  # the track slot's checkpoint is written without its read copy
         for li in range(self.num_layers):
             n = ringmod.verify_start(self.h[li, s], T, L).to(torch.long) + st + 1
             temporal[li, d] = self._state_after(temporal, li, s, n).to(temporal.dtype)
@@ -271,7 +362,8 @@ class ReplayPool:
         """After acceptance: h := verify_start(h) + accepted in every layer (ring.commit_verify_'s
         rule, one launch of kernels/verify.ring_commit_ over all layers). ``accepted`` counts the
         kept drafts including the bonus token (0 for a row that keeps nothing); rows with slot -1 are
-        untouched. Rejected records stay past h and are overwritten by the next step."""
+        untouched. Rejected records stay past h and are overwritten by the next step. No checkpoint is
+        written here: the read copy keeps its validity (``verify`` already cleared it)."""
         from replayssm_sglang.kernels.verify import ring_commit_
 
         T, L = self.spec_T, self.layout.L
@@ -284,14 +376,18 @@ class ReplayPool:
 
 
 def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | None = None,
-           spec_T: int | None = None, spec_state_size: int | None = None) -> ReplayPool:
+           spec_T: int | None = None, spec_state_size: int | None = None,
+           read_dtype: str | None = None) -> ReplayPool:
     """Allocate our ring for ``mamba_pool`` (called at the end of ``MambaPool.__init__``), add its
     bytes to ``mamba_pool.mem_usage`` (GB), and return it (stored as ``mamba_pool.replayssm_pool``).
 
     With speculative decoding (``spec_T`` = draft tokens per verify step) the ring is sized for
     T <= L (ring.ring_capacity raises with the fix otherwise) and SGLang's per-draft SSM snapshots
     (``intermediate_ssm``, ``[layers, spec_state_size + 1, T, HV, V, K]``) are not allocated by
-    patch 0002: their bytes are recorded as ``dropped_intermediate_bytes``."""
+    patch 0002: their bytes are recorded as ``dropped_intermediate_bytes``.
+
+    ``read_dtype`` (None: ``--linear-replayssm-read-dtype`` of the published server arguments, read
+    here like the budget path of patch 0005 reads it) adds the read copy (bf16/fp8_e4m3)."""
     temporal = mamba_pool.mamba_cache.temporal
     layers, slots = int(temporal.shape[0]), int(temporal.shape[1])
     lay = layout_from_cache_params(cache_params, L, int(spec_T) if spec_T else 1)
@@ -301,8 +397,12 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | 
             f"[layers, slots, HV={lay.HV}, V={lay.V}, K={lay.K}] (SGLang's GDN/KDA layout); this "
             "layout (page-major envelope, NPU/AMX transposes) is not supported: drop the flag"
         )
+    if read_dtype is None:
+        read_dtype = read_dtype_option()
+    read_dtype = effective_read_dtype(read_dtype, temporal.dtype)
     pool = ReplayPool.allocate(lay, layers, slots, device=temporal.device,
-                               record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval)
+                               record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval,
+                               read_dtype=read_dtype)
     if spec_T:
         pool.spec_T = int(spec_T)
         per_draft = lay.HV * lay.V * lay.K * temporal.element_size()

@@ -11,7 +11,8 @@ on or off; mamba radix-cache strategy ``auto``/``extra_buffer``/``extra_buffer_l
 graphs; chunked prefill; ``--enable-mixed-chunk``; page size > 1; TP > 1 (the ring is sized
 from the per-rank head counts); speculative decoding with a linear draft chain (EAGLE, EAGLE3,
 NEXTN; topk 1; T <= L; fixed draft count; not with extra_buffer_lazy), verified in the same ring
-as decode (patch 0006).
+as decode (patch 0006); ``--linear-replayssm-read-dtype`` ``same``/``bf16``/``fp8_e4m3`` (a
+low-precision read copy of the state per slot; a non-``same`` value needs the flag).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from typing import Any
 
 _FIX_DROP = "or drop --enable-linear-replayssm"
 
+# --linear-replayssm-read-dtype (patch 0001): the per-slot low-precision read copy of the state
+# (same = none). Mirrors replayssm_sglang.precision.READ_DTYPES.
+READ_DTYPES = ("same", "bf16", "fp8_e4m3")
+
 # What this build's rules accept with --enable-linear-replayssm, for `replayssm-sglang doctor`.
 # tests/test_integration_sglang.py checks each entry against validate() itself.
 CAPABILITIES = {
@@ -27,6 +32,7 @@ CAPABILITIES = {
     "overlap_schedule": True,
     "cuda_graph": True,
     "spec_verify": True,        # linear draft chains (EAGLE/EAGLE3/NEXTN, topk 1) verified in the ring
+    "read_copy": True,          # --linear-replayssm-read-dtype bf16/fp8_e4m3 (decode reads it; verify reads fp32)
 }
 
 # Speculative algorithms whose target verify and commit go through the hooked paths (patch 0006:
@@ -76,7 +82,18 @@ def validate(args: Any, decode: str) -> bool:
     ReplaySSM checks), False when SGLang's own checks should run (our flag off).
     Raises ValueError naming the fix for every combination this build does not support.
     """
+    read_dtype = getattr(args, "linear_replayssm_read_dtype", "same") or "same"
+    if read_dtype not in READ_DTYPES:
+        raise ValueError(
+            f"--linear-replayssm-read-dtype must be one of {', '.join(READ_DTYPES)}, got {read_dtype!r}."
+        )
     if not args.enable_linear_replayssm:
+        if read_dtype != "same":
+            raise ValueError(
+                f"--linear-replayssm-read-dtype {read_dtype} needs --enable-linear-replayssm: the read "
+                "copy lives in the ReplaySSM ring. Fix: add --enable-linear-replayssm, or drop "
+                "--linear-replayssm-read-dtype (the default, same, keeps no copy)."
+            )
         return False
     if getattr(args, "enable_linear_replayssm_spec", False):
         raise ValueError(
