@@ -449,6 +449,8 @@ def replay_decode(
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
                                 fold="loop" if fold is None else fold)
+    if impl == "v2" and ring.rc is not None:
+        raise ValueError("a ring with a read copy (read_dtype bf16/fp8_e4m3) runs impl 'auto', 'v3' or 'v1'")
     if impl == "v2":
         from replayssm_sglang.kernels import decode_v2
 
@@ -482,4 +484,9 @@ def replay_decode(
         UPDATE_H=not _diag_freeze_h,
         num_warps=nw, num_stages=1,
     )
+    if ring.rc is not None:
+        # v1 writes the recurrence copy only (every step at window 1): the read copies of its rows are stale
+        from replayssm_sglang.kernels.decode_v3 import set_rc_valid_
+
+        set_rc_valid_(ring, slot_idx, 0)
     return out

@@ -125,10 +125,46 @@ def replay_decode_v3_pre_kernel(
 
 
 @triton.jit
+def _round_bf16(x):
+    """x rounded to the nearest bf16 (ties to even), still as fp32, so the cast that follows is exact. Written
+    out because Triton's interpreter truncates on fp32 -> bf16 casts whatever the rounding mode asked for (the
+    GPU rounds to nearest): the read copy must be the same rounding on both. NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _round_e4m3(x):
+    """x (already scaled into [-448, 448]) rounded to the nearest fp8 e4m3 value (ties to even), as fp32, so
+    the cast that follows is exact: normals keep 3 of fp32's 23 mantissa bits; below 2^-6 (e4m3's
+    subnormals, quantum 2^-9) the magic-number add rounds. Written out because Triton's interpreter
+    rounds wrongly when the rounding carries into the exponent (31.2 -> 16, not 32); the GPU cast is right.
+    NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    nrm = ((bits + (0x7FFFF + ((bits >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+    sub = (x + 24576.0) - 24576.0  # fp32 ulp at 24576 is 2^-9
+    return tl.where(x != x, x, tl.where(tl.abs(x) < 0.015625, sub, nrm))
+
+
+@triton.jit
+def _acc_tile(p_tile, o_v, mask_v, p_qk, acc_q, acc_k, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr):
+    """acc_q += tile * q~, acc_k += tile * k~ over the K chunks of a [BV, K] tile at p_tile (row stride K)."""
+    for c in tl.static_range(BK // BKT):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        m_c = mask_v[:, None] & (o_kc < K)[None, :]
+        # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
+        C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
+        acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
+        acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
+    return acc_q, acc_k
+
+
+@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-    qk_buf, coef, scal,
+    qk_buf, coef, scal, rc, rc_scale,
     scale, lower_bound, L,
     stride_qkv, stride_a, stride_b, stride_slot,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
@@ -136,6 +172,7 @@ def replay_decode_v3_kernel(
     BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
     USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
+    HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -167,18 +204,28 @@ def replay_decode_v3_kernel(
     # so Triton lays a chunk out as 8 rows x 4 threads per warp: each thread reduces its 4 rows' K
     # elements in registers and only 2 shuffle levels remain per row, where one [BV, K] load would put 32
     # threads along K (5 shuffle levels per row and reduction: most of the kernel's instructions).
+    # With a read copy (issue 7): a row that writes its checkpoint this step (flush, pre-fold; a row whose read
+    # copy is stale arrives here as a forced flush) reads the recurrence copy, every other row the read copy
+    # (bf16, or fp8 codes times one scale per V-row). The choice needs h first.
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK
     acc_q = tl.zeros([BV, BKT], dtype=tl.float32)
     acc_k = tl.zeros([BV, BKT], dtype=tl.float32)
-    for c in tl.static_range(BK // BKT):
-        o_kc = c * BKT + tl.arange(0, BKT)
-        C_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
-                      mask=mask_v[:, None] & (o_kc < K)[None, :], other=0).to(tl.float32)
-        acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
-        acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
-    if not HAS_H_ROWS:
-        h_old = tl.load(ring_h + slot).to(tl.int32)
+    if HAS_RC:
+        if not HAS_H_ROWS:
+            h_old = tl.load(ring_h + slot).to(tl.int32)
+        pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+        from_rc = (pf0 | fl0) == 0
+        if from_rc:
+            acc_q, acc_k = _acc_tile(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, acc_q, acc_k, K, BK, BKT)
+        else:
+            acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
+                                     K, BK, BKT)
+    else:
+        acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
+                                 K, BK, BKT)
+        if not HAS_H_ROWS:
+            h_old = tl.load(ring_h + slot).to(tl.int32)
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
     cq = tl.load(p_c)  # zero past h
     ck = tl.load(p_c + BC)
@@ -193,6 +240,11 @@ def replay_decode_v3_kernel(
 
     Cq = tl.sum(acc_q, 1)
     Ck = tl.sum(acc_k, 1)
+    if HAS_RC:
+        if RC_FP8:
+            rs = tl.load(rc_scale + (slot * HV + i_hv) * V + o_v, mask=mask_v & from_rc, other=1.0)
+            Cq = Cq * rs
+            Ck = Ck * rs
     if not IS_KDA:
         e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
         Cq = Cq * e_t
@@ -269,6 +321,17 @@ def replay_decode_v3_kernel(
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
+        if HAS_RC:
+            # the read copy from the same unrounded fold (round to nearest; fp8: one scale per V-row)
+            p_r = rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :]
+            if RC_FP8:
+                amax = tl.max(tl.abs(S), 1)
+                sc = tl.where(amax == 0, 1.0, amax / 448.0)
+                y = tl.clamp(S / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+                tl.store(p_r, _round_e4m3(y).to(rc.dtype.element_ty), mask=m_vk)
+                tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mask_v)
+            else:
+                tl.store(p_r, _round_bf16(S).to(rc.dtype.element_ty), mask=m_vk)
     if flush == 0:
         tl.store(base_u + h_eff * V + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
 
@@ -318,6 +381,17 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     lb = float(lower_bound if lower_bound is not None else 0.0)
     if B == 0:
         return out
+    has_rc = ring.rc is not None
+    rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
+    if has_rc and h_rows is not None:
+        raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
+    if has_rc:
+        # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
+        # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies")
+        stale = ring.rc_valid[slot_idx.clamp(min=0).long()] == 0
+        f = (stale | (forced != 0) if forced is not None else stale).to(torch.int32)
+        common["HAS_FORCED"] = True
+        fold = "loop"  # the read copy is written from the whole tile (fp8: a scale per row needs all of K)
     replay_decode_v3_pre_kernel[(B, lay.HK)](
         mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
         float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
@@ -326,9 +400,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
         mixed_qkv, a2, b2, A_log, dt_bias, out, state,
         ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+        ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
         float(scale), lb, L,
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         V=V, BV=BV, BC=BC, BKT=min(BK, max(1, 64 // state.element_size())), FOLD_CHUNKED=(fold == "chunked"),
+        HAS_RC=has_rc, RC_FP8=rc_fp8,
         num_warps=nw, num_stages=1, **common,
     )
     if advance_h or may_prefold:
@@ -337,4 +413,22 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, **common,
         )
+    if has_rc:
+        set_rc_valid_(ring, slot_idx, 1)  # every real row now holds round(checkpoint) in its read copy
     return out
+
+
+@triton.jit
+def _set_rc_valid_kernel(slot_idx, rc_valid, value):
+    i_n = tl.program_id(0)
+    slot = tl.load(slot_idx + i_n)
+    if slot >= 0:
+        tl.store(rc_valid + slot, value)
+
+
+def set_rc_valid_(ring, slot_idx: torch.Tensor, value: int) -> None:
+    """ring.rc_valid[slot] = value for every real row (slot >= 0), on the device (graph-capturable).
+    No-op for a ring without a read copy."""
+    if ring.rc_valid is None or slot_idx.numel() == 0:
+        return
+    _set_rc_valid_kernel[(slot_idx.shape[0],)](slot_idx, ring.rc_valid, int(value), num_warps=1)

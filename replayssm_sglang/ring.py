@@ -97,8 +97,20 @@ class RingLayout:
     def bytes_per_slot(self, record_dtype: torch.dtype = torch.float32) -> int:
         return self.cap * self.record_bytes(record_dtype) + 4
 
-    def allocate(self, slots: int, device="cpu", record_dtype: torch.dtype = torch.float32) -> "Ring":
+    def allocate(self, slots: int, device="cpu", record_dtype: torch.dtype = torch.float32,
+                 read_dtype: str = "same") -> "Ring":
+        """A ring for ``slots`` slots; ``read_dtype`` "bf16" or "fp8_e4m3" also allocates the read copy
+        (invalid until written: every slot's first decode step then flushes)."""
         s = self.shapes(slots)
+        rc = rc_scale = rc_valid = None
+        if read_dtype != "same":
+            rdt = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}.get(read_dtype)
+            if rdt is None:
+                raise ValueError(f"read_dtype must be 'same', 'bf16' or 'fp8_e4m3', got {read_dtype!r}")
+            rc = torch.zeros(slots, self.HV, self.V, self.K, dtype=rdt, device=device)
+            if read_dtype == "fp8_e4m3":
+                rc_scale = torch.ones(slots, self.HV, self.V, dtype=torch.float32, device=device)
+            rc_valid = torch.zeros(slots, dtype=torch.int32, device=device)
         return Ring(
             layout=self,
             u=torch.zeros(s["u"], dtype=record_dtype, device=device),
@@ -106,6 +118,7 @@ class RingLayout:
             g=torch.zeros(s["g"], dtype=torch.float32, device=device),
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
             arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
+            rc=rc, rc_scale=rc_scale, rc_valid=rc_valid,
         )
 
 
@@ -117,10 +130,25 @@ class Ring:
     g: torch.Tensor
     h: torch.Tensor
     arrive: torch.Tensor | None = None
+    # Two-precision state (issue 7, docs/design.md "Precision: two copies"): a low-precision read copy of
+    # the checkpoint, rc [slots, HV, V, K] (bf16, or float8_e4m3fn with rc_scale [slots, HV, V] fp32: one
+    # scale per V-row), and rc_valid [slots] int32: 1 while rc holds round(checkpoint). Any write of a
+    # checkpoint that does not also write rc (SGLang's prefill and copies, a window-1 step, a verify
+    # pre-fold, the glue's folds) must clear rc_valid; a decode step of a row with rc_valid == 0 is a
+    # forced flush (reads the checkpoint only, writes both copies). None: no read copy.
+    rc: torch.Tensor | None = None
+    rc_scale: torch.Tensor | None = None
+    rc_valid: torch.Tensor | None = None
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""
         self.h.index_fill_(0, slots.to(device=self.h.device, dtype=torch.long), 0)
+        self.invalidate_read_copy(slots)
+
+    def invalidate_read_copy(self, slots: torch.Tensor) -> None:
+        """The checkpoints of these slots were written without their read copy (no-op without one)."""
+        if self.rc_valid is not None:
+            self.rc_valid.index_fill_(0, slots.to(device=self.rc_valid.device, dtype=torch.long), 0)
 
 
 # --- the rule, as tensor ops usable inside a CUDA graph (no host sync) -------------------------

@@ -32,7 +32,7 @@ def rms_ratio(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Bit pattern of a float tensor (so NaN == NaN and -0 != +0)."""
-    return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()])
+    return t.contiguous().view({4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
 
 
 def tolerances(state_dtype, rec_dtype):
@@ -48,7 +48,7 @@ class Harness:
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
-                 impl="v1", h_rows=False, records="masked"):
+                 impl="v1", h_rows=False, records="masked", read_dtype="same"):
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
         self.p_pad, self.p_forced, self.windows = p_pad, p_forced, windows
@@ -62,11 +62,22 @@ class Harness:
         st = torch.randn(self.slots, HV, V, K, generator=self.gen) * 0.1
         st[self.untouched] = SENTINEL
         self.state = st.to(state_dtype).to(DEV)
-        self.ring = self.lay.allocate(self.slots, device=DEV, record_dtype=rec_dtype)
+        self.read_dtype = read_dtype
+        self.ring = self.lay.allocate(self.slots, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype)
         for t in (self.ring.u, self.ring.k, self.ring.g):  # records never written yet: poison them
             t.fill_(float("nan"))
             t[self.untouched.to(DEV)] = SENTINEL
-        self.ref = R.ReplayReference(kind, self.state.cpu().double(), H=H, L=L)
+        if read_dtype == "same":
+            self.ref = R.ReplayReference(kind, self.state.cpu().double(), H=H, L=L)
+        else:
+            # two copies (issue 7): the read copy starts stale (as after a prefill) and poisoned with NaN, so
+            # a row that read it before its first flush rewrote it would fail; untouched slots hold 7.0
+            from replayssm_sglang import precision as P
+
+            self.ring.rc.fill_(float("nan"))
+            self.ring.rc[self.untouched.to(DEV)] = 7.0
+            self.ref = P.TwoCopyReference(kind, self.state.cpu().double(), H=H, L=L, state_dtype="float32",
+                                          read_dtype=read_dtype)
         self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0)
         self.tol_o, self.tol_s = tolerances(state_dtype, rec_dtype)
 
@@ -80,6 +91,8 @@ class Harness:
         forced = (torch.rand(B, generator=g) < self.p_forced).to(torch.int32)
         L = self.windows[int(torch.randint(len(self.windows), (1,), generator=g))] or self.L
         h_before = self.ring.h.cpu().clone()
+        if self.read_dtype != "same":
+            self.rc_valid_before = self.ring.rc_valid.cpu().clone()
         real = slot_idx >= 0
         pre = torch.zeros(B, dtype=torch.bool)
         pre[real] = h_before[slot_idx[real].long()] >= L
@@ -112,7 +125,17 @@ class Harness:
             advance_h_(self.ring.h, slot_idx.to(DEV), L, forced.to(DEV), h_rows=h_rows)
         xi = R.unpack(self.kind, *[t.cpu() for t in x], H=self.H, HV=self.HV, K=self.K, V=self.V,
                       lower_bound=self.lower_bound)
-        o_ref = self.ref.step(xi, slot_idx, forced, L=L)
+        if self.read_dtype != "same":
+            # the protocol: a row whose read copy is stale takes a forced flush (kernels/decode_v3.py);
+            # window-1 launches (v1) write the recurrence copy only and leave their rows stale
+            stale = torch.zeros(B, dtype=torch.bool)
+            stale[real] = self.rc_valid_before[slot_idx[real].long()] == 0
+            writes_rc = self.impl == "v3" or (self.impl == "auto" and L > 1)
+            forced_ref = (forced.bool() | (stale & writes_rc)).to(torch.int32)
+            rc_before = self.ring.rc.cpu().clone()
+        else:
+            forced_ref = forced
+        o_ref = self.ref.step(xi, slot_idx, forced_ref, L=L)
         out = out.cpu().squeeze(1)
 
         # outputs: padded rows exactly zero, real rows close to float64
@@ -126,8 +149,9 @@ class Harness:
         # checkpoints: rows that flushed match the reference; every other slot is bit-identical
         flushed_slots = slot_idx[self.ref.flushed].long()
         st = self.state.cpu()
+        ref_rec = self.ref.state.rec if self.read_dtype != "same" else self.ref.state
         for s in flushed_slots.tolist():
-            r = rms_ratio(st[s], self.ref.state[s])
+            r = rms_ratio(st[s], ref_rec[s])
             assert r < self.tol_s, f"state at flush, slot {s}: rms ratio {r:.2e}"
         keep = torch.ones(self.slots, dtype=torch.bool)
         keep[flushed_slots] = False
@@ -144,7 +168,30 @@ class Harness:
         for new, old in ((self.ring.u, u_b), (self.ring.k, k_b), (self.ring.g, g_b)):
             assert torch.equal(bits(new[ut]), bits(old[ut])), "an untouched slot's records changed"
         self.stats["flushes"] += len(flushed_slots)
+        if self.read_dtype != "same":
+            self._check_read_copy(slot_idx, real, flushed_slots, rc_before, writes_rc)
         self.stats["steps"] += 1
+
+    def _check_read_copy(self, slot_idx, real, flushed_slots, rc_before, writes_rc):
+        """Two copies: the rows that wrote their checkpoint hold round(checkpoint) in the read copy (as
+        the reference rounds the same fold); every other slot's read copy is bit-identical; rc_valid is 1
+        after a v3 launch and 0 after a window-1 (v1) launch for every real row."""
+        rc = self.ring.rc.cpu()
+        if self.ring.rc_scale is not None:
+            deq = rc.double() * self.ring.rc_scale.cpu().double()[..., None]
+        else:
+            deq = rc.double()
+        wrote = flushed_slots.tolist() if writes_rc else []
+        for s in wrote:
+            r = rms_ratio(deq[s], self.ref.state.read[s])
+            assert r < 2e-3, f"read copy of slot {s}: rms ratio {r:.2e} against round(fold)"
+        keep = torch.ones(self.slots, dtype=torch.bool)
+        keep[torch.tensor(wrote, dtype=torch.long)] = False
+        assert torch.equal(bits(rc[keep]), bits(rc_before[keep])), "a read copy changed without a flush"
+        valid = self.ring.rc_valid.cpu()
+        rs = slot_idx[real].long()
+        assert bool((valid[rs] == (1 if writes_rc else 0)).all()), f"rc_valid {valid[rs].tolist()}"
+        assert torch.equal(valid[self.untouched], self.rc_valid_before[self.untouched])
 
     def run(self, steps):
         for _ in range(steps):
@@ -306,6 +353,21 @@ def test_v3_chunked_fold_with_prefolds(kind, state_dtype):
                  p_forced=0.1, impl="v3", fold="chunked", state_dtype=DTYPES[state_dtype])
     st = hz.run(20)
     assert st["flushes"] > 0 and st["prefold_appends"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("impl,windows", [("v3", (None,)), ("auto", (6, 6, 1, 6))], ids=["v3", "auto-switching"])
+def test_read_copy_two_precision(kind, read_dtype, impl, windows):
+    """Issue 7, decode: with a read copy the steps that write the checkpoint read the fp32 recurrence copy and
+    write both copies from the same fold; every other step reads only the read copy (NaN-poisoned until first
+    written: a stale read is caught); the recurrence copy at every flush equals the float64 reference to fp32
+    rounding (the read copy's rounding never feeds it), outputs match precision.TwoCopyReference, window-1
+    launches (v1) leave the read copy stale and the next buffered step rewrites it."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=51, windows=windows,
+                 p_forced=0.1, impl=impl, read_dtype=read_dtype)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["staggered"] > 0
 
 
 def test_impl_argument_checks():
