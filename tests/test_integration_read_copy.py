@@ -436,3 +436,46 @@ def test_materialize_invalidates_the_track_slot_and_commit_does_not(sg):
     rp.rc_valid.fill_(1)
     rp.commit_verify(torch.tensor(sl, dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32))
     assert cleared(rp) == only([], 2)
+
+
+# --- decode through the serving hook with the copy on (kernels: decode v3, v1 at window 1) ------------------
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("dt", ["bf16", "fp8_e4m3"])
+def test_serving_decode_reads_the_copy_and_keeps_the_recurrence_exact(sg, kind, dt, monkeypatch):
+    """decode.forward_decode with --linear-replayssm-read-dtype: the first step after the prefill is a
+    flush (the copy is stale) and exact; the steps after it read the read copy (outputs within its rounding
+    of the conventional float64 path); the recurrence copy is never rounded to the read dtype, so at every
+    flush it differs from the conventional state only through the corrections u_t, which carry one rounding
+    of C k each (docs/design.md, "Precision: two copies"): far below the copy's own rounding; a window-1 step
+    in between (the small-batch policy) leaves the copy stale again."""
+    from test_integration_sglang import TOL, Model, h_of
+
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(L))
+    rtp = rc_pool(sg, dt, kind=kind, mamba_size=2)
+    rp = rtp.mamba_pool.replayssm_pool
+    m = Model(kind, rtp, seed=7)
+    r = new_req(1)
+    rtp.alloc([r])
+    s = int(r.mamba_pool_idx)
+    m.write_prefill_state(s)
+    rp.reset_([s])  # what the extend hook does after a prefill
+    assert int(rp.rc_valid[:, s].sum()) == 0
+    out_tol = 2e-2 if dt == "bf16" else 1.5e-1  # one rounding of C per element (fp8: 3 mantissa bits)
+    state_tol = out_tol / 20
+    assert m.step([s]) < TOL  # stale copy: forced flush, reads the fp32 checkpoint
+    assert h_of(rtp, s) == [0] and m.state_err(s) < TOL
+    assert bool((rp.rc_valid[:, s] == 1).all())
+    errs = []
+    for i in range(2 * L):
+        errs.append(m.step([s]))
+        if h_of(rtp, s) == [0]:  # a flush: the recurrence copy, never rounded to the read dtype
+            assert m.state_err(s) < state_tol
+    assert max(errs) < out_tol and max(errs) > TOL, errs  # the copy was read (its rounding shows)
+    m.ref[:, s] = rtp.mamba_pool.mamba_cache.temporal[:, s].to(torch.float64)  # resync the conventional side
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "1")  # a small batch: v1, the copy goes stale
+    assert m.step([s]) < TOL
+    assert bool((rp.rc_valid[:, s] == 0).all()) and m.state_err(s) < TOL
+    monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(L))
+    assert m.step([s]) < TOL  # stale again: this step reads the fp32 checkpoint (exact)
+    assert bool((rp.rc_valid[:, s] == 1).all())
