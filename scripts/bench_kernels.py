@@ -67,6 +67,11 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
     scratch = 0
     if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: q~, k~, coefficients
         scratch = 2 * B * (HK * 2 * K * 4 + HV * (2 * 16 + 2) * 4)
+    if "_rc_" in arm:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
+        # the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
+        rc = B * HV * V * (K * (2 if arm.endswith("bf16") else 1) + (0 if arm.endswith("bf16") else 4))
+        state_traffic = 2 * state / L + rc * (L - 1) / L + rc / L
+        return state_traffic + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
     return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
 
 
@@ -182,14 +187,25 @@ def arm_upstream(c: Case):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked"):
+             records="masked", read_dtype="same"):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
     lay = ringmod.RingLayout.for_layer(c.kind, L=c.L, H=c.H, HV=c.HV, K=c.K, V=c.V)
     rings = []
     for _ in range(c.NL):
-        r = lay.allocate(c.B, device=c.dev, record_dtype=rec_dtype)
+        r = lay.allocate(c.B, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype)
+        if r.rc is not None:  # steady state: every copy current (a stale copy only follows a prefill)
+            from replayssm_sglang import precision as P
+
+            pool = c.pools[len(rings) % c.NL].float()
+            if r.rc_scale is not None:
+                q, sc = P.quantize_fp8_rows(pool)
+                r.rc.copy_(q.to(c.dev))
+                r.rc_scale.copy_(sc.to(c.dev))
+            else:
+                r.rc.copy_(pool.to(torch.bfloat16))
+            r.rc_valid.fill_(1)
         # staggered cursors: slot s starts at (row of s) % L; zero records are valid records
         row_of_slot = torch.empty(c.B, dtype=torch.int32, device=c.dev)
         row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
@@ -251,7 +267,7 @@ def main():
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
                     "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
-                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked); 'dot' = tensor-core "
+                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state (v3_rc_bf16, v3_rc_fp8; issue 7, fp32 records); 'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -378,6 +394,10 @@ def main():
                     "v3_r32": arm_ours(c, torch.float32, cfg=cfg3, impl="v3") if v3 and sdt == "float32" else None,
                     "v3_r16_rows": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", rows=True) if v3 else None,
                     "v3_L1": arm_ours(c, torch.bfloat16, window=1, cfg=cfg3, impl="v3") if v3 and B <= 32 else None,
+                    "v3_rc_bf16": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="bf16")
+                    if v3 and sdt == "float32" and "rc" in variants else None,
+                    "v3_rc_fp8": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3")
+                    if v3 and sdt == "float32" and "rc" in variants else None,
                     "v3_r16_chunked": arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="chunked")
                     if v3 and "chunked" in variants else None,
                     "v3_r32_chunked": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="chunked")
@@ -395,7 +415,8 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked") else 2  # *_r16*, upstream: bf16 records
+                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked", "v3_rc_bf16",
+                                           "v3_rc_fp8") else 2  # *_r16*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -427,7 +448,7 @@ def table(path) -> str:
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
     present = {r["arm"] for r in rows}
     arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v3_r16", "v3_r32", "v3_r16_rows", "v3_L1",
-                        "v3_r16_chunked", "v3_r32_chunked",
+                        "v3_r16_chunked", "v3_r32_chunked", "v3_rc_bf16", "v3_rc_fp8",
                         "v2_r16", "v2_r32", "v2_r16_rows",
                         "v2_r16_unroll", "v2_r16_all", "ours_r16_dot", "diag_no_atomics"] if a in present]
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
@@ -463,7 +484,8 @@ def plot(path):
                   "conv_cuda": "tab:gray", "ours_r16_dot": "tab:purple", "diag_no_atomics": "tab:brown",
                   "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black",
                   "v2_r16_all": "tab:gray", "v3_r16": "darkgreen", "v3_r32": "darkorange", "v3_r16_rows": "magenta",
-                  "v3_L1": "darkred", "v3_r16_chunked": "lime", "v3_r32_chunked": "gold"}
+                  "v3_L1": "darkred", "v3_r16_chunked": "lime", "v3_r32_chunked": "gold",
+                  "v3_rc_bf16": "navy", "v3_rc_fp8": "crimson"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

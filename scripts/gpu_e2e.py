@@ -69,6 +69,9 @@ ARMS = {
     # decode output multiplied by (1 +- 1e-6), a perturbation of fp32-rounding size: how far does this model's
     # greedy text move under numerics alone?
     "ours_perturbed": ["--enable-linear-replayssm"],
+    # issue 7: the two-precision state (a low-precision read copy; the recurrence stays fp32)
+    "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
+    "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
 ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"}}
