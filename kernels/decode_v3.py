@@ -274,6 +274,7 @@ def replay_decode_v3_kernel(
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
             G_f = tl.where(flush, G_last + g_t, G_last)
         u_add = tl.where(flush, u_t, 0.0)
+        amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
         for c in tl.static_range(BK // BKT):
             o_kc = c * BKT + tl.arange(0, BKT)
             mk = o_kc < K
@@ -295,6 +296,27 @@ def replay_decode_v3_kernel(
                                 IS_KDA)
             S_c += u_add[:, None] * k_c[None, :]
             tl.store(p_c_s, S_c.to(state.dtype.element_ty), mask=m_c)
+            if HAS_RC:
+                if RC_FP8:
+                    amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
+                else:
+                    tl.store(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :],
+                             _round_bf16(S_c).to(rc.dtype.element_ty), mask=m_c)
+        if HAS_RC:
+            if RC_FP8:
+                # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
+                # just written (exact for an fp32 state; the same thread wrote each element: same layout)
+                sc = tl.where(amax == 0, 1.0, amax / 448.0)
+                tl.debug_barrier()
+                for c in tl.static_range(BK // BKT):
+                    o_kc = c * BKT + tl.arange(0, BKT)
+                    m_c = mask_v[:, None] & (o_kc < K)[None, :]
+                    S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
+                                  mask=m_c, other=0).to(tl.float32)
+                    y = tl.clamp(S_c / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+                    tl.store(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :],
+                             _round_e4m3(y).to(rc.dtype.element_ty), mask=m_c)
+                tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
@@ -391,7 +413,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         stale = ring.rc_valid[slot_idx.clamp(min=0).long()] == 0
         f = (stale | (forced != 0) if forced is not None else stale).to(torch.int32)
         common["HAS_FORCED"] = True
-        fold = "loop"  # the read copy is written from the whole tile (fp8: a scale per row needs all of K)
+        # the fold writes the read copy chunk by chunk (fp8: a second pass with the rows' scales); the
+        # whole-tile fold with the copy's writes needs 255 registers and spills (ptxas, sm_90)
+        fold = "chunked"
     replay_decode_v3_pre_kernel[(B, lay.HK)](
         mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
         float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
