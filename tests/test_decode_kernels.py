@@ -459,6 +459,20 @@ def test_gpu_real_shapes_h_rows(kind, impl):
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_gpu_real_shapes_read_copy_v3(kind, read_dtype):
+    """The two-copy decode at real head sizes on the GPU (fp32 state and records), with window-1 launches
+    (v1) in between: the same checks as the CPU test, with the GPU's own casts."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, seed=3, windows=(16, 16, 16, 16, 16, 1, 4),
+                 impl="auto", read_dtype=read_dtype)
+    st = hz.run(26)
+    assert st["flushes"] > 0
+
+
 def test_policy_windows(monkeypatch):
     """The small-batch policy picks window 1 exactly where the buffered path measured slower."""
     from replayssm_sglang import policy
