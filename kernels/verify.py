@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from replayssm_sglang import ring as ring_mod
+from replayssm_sglang.kernels.decode_v3 import _round_bf16, _round_e4m3, set_rc_valid_
 
 __all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
 
@@ -69,6 +70,10 @@ def _ring_prefold_kernel(
     BC: tl.constexpr,
     IS_KDA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    rc=None,
+    rc_scale=None,
+    HAS_RC: tl.constexpr = False,
+    RC_FP8: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -116,6 +121,17 @@ def _ring_prefold_kernel(
         S = C * tl.exp(Glast) + tl.dot(uT * w[None, :], kh, input_precision=DOT_PRECISION)
 
     tl.store(p_C, S.to(p_C.dtype.element_ty), mask=mv[:, None] & mk[None, :])
+    if HAS_RC:
+        # two copies (issue 7): the read copy from the same unrounded fold (decode v3's rounding)
+        p_r = rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :]
+        if RC_FP8:
+            amax = tl.max(tl.abs(S), 1)
+            sc = tl.where(amax == 0, 1.0, amax / 448.0)
+            y = tl.clamp(S / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+            tl.store(p_r, _round_e4m3(y).to(rc.dtype.element_ty), mask=mv[:, None] & mk[None, :])
+            tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mv)
+        else:
+            tl.store(p_r, _round_bf16(S).to(rc.dtype.element_ty), mask=mv[:, None] & mk[None, :])
 
 
 @triton.jit
@@ -159,6 +175,11 @@ def _ring_verify_kernel(
     SOFTPLUS_THRESHOLD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     OUT_PRECISION: tl.constexpr,
+    rc=None,
+    rc_scale=None,
+    rc_valid=None,
+    HAS_RC: tl.constexpr = False,
+    RC_FP8: tl.constexpr = False,
 ):
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
@@ -190,6 +211,10 @@ def _ring_verify_kernel(
     # ring.verify_start: 0 after a pre-step fold (ring.needs_prefold: h + T > L), else h.
     h0 = tl.where(h + T > L, 0, h)
     mc = o_c < h0
+    if HAS_RC:
+        # two copies: a row that folded first reads the recurrence copy (the step runs from the new
+        # checkpoint); any other row reads the read copy when it is current, else the recurrence copy
+        from_rc = (h + T <= L) & (tl.load(rc_valid + slot) == 1)
 
     # ---- the T drafts: q, k (l2-normalised), beta, gates ----
     p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
@@ -275,7 +300,18 @@ def _ring_verify_kernel(
     for v0 in range(v_lo, v_lo + VS, BV):
         o_v = v0 + tl.arange(0, BV)
         mv = o_v < V
-        C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        if HAS_RC:
+            m_vk = mv[:, None] & mk[None, :]
+            if from_rc:
+                # no `other=` (the interpreter cannot make an fp8 fill): masked lanes zeroed after the cast
+                C = tl.where(m_vk, tl.load(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :],
+                                           mask=m_vk).to(tl.float32), 0.0)
+                if RC_FP8:
+                    C = C * tl.load(rc_scale + (slot * HV + i_hv) * V + o_v, mask=mv, other=1.0)[:, None]
+            else:
+                C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=m_vk, other=0.0).to(tl.float32)
+        else:
+            C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
         uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
         if IS_KDA:
             wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
@@ -382,11 +418,14 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     BC = max(16, triton.next_power_of_2(lay.cap))
     precision = precision or default_precision(state.device, state.dtype)
     grid = (triton.cdiv(lay.V, BV), B, lay.HV)
+    has_rc = ring.rc is not None
     _ring_prefold_kernel[grid](
         state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         state.stride(0), ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
         T, lay.L, lay.cap, H=lay.HK, HV=lay.HV, K=lay.K, V=lay.V,
         BK=BK, BV=BV, BC=BC, IS_KDA=(lay.kind == "kda"), DOT_PRECISION=precision,
+        rc=ring.rc if has_rc else state, rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
+        HAS_RC=has_rc, RC_FP8=ring.rc_scale is not None,
         num_warps=num_warps,
     )
 
@@ -474,6 +513,11 @@ def ring_verify(
         _BT_MIN[0] = 16
         _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                        scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision)
+    if ring.rc is not None:
+        # the rows that folded first wrote both copies: their read copy is current now
+        hh = ring.h[slot_idx.clamp(min=0).long()]
+        pre = ring_mod.needs_prefold(hh, T, lay.L) & (hh > 0)
+        set_rc_valid_(ring, torch.where(pre, slot_idx, torch.full_like(slot_idx, -1)), 1)
     return out
 
 
@@ -492,5 +536,9 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         IS_KDA=is_kda, USE_LOWER_BOUND=lower_bound is not None, SOFTPLUS_THRESHOLD=20.0,
         DOT_PRECISION=precision,
         OUT_PRECISION=out_precision,
+        rc=ring.rc if ring.rc is not None else state,
+        rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
+        rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
+        HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         num_warps=num_warps,
     )

@@ -383,3 +383,86 @@ def test_gpu_mixed_T_and_bf16_records():
         run_sequence(kind=kind, B=4, H=2 if kind == "gdn" else 4, HV=4, K=128, V=128, L=16, T_choices=[1, 2, 4, 8],
                       steps=64, act_dtype=torch.bfloat16, state_dtype=torch.bfloat16, record_dtype=torch.bfloat16,
                       device="cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# Two copies (issue 7): verify steps read the read copy except after a pre-step fold
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_verify_read_copy_matches_two_copy_reference(kind, read_dtype):
+    """ring_verify with a read copy, against precision.TwoCopyRingModel over random accept sequences: rows that
+    fold first read the recurrence copy and write both copies from the same fold (the read copy equal to the
+    reference's rounding); every other row reads the read copy; the recurrence copy at every fold matches the
+    reference's to fp32 rounding; non-folding rows leave both copies bit-identical. First, a stale copy
+    (rc_valid 0, NaN-poisoned) is not read: that step equals the single-copy reference."""
+    from replayssm_sglang import precision as P
+    from replayssm_sglang import reference_verify as RV
+
+    H, HV, K, V, L, T, B = (1, 2, 16, 16, 6, 3, 2) if kind == "gdn" else (2, 2, 16, 16, 6, 3, 2)
+    gen = torch.Generator().manual_seed(61)
+    lay = R.RingLayout.for_layer(kind, L=L, T_max=T, H=H, HV=HV, K=K, V=V)
+    A_log, dt_bias = random_params(kind=kind, HV=HV, K=K, gen=gen)
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+    slot_idx = slots.to(DEV)
+    S0 = torch.randn(B, HV, V, K, generator=gen) * 0.3
+    kw = dict(kind=kind, L=L, T_max=T, H=H, HV=HV, K=K, V=V, A_log=A_log, dt_bias=dt_bias)
+
+    def fresh():
+        ring = lay.allocate(B + 1, device=DEV, record_dtype=torch.float32, read_dtype=read_dtype)
+        state = torch.full((B + 1, HV, V, K), 1e30)
+        state[slots.long()] = S0
+        return ring, state.to(DEV)
+
+    # a stale copy is never read
+    ring, state = fresh()
+    ring.rc.fill_(float("nan"))
+    mixed, a, b = random_inputs(kind=kind, B=B, T=T, H=H, HV=HV, K=K, V=V, gen=gen)
+    out = ring_verify(mixed.to(DEV), a.to(DEV), b.to(DEV), A_log.to(DEV), dt_bias.to(DEV), state, slot_idx, ring, T)
+    o_ref = RV.RingModel(S0.double(), **kw).verify(mixed, a, b, T)
+    assert rms_ratio(out.cpu(), o_ref) < 1e-4
+
+    # current copies: the two-copy protocol over an accept sequence
+    ring, state = fresh()
+    model = P.TwoCopyRingModel(S0.double(), state_dtype="float32", read_dtype=read_dtype, **kw)
+    for r in range(B):
+        s = int(slots[r])
+        if read_dtype == "fp8_e4m3":
+            q, sc = P.quantize_fp8_rows(S0[r])
+            ring.rc[s], ring.rc_scale[s] = q.to(DEV), sc.to(DEV)
+        else:
+            ring.rc[s] = S0[r].to(torch.bfloat16).to(DEV)
+    ring.rc_valid.fill_(1)
+    seen = dict(fold=0, from_copy=0)
+    ib = torch.int8 if ring.rc.element_size() == 1 else torch.int16
+    for step in range(14):
+        mixed, a, b = random_inputs(kind=kind, B=B, T=T, H=H, HV=HV, K=K, V=V, gen=gen)
+        h_before = ring.h.clone()
+        rc_before, st_before = ring.rc.clone(), state.clone()
+        out = torch.full((B * T, HV, V), float("nan"), device=DEV)
+        ring_verify(mixed.to(DEV), a.to(DEV), b.to(DEV), A_log.to(DEV), dt_bias.to(DEV), state, slot_idx, ring, T,
+                    out=out)
+        pre = R.needs_prefold(h_before[slots.long()].cpu(), T, L)
+        o_ref = model.verify(mixed, a, b, T).reshape(B, T, HV, V)
+        o = out.cpu().reshape(B, T, HV, V)
+        for r in range(B):
+            s = int(slots[r])
+            e = rms_ratio(o[r], o_ref[r])
+            assert e < 1e-4, f"step {step} row {r}: output rms ratio {e:.2e}"
+            if bool(pre[r]):
+                seen["fold"] += 1
+                assert rms_ratio(state[s].cpu(), model.C.rec[r]) < 2e-5
+                deq = ring.rc[s].double().cpu()
+                if ring.rc_scale is not None:
+                    deq = deq * ring.rc_scale[s].double().cpu()[..., None]
+                assert rms_ratio(deq, model.C.read[r]) < 2e-3
+            else:
+                seen["from_copy"] += 1
+                assert torch.equal(state[s], st_before[s])
+                assert torch.equal(ring.rc[s].view(ib), rc_before[s].view(ib))
+            assert int(ring.rc_valid[s]) == 1
+        acc = torch.randint(1, T + 1, (B,), generator=gen)
+        ring_commit_(ring.h, slot_idx, T, L, acc.to(device=DEV, dtype=torch.int32))
+        model.commit(acc)
+    assert seen["fold"] > 0 and seen["from_copy"] > 0, seen

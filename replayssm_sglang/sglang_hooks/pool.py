@@ -25,11 +25,13 @@ lives and *when* SGLang's slot lifecycle forces a fold or a reset:
 
 Read copy (``--linear-replayssm-read-dtype bf16|fp8_e4m3``, issue 7): each layer's ring also holds a
 low-precision copy ``rc`` of every slot's checkpoint (``rc_scale`` per V-row for fp8) and ``rc_valid``
-(1 while ``rc == round(checkpoint)``). Only the decode kernel writes ``rc`` (and sets ``rc_valid``);
-every other write of a checkpoint -- SGLang's prefill, copies and restores, our folds, the verify
-pre-fold, ``materialize_`` -- leaves ``rc`` stale, so each glue path that writes a checkpoint or
-resets h clears ``rc_valid`` for its slots (``invalidate_read_copy_``); the next decode step of
-such a row is then a forced flush that reads the fp32 checkpoint and rewrites both copies.
+(1 while ``rc == round(checkpoint)``). Only our kernels write ``rc`` (and set ``rc_valid``): a decode
+flush and a verify pre-step fold write both copies from the same fold. Every other write of a checkpoint
+-- SGLang's prefill, copies and restores, our glue's folds, ``materialize_``, a window-1 decode launch --
+leaves ``rc`` stale, so each such path clears ``rc_valid`` for its slots (``invalidate_read_copy_``;
+the window-1 launch in kernels/decode.py); the next decode step of such a row is then a forced flush
+that reads the fp32 checkpoint and rewrites both copies, and a verify step reads the fp32 checkpoint
+for it until its next pre-step fold.
 
 No function here syncs with the host: everything is device tensor ops (safe to call from the
 overlap scheduler's paths; the fold is not meant for CUDA-graph capture, it runs on lifecycle
@@ -330,9 +332,8 @@ class ReplayPool:
         B = N // T
         out = ring_verify(mixed_qkv, a.reshape(N, -1), b.reshape(N, -1), A_log, dt_bias, ssm_states,
                           cache_indices[:B], self.ring(layer_idx), T, scale=scale, lower_bound=lower_bound)
-        # the verify kernels read and (pre-fold) write only the fp32 checkpoint: this layer's read
-        # copy of the batch's slots is stale from here on (padded rows -1 clear slot 0 only)
-        self.invalidate_read_copy_(cache_indices[:B], layer_idx)
+        # the verify kernels keep the read copy themselves: a row that folds first writes both copies
+        # (and sets its rc_valid), every other row reads the copy when it is current; nothing to clear
         return out.view(1, N, num_v_heads, head_v_dim)
 
     def materialize_(self, temporal: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
