@@ -455,6 +455,9 @@ def main() -> None:
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--extra", default="", help="extra flags for every server (space separated)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor parallel size for every server (--tp-size): 2 on the nvidia-h200-x2 machine; the "
+                         "ring and the read copy are sharded by heads like the state (docs/integration.md)")
     ap.add_argument("--fast-start", action="store_true",
                     help="--disable-prefill-cuda-graph: saves ~20 s per server (84 s for the first, Triton JIT "
                          "included) at the cost of eager prefill (TTFT)")
@@ -468,6 +471,12 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     if args.extra:
         COMMON.extend(args.extra.split())
+    if args.tp > 1:
+        import torch as _t
+
+        if _t.cuda.device_count() < args.tp:
+            raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs, this machine has {_t.cuda.device_count()}")
+        COMMON.extend(["--tp-size", str(args.tp)])
     if args.fast_start:
         COMMON.append("--disable-prefill-cuda-graph")
 
