@@ -144,6 +144,7 @@ def _kda_cuda_module():
             disp = types.ModuleType("IPython.display")
             disp.HTML = disp.display = lambda *a, **k: None
             ip.display = disp
+            ip.get_ipython = lambda: None  # matplotlib asks it when picking a backend (the PNG failed without)
             sys.modules.setdefault("IPython", ip)
             sys.modules.setdefault("IPython.display", disp)
         import importlib
