@@ -542,3 +542,83 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         num_warps=num_warps,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# extra_buffer tracking under verify: a draft's exact state into a track slot, without a host sync
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _materialize_kernel(
+    temporal, ring_u, ring_k, ring_g, ring_h, src, dst, steps, T, L, ROWS,
+    s_t_layer, s_t_slot, s_u_layer, s_u_row, s_k_layer, s_k_row, s_g_layer, s_g_row, s_h_layer,
+    HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, GK: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_KDA: tl.constexpr,
+):
+    """One (V-tile, row, layer x value head): temporal[layer, dst] = the state of live slot src after its
+    first n = verify_start(h) + steps + 1 records (the fold's math on a prefix of the ring); rows with
+    steps < 0, src < 0 or dst < 0 do nothing. The live checkpoint, records and h are only read."""
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_lh = tl.program_id(2)
+    li = i_lh // HV
+    i_hv = i_lh % HV
+    i_hk = i_hv // (HV // HK)
+    st = tl.load(steps + i_n).to(tl.int32)
+    s = tl.load(src + i_n).to(tl.int64)
+    d = tl.load(dst + i_n).to(tl.int64)
+    if (st >= 0) & (s >= 0) & (d >= 0):
+        s = tl.where(s < ROWS, s, 0)  # ReplayPool._rows_of: a slot without ring storage has h = 0
+        hh = tl.load(ring_h + li * s_h_layer + s).to(tl.int32)
+        n = tl.where(hh + T > L, 0, hh) + st + 1  # ring.verify_start(h, T, L) + steps + 1
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_k = tl.arange(0, BK)
+        mv = o_v < V
+        mk = o_k < K
+        m_vk = mv[:, None] & mk[None, :]
+        C = tl.load(temporal + li * s_t_layer + s * s_t_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                    mask=m_vk, other=0.0).to(tl.float32)
+        base_u = ring_u + li * s_u_layer + s * s_u_row + i_hv * CAP * V
+        base_k = ring_k + li * s_k_layer + s * s_k_row + i_hk * CAP * K
+        base_g = ring_g + li * s_g_layer + s * s_g_row + i_hv * CAP * GK
+        has = n > 0
+        if IS_KDA:
+            G_ref = tl.load(base_g + (n - 1) * GK + o_k, mask=mk & has, other=0.0)
+            S = C * tl.exp(G_ref)[None, :]
+        else:
+            G_ref = tl.load(base_g + (n - 1), mask=has, other=0.0)
+            S = C * tl.exp(G_ref)
+        for j in range(n):
+            u_j = tl.load(base_u + j * V + o_v, mask=mv, other=0.0).to(tl.float32)
+            k_j = tl.load(base_k + j * K + o_k, mask=mk, other=0.0).to(tl.float32)
+            if IS_KDA:
+                g_j = tl.load(base_g + j * GK + o_k, mask=mk, other=0.0)
+            else:
+                g_j = tl.load(base_g + j)
+            S += u_j[:, None] * (k_j * tl.exp(G_ref - g_j))[None, :]
+        tl.store(temporal + li * s_t_layer + d * s_t_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                 S.to(temporal.dtype.element_ty), mask=m_vk)
+
+
+def ring_materialize_(temporal: torch.Tensor, u: torch.Tensor, k: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
+                      layout, src: torch.Tensor, dst: torch.Tensor, steps: torch.Tensor, T: int,
+                      block_v: int = 32, num_warps: int = 4) -> None:
+    """temporal[:, dst[r]] = the exact state of live slot src[r] after draft steps[r] of the verify step just
+    run, for every row r with steps, src and dst >= 0, in every layer (stacked tensors: temporal [layers,
+    slots, HV, V, K], u/k/g/h [layers, rows, ...] as ReplayPool holds them). One launch, no host sync
+    (graph-capturable); rows without a boundary return at once."""
+    B = src.shape[0]
+    if B == 0:
+        return
+    nl = temporal.shape[0]
+    HV, V, K = layout.HV, layout.V, layout.K
+    BK = triton.next_power_of_2(K)
+    BV = min(block_v, triton.next_power_of_2(V))
+    grid = (triton.cdiv(V, BV), B, nl * HV)
+    _materialize_kernel[grid](
+        temporal, u, k, g, h, src, dst, steps, int(T), int(layout.L), h.shape[1],
+        temporal.stride(0), temporal.stride(1), u.stride(0), u.stride(1), k.stride(0), k.stride(1),
+        g.stride(0), g.stride(1), h.stride(0),
+        HV=HV, HK=layout.HK, K=K, V=V, CAP=layout.cap, GK=layout.GK, BK=BK, BV=BV,
+        IS_KDA=(layout.kind == "kda"), num_warps=num_warps,
+    )

@@ -343,21 +343,22 @@ class ReplayPool:
         step just run (records r[0 .. verify_start(h) + steps]); the live checkpoint, records and h
         are untouched. Call before ``commit_verify`` (it reads the pre-commit h).
 
-        Exact (the fold's math on a prefix of the records), in torch ops; it selects the crossing
-        rows with ``nonzero`` (one host sync per commit, only when a track slot is given). The fast
-        path is a kernel like ring_prefold with a destination slot and a per-row record count."""
-        T, L = self.spec_T, self.layout.L
-        src = src_slots.to(self.h.device).reshape(-1).to(torch.long)
-        dst = dst_slots.to(self.h.device).reshape(-1).to(torch.long)
-        st = steps.to(self.h.device).reshape(-1).to(torch.long)
-        rows = ((st >= 0) & (src >= 0) & (dst >= 0)).nonzero().reshape(-1)
-        if rows.numel() == 0:
+        Exact (the fold's math on a prefix of the records), in one kernel launch over every row and
+        layer (kernels/verify.py: ring_materialize_): no host sync, so it can sit in the overlap
+        scheduler's path; rows without a boundary return at once."""
+        from replayssm_sglang.kernels.verify import ring_materialize_
+
+        T = self.spec_T
+        dev = self.h.device
+        src = src_slots.to(dev).reshape(-1).to(torch.int64)
+        dst = dst_slots.to(dev).reshape(-1).to(torch.int64)
+        st = steps.to(dev).reshape(-1).to(torch.int64)
+        if src.numel() == 0:
             return
-        s, d, st = self._rows_of(src[rows]), dst[rows], st[rows]
-        self.invalidate_read_copy_(d)  # the track slot's checkpoint is written without its read copy
-        for li in range(self.num_layers):
-            n = ringmod.verify_start(self.h[li, s], T, L).to(torch.long) + st + 1
-            temporal[li, d] = self._state_after(temporal, li, s, n).to(temporal.dtype)
+        wrote = (st >= 0) & (src >= 0) & (dst >= 0)
+        # the track slots' checkpoints are written without their read copy (rows without one: slot -1)
+        self.invalidate_read_copy_(torch.where(wrote, dst, torch.full_like(dst, -1)))
+        ring_materialize_(temporal, self.u, self.k, self.g, self.h, self.layout, src, dst, st, T)
 
     def commit_verify(self, state_indices: torch.Tensor, accepted: torch.Tensor) -> None:
         """After acceptance: h := verify_start(h) + accepted in every layer (ring.commit_verify_'s
