@@ -26,6 +26,15 @@ v3 splits the step into three launches:
         pre-folded and appends (other programs may still read the old record 0 during main).
 The maths is v2's term by term (same sums, same order of the exponent differences, all <= 0); only where
 each term is computed changes. Padded rows (slot < 0) write zeros and touch nothing else.
+
+Measured on the H200 (benchmarks/results/kernels-20261129-2108.*): 1.26-1.33x conventional for GDN fp32 at
+B >= 128, 1.11-1.20x for KDA fp32; bf16 states stay below conventional (docs/design.md, "Decode kernel v3").
+
+Options: ``fold="chunked"`` folds one K chunk at a time (fewer registers; not timed yet). A ring with a read
+copy (``Ring.rc``, issue 7, ``--linear-replayssm-read-dtype``): rows that do not write their checkpoint read
+the bf16 / fp8 copy instead of the checkpoint; a flush writes both copies from the same fold (chunked); a row
+whose copy is stale (``Ring.rc_valid == 0``) takes a forced flush; every real row's copy is current after a
+launch.
 """
 
 from __future__ import annotations
