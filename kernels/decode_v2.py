@@ -54,6 +54,27 @@ def _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k
 
 
 @triton.jit
+def _fold_records(C, G_f, n, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
+                  V: tl.constexpr, K: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, IS_KDA: tl.constexpr,
+                  UNROLL: tl.constexpr = False):
+    """C e^{G_f} + sum_{j < n} u_j (k_j e^{G_f - G_j})^T on one [BV, K-range] tile (o_k selects the K range;
+    G_f is a scalar for GDN, a vector over that K range for KDA): the fold of every kernel that writes a
+    checkpoint (decode v2 and v3, the track-slot materialization). UNROLL unrolls the record loop over the
+    ring capacity (independent loads, masked by n) instead of n trips."""
+    if IS_KDA:
+        S = C * tl.exp(G_f)[None, :]
+    else:
+        S = C * tl.exp(G_f)
+    if UNROLL:
+        for j in tl.static_range(CAP):
+            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+    else:
+        for j in range(n):
+            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+    return S
+
+
+@triton.jit
 def replay_decode_v2_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
@@ -167,16 +188,9 @@ def replay_decode_v2_kernel(
         # write the checkpoint: fold the records (and, on a flush, this token) relative to G_f, the
         # cumulative decay at the last thing folded (G_t on a flush, G_last on a prefold that appends)
         G_f = tl.where(flush, G_t, G_last)
-        if IS_KDA:
-            S = C * tl.exp(G_f)[None, :]
-        else:
-            S = C * tl.exp(G_f)
-        if FOLD_UNROLL:
-            for j in tl.static_range(CAP):  # unrolled: independent loads, masked by h
-                S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
-        else:
-            for j in range(h_old):  # records just loaded above: expected cache hits
-                S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+        # the records were just loaded above: expected cache hits
+        S = _fold_records(C, G_f, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA,
+                          FOLD_UNROLL)
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)

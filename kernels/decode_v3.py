@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
-from replayssm_sglang.kernels.decode_v2 import _fold_one, replay_decode_v2_post_kernel
+from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
 @triton.jit
@@ -157,6 +157,23 @@ def _round_e4m3(x):
 
 
 @triton.jit
+def _rc_scale(amax):
+    """fp8 read copy: one scale per row, amax / 448 (e4m3's largest finite value), 1 for a zero row."""
+    return tl.where(amax == 0, 1.0, amax / 448.0)
+
+
+@triton.jit
+def _store_read_copy(p_r, S, sc, m, RC_FP8: tl.constexpr):
+    """round(S) into the read copy at p_r: bf16 to nearest even, or fp8 e4m3 codes of S / sc (sc [rows], one
+    scale per row; unused for bf16), saturating at +-448, NaN kept."""
+    if RC_FP8:
+        y = tl.clamp(S / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+        tl.store(p_r, _round_e4m3(y).to(p_r.dtype.element_ty), mask=m)
+    else:
+        tl.store(p_r, _round_bf16(S).to(p_r.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _acc_tile(p_tile, o_v, mask_v, p_qk, acc_q, acc_k, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr):
     """acc_q += tile * q~, acc_k += tile * k~ over the K chunks of a [BV, K] tile at p_tile (row stride K)."""
     for c in tl.static_range(BK // BKT):
@@ -183,6 +200,8 @@ def replay_decode_v3_kernel(
     USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
 ):
+    # a read copy is written by the K-chunked fold only (the launch picks it)
+    tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -296,35 +315,30 @@ def replay_decode_v3_kernel(
                                  USE_LOWER_BOUND)
                 G_last_c = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk & has, other=0)
                 G_fc = tl.where(flush, G_last_c + g_c, G_last_c)
-                S_c = C_c * tl.exp(G_fc)[None, :]
             else:
                 G_fc = G_f
-                S_c = C_c * tl.exp(G_f)
-            for j in range(h_old):
-                S_c = _fold_one(S_c, j, h_old, G_fc, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK,
-                                IS_KDA)
+            S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP, IS_KDA)
             S_c += u_add[:, None] * k_c[None, :]
             tl.store(p_c_s, S_c.to(state.dtype.element_ty), mask=m_c)
             if HAS_RC:
                 if RC_FP8:
                     amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
                 else:
-                    tl.store(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :],
-                             _round_bf16(S_c).to(rc.dtype.element_ty), mask=m_c)
+                    _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, amax,
+                                     m_c, False)
         if HAS_RC:
             if RC_FP8:
                 # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
                 # just written (exact for an fp32 state; the same thread wrote each element: same layout)
-                sc = tl.where(amax == 0, 1.0, amax / 448.0)
+                sc = _rc_scale(amax)
                 tl.debug_barrier()
                 for c in tl.static_range(BK // BKT):
                     o_kc = c * BKT + tl.arange(0, BKT)
                     m_c = mask_v[:, None] & (o_kc < K)[None, :]
                     S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
                                   mask=m_c, other=0).to(tl.float32)
-                    y = tl.clamp(S_c / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-                    tl.store(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :],
-                             _round_e4m3(y).to(rc.dtype.element_ty), mask=m_c)
+                    _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, sc,
+                                     m_c, True)
                 tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold) & (not FOLD_CHUNKED):
@@ -343,26 +357,10 @@ def replay_decode_v3_kernel(
         else:
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
         G_f = tl.where(flush, G_last + g_t, G_last)
-        if IS_KDA:
-            S = C * tl.exp(G_f)[None, :]
-        else:
-            S = C * tl.exp(G_f)
-        for j in range(h_old):
-            S = _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+        S = _fold_records(C, G_f, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA)
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
-        if HAS_RC:
-            # the read copy from the same unrounded fold (round to nearest; fp8: one scale per V-row)
-            p_r = rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :]
-            if RC_FP8:
-                amax = tl.max(tl.abs(S), 1)
-                sc = tl.where(amax == 0, 1.0, amax / 448.0)
-                y = tl.clamp(S / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-                tl.store(p_r, _round_e4m3(y).to(rc.dtype.element_ty), mask=m_vk)
-                tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mask_v)
-            else:
-                tl.store(p_r, _round_bf16(S).to(rc.dtype.element_ty), mask=m_vk)
     if flush == 0:
         tl.store(base_u + h_eff * V + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
 

@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 
 from replayssm_sglang import ring as ring_mod
-from replayssm_sglang.kernels.decode_v3 import _round_bf16, _round_e4m3, set_rc_valid_
+from replayssm_sglang.kernels.decode_v2 import _fold_records
+from replayssm_sglang.kernels.decode_v3 import _rc_scale, _store_read_copy, set_rc_valid_
 
 __all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
 
@@ -123,15 +124,11 @@ def _ring_prefold_kernel(
     tl.store(p_C, S.to(p_C.dtype.element_ty), mask=mv[:, None] & mk[None, :])
     if HAS_RC:
         # two copies (issue 7): the read copy from the same unrounded fold (decode v3's rounding)
-        p_r = rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :]
+        sc = _rc_scale(tl.max(tl.abs(S), 1))
+        _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :], S, sc,
+                         mv[:, None] & mk[None, :], RC_FP8)
         if RC_FP8:
-            amax = tl.max(tl.abs(S), 1)
-            sc = tl.where(amax == 0, 1.0, amax / 448.0)
-            y = tl.clamp(S / sc[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-            tl.store(p_r, _round_e4m3(y).to(rc.dtype.element_ty), mask=mv[:, None] & mk[None, :])
             tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mv)
-        else:
-            tl.store(p_r, _round_bf16(S).to(rc.dtype.element_ty), mask=mv[:, None] & mk[None, :])
 
 
 @triton.jit
@@ -584,18 +581,9 @@ def _materialize_kernel(
         has = n > 0
         if IS_KDA:
             G_ref = tl.load(base_g + (n - 1) * GK + o_k, mask=mk & has, other=0.0)
-            S = C * tl.exp(G_ref)[None, :]
         else:
             G_ref = tl.load(base_g + (n - 1), mask=has, other=0.0)
-            S = C * tl.exp(G_ref)
-        for j in range(n):
-            u_j = tl.load(base_u + j * V + o_v, mask=mv, other=0.0).to(tl.float32)
-            k_j = tl.load(base_k + j * K + o_k, mask=mk, other=0.0).to(tl.float32)
-            if IS_KDA:
-                g_j = tl.load(base_g + j * GK + o_k, mask=mk, other=0.0)
-            else:
-                g_j = tl.load(base_g + j)
-            S += u_j[:, None] * (k_j * tl.exp(G_ref - g_j))[None, :]
+        S = _fold_records(C, G_ref, n, base_u, base_k, base_g, o_v, o_k, mv, mk, V, K, GK, CAP, IS_KDA)
         tl.store(temporal + li * s_t_layer + d * s_t_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                  S.to(temporal.dtype.element_ty), mask=m_vk)
 
