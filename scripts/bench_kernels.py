@@ -302,34 +302,13 @@ def main():
     kinds, dtypes = args.kinds.split(","), args.dtypes.split(",")
     batches = [int(b) for b in args.batches.split(",")]
 
-    if args.sweep:
-        cfgs = [tuple(int(v) for v in s.split("x")) for s in args.sweep_configs.split(",")]
-        for kind in kinds:
-            for sdt in dtypes:
-                c = Case(kind, 256, sdt, dev)
-                best = None
-                for cfg in cfgs:
-                    try:
-                        t = time_graph(c, arm_ours(c, torch.bfloat16, cfg=cfg))
-                    except Exception as e:  # noqa: BLE001
-                        print(f"sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
-                        continue
-                    from replayssm_sglang.kernels import decode as _dec
-                    kk = _dec._LAST.get("kernel")
-                    regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
-                    print(f"sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]} NK={cfg[2]}: {t * 1e6:.1f} us"
-                          f"  regs {regs[0]} spills {regs[1]}", flush=True)
-                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm="sweep_" + "x".join(map(str, cfg)),
-                                     t_us=t * 1e6, n_regs=regs[0], n_spills=regs[1]))
-                    if best is None or t < best[0]:
-                        best = (t, cfg)
-                chosen[f"{kind}/{sdt}"] = best[1]
-                del c
-                torch.cuda.empty_cache()
     impls = args.impl.split(",")
     chosen2 = {}
     chosen3 = {}
-    sweeps = []
+    sweeps = []  # (impl, module holding _LAST, BVxwarps[xNK] configs, where the fastest goes)
+    if args.sweep:
+        from replayssm_sglang.kernels import decode as _d1
+        sweeps.append(("v1", _d1, args.sweep_configs, chosen))
     if args.v2_sweep and "v2" in impls:
         from replayssm_sglang.kernels import decode_v2 as _d2
         sweeps.append(("v2", _d2, args.v2_sweep_configs or _d2.V2_SWEEP, chosen2))
@@ -350,9 +329,11 @@ def main():
                         continue
                     kk = mod_s._LAST.get("kernel")
                     regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
-                    print(f"{impl_s} sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}: {t * 1e6:.1f} us"
+                    nk = f" NK={cfg[2]}" if len(cfg) > 2 else ""
+                    print(f"{impl_s} sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}{nk}: {t * 1e6:.1f} us"
                           f"  regs {regs[0]} spills {regs[1]}", flush=True)
-                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm=f"{impl_s}sweep_" + "x".join(map(str, cfg)),
+                    prefix = "" if impl_s == "v1" else impl_s  # v1's rows keep their names ("sweep_...")
+                    rows.append(dict(kind=kind, state_dtype=sdt, B=256, arm=f"{prefix}sweep_" + "x".join(map(str, cfg)),
                                      t_us=t * 1e6, n_regs=regs[0], n_spills=regs[1]))
                     if best is None or t < best[0]:
                         best = (t, cfg)

@@ -177,6 +177,18 @@ class Server:
 
 # ------------------------------------------------------------------------------------------------- prompts
 
+def take_load_audit(srv: "Server", audit: Path, into: dict) -> None:
+    """Move the load audit the server's processes wrote (scripts/gpu_hooks/sitecustomize.py) into the
+    results and log, per model, the parameters the checkpoint did not write."""
+    if not audit.exists():
+        return
+    into["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
+    audit.unlink()
+    for a in into["load_audit"]:
+        log(f"{srv.name}: load audit {a['model']}: {len(a['not_loaded'])} of {a['params']} "
+            f"params not loaded {[x[0] for x in a['not_loaded']][:6]}")
+
+
 def prompt_set(vocab: int, n: int = 16, seed: int = 1234) -> list[list[int]]:
     rng = random.Random(seed)
     lens = [8, 16, 24, 33, 47, 64, 100, 128, 150, 200, 255, 256, 300, 511, 700, 1000][:n]
@@ -534,12 +546,7 @@ def main() -> None:
                 cap = CAP_RE.search(srv.logpath.read_text(errors="replace"))
                 r["max_running_requests_cap"] = int(cap.group(1)) if cap else None
                 try:
-                    if audit.exists():
-                        r["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
-                        audit.unlink()
-                        for a in r["load_audit"]:
-                            log(f"{srv.name}: load audit {a['model']}: {len(a['not_loaded'])} of {a['params']} "
-                                f"params not loaded {[x[0] for x in a['not_loaded']][:6]}")
+                    take_load_audit(srv, audit, r)
                     if "correctness" in tasks:
                         res = run_prompts(srv, prompts)
                         r["diversity"] = diversity(res)
@@ -572,12 +579,7 @@ def main() -> None:
                     sr = r["nextn"] = {}
                     if ss.wait_ready(min(args.startup_timeout, deadline - time.time())):
                         try:
-                            if audit.exists():
-                                sr["load_audit"] = [json.loads(l) for l in audit.read_text().splitlines()]
-                                audit.unlink()
-                                for a in sr["load_audit"]:
-                                    log(f"{ss.name}: load audit {a['model']}: {len(a['not_loaded'])} of "
-                                        f"{a['params']} params not loaded {[x[0] for x in a['not_loaded']][:6]}")
+                            take_load_audit(ss, audit, sr)
                             res = run_prompts(ss, prompts)
                             sr["vs_same_arm_without_spec"] = compare(r["_res"], res)
                             sr["same_greedy_text"] = all(a["tokens"] == b["tokens"] for a, b in zip(r["_res"], res))
