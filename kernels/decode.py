@@ -378,6 +378,7 @@ def replay_decode(
     advance_h: bool = True,
     may_prefold: bool = True,
     records: str = "masked",
+    v3_opts: dict | None = None,
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -403,6 +404,7 @@ def replay_decode(
     loop unrolled over the ring capacity, masked by h); its ``records`` is "masked" (load the h committed
     records) or "all" (load every ring position without waiting for h, zero those past h with a select);
     ``block_v`` / ``num_warps`` pick its launch.
+    v3_opts: extra keyword arguments of ``decode_v3.launch`` (``chunk_bytes``; benchmark diagnostics).
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     if impl not in ("auto", "v1", "v2", "v3"):
@@ -433,6 +435,8 @@ def replay_decode(
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")
     if impl == "auto":
         impl = policy.decode_impl(L)
+    if v3_opts and impl != "v3":
+        raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
     if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", None)):
         raise ValueError("impl='v3' folds with the record loop (fold='loop', or 'chunked': one K chunk at a "
                          "time) and loads the committed records only")
@@ -448,7 +452,7 @@ def replay_decode(
         return decode_v3.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                fold="loop" if fold is None else fold)
+                                fold="loop" if fold is None else fold, **(v3_opts or {}))
     if impl == "v2" and ring.rc is not None:
         raise ValueError("a ring with a read copy (read_dtype bf16/fp8_e4m3) runs impl 'auto', 'v3' or 'v1'")
     if impl == "v2":

@@ -382,7 +382,15 @@ _LAST: dict = {}
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
-           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop"):
+           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
+           chunk_bytes=64, _diag_parts="all"):
+    """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
+    copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
+    "main" or "post" runs that launch alone, so a benchmark can split a step's time."""
+    if _diag_parts not in ("all", "pre", "main", "post"):
+        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
+    if chunk_bytes not in (16, 32, 64, 128, 256, 512):
+        raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
     lay = ring.layout
     B = mixed_qkv.shape[0]
     _, HV, V, K = state.shape
@@ -423,22 +431,28 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         # the fold writes the read copy chunk by chunk (fp8: a second pass with the rows' scales); the
         # whole-tile fold with the copy's writes needs 255 registers and spills (ptxas, sm_90)
         fold = "chunked"
-    replay_decode_v3_pre_kernel[(B, lay.HK)](
-        mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
-        float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
-        **common,
-    )
-    _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
-        mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-        ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
-        ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
-        float(scale), lb, L,
-        mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-        V=V, BV=BV, BC=BC, BKT=min(BK, max(1, 64 // state.element_size())), FOLD_CHUNKED=(fold == "chunked"),
-        HAS_RC=has_rc, RC_FP8=rc_fp8,
-        num_warps=nw, num_stages=1, **common,
-    )
-    if advance_h or may_prefold:
+    run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
+    # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
+    tile_es = ring.rc.element_size() if has_rc else state.element_size()
+    BKT = min(BK, max(1, chunk_bytes // tile_es))
+    if run_pre:
+        replay_decode_v3_pre_kernel[(B, lay.HK)](
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+            float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
+            **common,
+        )
+    if run_main:
+        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
+            mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+            ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
+            float(scale), lb, L,
+            mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold == "chunked"),
+            HAS_RC=has_rc, RC_FP8=rc_fp8,
+            num_warps=nw, num_stages=1, **common,
+        )
+    if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f,
             lb, L, mixed_qkv.stride(0), a2.stride(0),

@@ -188,7 +188,7 @@ def arm_upstream(c: Case):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same"):
+             records="masked", read_dtype="same", v3_opts=None):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -223,6 +223,8 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
             vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
+            if v3_opts:
+                vx["v3_opts"] = v3_opts
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
                           block_v=bv, num_warps=nw, impl=impl, **vx, **extra)
         return run
@@ -268,8 +270,12 @@ def main():
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
                     "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
-                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state (v3_rc_bf16, v3_rc_fp8; issue 7, fp32 records); 'dot' = tensor-core "
-                    "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row % L), the same "
+                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked; at B=256 also the launch configs "
+                    "v3c_BVxwarps); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state (v3_rc_bf16, v3_rc_fp8; "
+                    "v3_rc_fp8_c16: the copy read in 16-byte chunks; issue 7, fp32 records); 'parts' = diagnostics at "
+                    "B >= 128: v3's pre, main and post launches timed alone (v3_r16_pre/main/post; not a valid "
+                    "decode); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
+                    "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row %% L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
@@ -385,6 +391,20 @@ def main():
                     "v3_r32_chunked": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="chunked")
                     if v3 and sdt == "float32" and "chunked" in variants else None,
                 }
+                if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)
+                    arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
+                                                     v3_opts=dict(chunk_bytes=16))
+                if v3 and "parts" in variants and B >= 128:  # one launch alone: where a step's time goes
+                    for part in ("pre", "main", "post"):
+                        arms[f"v3_r16_{part}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3",
+                                                          v3_opts=dict(_diag_parts=part))
+                if v3 and "bkt" in variants and B >= 128:  # K-chunk width of the checkpoint reads
+                    for cb in (32, 128):
+                        arms[f"v3_r16_c{cb}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3",
+                                                         v3_opts=dict(chunk_bytes=cb))
+                if v3 and "chunked" in variants and B == 256:  # launch configs with the chunked fold's registers
+                    for bv, nw in ((32, 2), (64, 2), (64, 4), (16, 1)):
+                        arms[f"v3c_{bv}x{nw}"] = arm_ours(c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="chunked")
                 res = {}
                 for name, run in arms.items():
                     if run is None:
@@ -397,8 +417,8 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked", "v3_rc_bf16",
-                                           "v3_rc_fp8") else 2  # *_r16*, upstream: bf16 records
+                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked") or name.startswith(
+                        "v3_rc_") else 2  # *_r16*, v3c_*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],

@@ -48,7 +48,8 @@ class Harness:
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
-                 impl="v1", h_rows=False, records="masked", read_dtype="same"):
+                 impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None):
+        self.v3_opts = v3_opts
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
         self.p_pad, self.p_forced, self.windows = p_pad, p_forced, windows
@@ -117,6 +118,8 @@ class Harness:
             h_rows = h_rows.to(torch.int32).to(DEV)
             self.ring.h.fill_(-7)  # the kernel must not read it
             kw.update(h_rows=h_rows, advance_h=False, may_prefold=len(self.windows) > 1)
+        if self.v3_opts:
+            kw["v3_opts"] = self.v3_opts
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
                       block_v=self.block_v, lower_bound=self.lower_bound, **kw)
         if self.h_rows:
@@ -356,6 +359,18 @@ def test_v3_chunked_fold_with_prefolds(kind, state_dtype):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("chunk_bytes", [16, 128])
+def test_v3_chunk_widths(kind, chunk_bytes):
+    """The main launch's K-chunk width (chunk_bytes: 4 and 32 fp32 elements of K = 64, i.e. 16 chunks and 2),
+    with both folds, against the float64 reference through flushes, pre-folds and padded rows."""
+    for fold in ("loop", "chunked"):
+        hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=45, windows=(6, 6, 2),
+                     p_forced=0.1, impl="v3", fold=fold, v3_opts=dict(chunk_bytes=chunk_bytes))
+        st = hz.run(10)
+        assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("impl,windows", [("v3", (None,)), ("auto", (6, 6, 1, 6))], ids=["v3", "auto-switching"])
 def test_read_copy_two_precision(kind, read_dtype, impl, windows):
@@ -370,6 +385,17 @@ def test_read_copy_two_precision(kind, read_dtype, impl, windows):
     assert st["flushes"] > 0 and st["staggered"] > 0
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_read_copy_in_several_chunks(kind, read_dtype):
+    """The read copy read and written in 16-byte chunks (K = 32: 2 bf16 chunks, 2 fp8 chunks): the fp8 copy's
+    row scale spans chunks (its second pass), the default 64-byte chunk covers the whole row at this K."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=52, windows=(None,),
+                 p_forced=0.1, impl="v3", read_dtype=read_dtype, v3_opts=dict(chunk_bytes=16))
+    st = hz.run(12)
+    assert st["flushes"] > 0
+
+
 def test_impl_argument_checks():
     lay = ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16)
     ring = lay.allocate(3)
@@ -382,6 +408,10 @@ def test_impl_argument_checks():
         replay_decode("gdn", *x, st, ring, si, impl="v1", advance_h=False)
     with pytest.raises(ValueError, match="impl='v3'"):
         replay_decode("gdn", *x, st, ring, si, impl="v3", fold="dot")
+    with pytest.raises(ValueError, match="v3_opts"):
+        replay_decode("gdn", *x, st, ring, si, impl="v1", v3_opts=dict(chunk_bytes=32))
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        replay_decode("gdn", *x, st, ring, si, impl="v3", v3_opts=dict(chunk_bytes=48))
     with pytest.raises(ValueError, match="may_prefold"):
         replay_decode("gdn", *x, st, ring, si, impl="v2", may_prefold=False)
     with pytest.raises(ValueError, match="h_rows"):
