@@ -157,6 +157,9 @@ class ReplayPool:
     rc: torch.Tensor | None = None  # read copy of the checkpoint (--linear-replayssm-read-dtype)
     rc_scale: torch.Tensor | None = None  # fp8: one fp32 scale per (layer, slot, head, V-row)
     rc_valid: torch.Tensor | None = None  # 1 while rc == round(checkpoint)
+    # every slot index of the mamba pool has a ring row (attach: rows == the pool's slots), so a slot
+    # index never needs mapping to the padding row; False (the safe default) keeps the mapping
+    covers_all_slots: bool = False
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
@@ -207,8 +210,12 @@ class ReplayPool:
     # --- lifecycle -----------------------------------------------------------------------------
     def _rows_of(self, slots) -> torch.Tensor:
         """Slots as a long tensor on the ring's device; a slot without ring storage maps to row 0
-        (SGLang's padding slot: never decoded, h always 0), so no host sync is needed to drop it."""
+        (SGLang's padding slot: never decoded, h always 0), so no host sync is needed to drop it.
+        When every slot has a row (``covers_all_slots``) that mapping is the identity and is skipped:
+        these run on every extend batch (several lifecycle resets), so each launch saved counts."""
         s = torch.as_tensor(slots, device=self.h.device).reshape(-1).to(torch.long)
+        if self.covers_all_slots:
+            return s
         return torch.where(s < self.rows, s, torch.zeros_like(s))
 
     def invalidate_read_copy_(self, slots, layer_idx: int | None = None) -> None:
@@ -233,7 +240,7 @@ class ReplayPool:
         was written by someone else: the read copy is invalidated too). Slots must be real (>= 0)."""
         s = self._rows_of(slots)
         if s.numel():
-            self.h[:, s] = 0
+            self.h.index_fill_(1, s, 0)  # one launch (h[:, s] = 0 is an index_put over a broadcast index)
             self.invalidate_read_copy_(s)
 
     def _state_after(self, temporal: torch.Tensor, li: int, s: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -405,6 +412,7 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | 
     pool = ReplayPool.allocate(lay, layers, slots, device=temporal.device,
                                record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval,
                                read_dtype=read_dtype)
+    pool.covers_all_slots = True  # rows == the pool's slots (padding slot 0 included)
     if spec_T:
         pool.spec_T = int(spec_T)
         per_draft = lay.HV * lay.V * lay.K * temporal.element_size()
