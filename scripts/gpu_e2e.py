@@ -34,9 +34,18 @@ Tasks:
   prefix      -- generated-shared-prefix: 8 groups x 32 prompts, 2048-token system prompt per group,
                  64-token questions, 64 new tokens, all sent at once (streaming); hit rate =
                  sum(cached_tokens) / sum(prompt tokens) from meta_info (--enable-cache-report); mean TTFT.
+                 --prefix-repeats N runs it N times on the same server with /flush_cache in between
+                 (the first run's numbers stay the headline; the others give its spread).
+  prefill     -- prefill cost without queueing or streaming (about 5 s per arm): uncached random prompts of
+                 2113 and 4000 tokens sent one at a time with max_new_tokens 1 (median latency of 5 each,
+                 after one warm-up per length), a 16-token prompt the same way (the fixed per-request cost),
+                 and 8 uncached 2113-token prompts in one call (three 8192-token chunked-prefill batches;
+                 median wall of 3, plus the server's logged input throughput of those batches).
   ssm_share   -- after the servers stop: the conventional packed GDN/KDA decode kernel alone at B=256
                  (fp32 state, slots permuted over a pool larger than L2), times the model's linear-layer
                  count, divided by the conventional arm's measured decode step at B=256.
+An arm may carry a tag, `ARM:TAG` (e.g. `--arms conventional,ours,conventional:2`): the same flags on a
+fresh server, recorded under its own key, so an arm-order effect shows up as a difference between the two.
 Writes $OUT/e2e.json, $OUT/e2e.png, $OUT/e2e.log (servers' log tails and the run log).
 """
 from __future__ import annotations
@@ -105,10 +114,15 @@ class Deadline(Exception):
     pass
 
 
+def arm_base(arm: str) -> str:
+    """`ours:2` -> `ours`: a tagged arm runs the flags (and environment) of its base arm on a fresh server."""
+    return arm.split(":", 1)[0]
+
+
 class Server:
     def __init__(self, name: str, model: str, extra: list[str], port: int, logdir: Path, audit: Path | None):
         self.name, self.model, self.port = name, model, port
-        self.arm = name.split("-")[1] if "-" in name else name
+        self.arm = arm_base(name.split("-")[1] if "-" in name else name)
         self.url = f"http://127.0.0.1:{port}"
         self.logpath = logdir / f"server-{name}.log"
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
@@ -355,6 +369,80 @@ def prefix_workload(srv: Server, vocab: int, groups=8, per_group=32, sys_len=204
     return out
 
 
+def flush_cache(srv: Server) -> bool:
+    try:
+        r = requests.post(srv.url + "/flush_cache", timeout=30)
+        return r.status_code == 200
+    except requests.RequestException:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ prefill
+
+PREFILL_RE = re.compile(r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+).*?"
+                        r"input throughput \(token/s\): ([\d.]+)")
+
+
+def server_prefill_batches(srv: Server, since_line: int) -> tuple[list[dict], int]:
+    """The server's "Prefill batch" log lines after line `since_line`: new seqs, new and cached tokens, and
+    SGLang's logged input throughput (tokens over the gap since the previous prefill log line, so it is a
+    prefill rate only for batches that follow each other without idle time)."""
+    lines = srv.logpath.read_text(errors="replace").splitlines()
+    out = []
+    for l in lines[since_line:]:
+        m = PREFILL_RE.search(l)
+        if m:
+            out.append({"new_seq": int(m.group(1)), "new_tokens": int(m.group(2)), "cached_tokens": int(m.group(3)),
+                        "input_tok_s": float(m.group(4))})
+    return out, len(lines)
+
+
+def prefill_latency(srv: Server, vocab: int, lens=(2113, 4000), repeats: int = 5, burst_n: int = 8,
+                    burst_len: int = 2113, burst_repeats: int = 3, seed: int = 11) -> dict:
+    """Prefill cost per arm without queueing or streaming (the prefix workload mixes both): every prompt is
+    fresh random tokens (no prefix hit: the cached token count is recorded to show it), max_new_tokens 1,
+    one non-streaming call at a time; latency measured by the client. Small enough to run by default."""
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(10, vocab - 10) for _ in range(n)]
+
+    def one(ids) -> tuple[float, int]:
+        t = time.perf_counter()
+        o = srv.generate({"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1,
+                                                                "ignore_eos": True}})
+        dt = time.perf_counter() - t
+        outs = o if isinstance(o, list) else [o]
+        return dt, sum(int(x.get("meta_info", {}).get("cached_tokens", 0) or 0) for x in outs)
+
+    out: dict = {}
+    for n in (16,) + tuple(lens):
+        one(fresh(n))  # warm-up: first use of this shape (allocator growth, graph buckets)
+        ts, cached = [], 0
+        for _ in range(repeats):
+            dt, c = one(fresh(n))
+            ts.append(dt)
+            cached += c
+        out[f"single_{n}"] = {"median_s": statistics.median(ts), "min_s": min(ts), "all_s": ts,
+                              "cached_tokens": cached}
+    _, mark = server_prefill_batches(srv, 0)
+    one([fresh(burst_len) for _ in range(burst_n)])  # warm-up
+    walls, cached = [], 0
+    for _ in range(burst_repeats):
+        dt, c = one([fresh(burst_len) for _ in range(burst_n)])
+        walls.append(dt)
+        cached += c
+    logged, _ = server_prefill_batches(srv, mark)
+    full = [b["input_tok_s"] for b in logged if b["cached_tokens"] == 0 and b["new_tokens"] >= 4096]
+    out[f"burst_{burst_n}x{burst_len}"] = {
+        "median_s": statistics.median(walls), "all_s": walls, "cached_tokens": cached,
+        "tokens": burst_n * burst_len, "tok_s": burst_n * burst_len / statistics.median(walls),
+        "server_input_tok_s_median": statistics.median(full) if full else None, "server_batches": logged}
+    s = {k: round(v["median_s"] * 1000, 1) for k, v in out.items()}
+    log(f"{srv.name}: prefill medians (ms) {s}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- SSM share
 
 def ssm_kernel_us(kind: str, B: int = 256) -> dict:
@@ -459,7 +547,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", required=True, help="label=path (label gdn or kda)")
     ap.add_argument("--arms", default="conventional,upstream_replayssm")
-    ap.add_argument("--tasks", default="correctness,spec,throughput,prefix,ssm_share")
+    ap.add_argument("--tasks", default="correctness,spec,throughput,prefill,prefix,ssm_share")
+    ap.add_argument("--prefix-repeats", type=int, default=1,
+                    help="run the prefix workload this many times per arm, /flush_cache in between")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/e2e-out")))
@@ -525,13 +615,14 @@ def main() -> None:
                 if time.time() > deadline:
                     results["skipped"].append(f"{mname}:{arm} (time budget)")
                     continue
-                if arm.startswith("ours") and not results["series_applied"]:
-                    msg = f"{mname}:ours skipped: the replayssm-sglang patch series is not applied"
+                base = arm_base(arm)
+                if base.startswith("ours") and not results["series_applied"]:
+                    msg = f"{mname}:{arm} skipped: the replayssm-sglang patch series is not applied"
                     log(msg)
                     results["skipped"].append(msg)
                     continue
-                r = m["arms"][arm] = {"flags": ARMS[arm]}
-                srv = Server(f"{mname}-{arm}", mpath, ARMS[arm], port, logdir, audit)
+                r = m["arms"][arm] = {"flags": ARMS[base]}
+                srv = Server(f"{mname}-{arm}", mpath, ARMS[base], port, logdir, audit)
                 port += 1
                 servers.append(srv)
                 srv.start()
@@ -560,8 +651,20 @@ def main() -> None:
                         r["_res"] = res
                     if "throughput" in tasks:
                         r["throughput"] = throughput(srv, vocab, batches, args.repeats, deadline)
+                    if "prefill" in tasks and time.time() < deadline:
+                        r["prefill"] = prefill_latency(srv, vocab)
                     if "prefix" in tasks and time.time() < deadline:
                         r["prefix"] = prefix_workload(srv, vocab)
+                        reps = []
+                        for _ in range(max(0, args.prefix_repeats - 1)):
+                            if time.time() > deadline or not flush_cache(srv):
+                                break
+                            reps.append(prefix_workload(srv, vocab))
+                        if reps:
+                            r["prefix"]["repeats"] = reps
+                            allr = [r["prefix"]] + reps
+                            r["prefix"]["mean_ttft_s_all"] = [x["mean_ttft_s"] for x in allr]
+                            r["prefix"]["wall_s_all"] = [x["wall_s"] for x in allr]
                 except Deadline:
                     results["skipped"].append(f"{mname}:{arm}: rest of the tasks (time budget)")
                 except Exception as e:
@@ -572,7 +675,7 @@ def main() -> None:
                 save()
                 # NEXTN speculative decoding on the same arm: same greedy tokens required
                 if ("spec" in tasks and mname == "gdn" and "_res" in r and time.time() < deadline - 60):
-                    ss = Server(f"{mname}-{arm}-nextn", mpath, ARMS[arm] + NEXTN, port, logdir, audit)
+                    ss = Server(f"{mname}-{arm}-nextn", mpath, ARMS[base] + NEXTN, port, logdir, audit)
                     port += 1
                     servers.append(ss)
                     ss.start()

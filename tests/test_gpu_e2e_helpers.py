@@ -61,6 +61,11 @@ class _Fake(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self):
+        if self.path.startswith("/flush_cache"):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = body["sampling_params"]["max_new_tokens"]
         ids = body["input_ids"]
@@ -132,3 +137,28 @@ def test_diag_perturb_is_off_by_default_and_relative_when_on(monkeypatch):
     assert torch.allclose(rel[..., 0::2], torch.full_like(rel[..., 0::2], 1e-3))
     assert torch.allclose(rel[..., 1::2], torch.full_like(rel[..., 1::2], -1e-3))
     assert "ours_perturbed" in g.ARMS and g.ARM_ENV["ours_perturbed"]["REPLAYSSM_DECODE_WINDOW"] == "1"
+
+
+def test_prefill_task_and_prefill_log_parsing(fake):
+    """The prefill task (uncached prompts one at a time, max_new_tokens 1; one burst of 8) against the fake
+    server, and the parsing of SGLang's "Prefill batch" lines it reports for the burst."""
+    line = ("[t] Prefill batch, #new-seq: 4, #new-token: 8192, #cached-token: 0, full token usage: 0.01, "
+            "mamba usage: 0.05, #running-req: 0, #queue-req: 4, #pending-token: 8712, cuda graph: True, "
+            "input throughput (token/s): 161234.50")
+    fake.logpath.write_text("old line\n")
+    p = g.prefill_latency(fake, 4096, lens=(2113, 300), repeats=2, burst_n=3, burst_len=2113, burst_repeats=2)
+    assert set(p) == {"single_16", "single_2113", "single_300", "burst_3x2113"}
+    assert all(v["median_s"] > 0 for v in p.values()) and len(p["single_300"]["all_s"]) == 2
+    assert p["single_300"]["cached_tokens"] == 0 and p["burst_3x2113"]["tokens"] == 3 * 2113
+    fake.logpath.write_text("old line\n" + line + "\n" + line.replace("#cached-token: 0", "#cached-token: 64") + "\n")
+    b, n = g.server_prefill_batches(fake, 1)
+    assert n == 3 and len(b) == 2 and b[0] == {"new_seq": 4, "new_tokens": 8192, "cached_tokens": 0,
+                                               "input_tok_s": 161234.5}
+    assert g.server_prefill_batches(fake, 2)[0] == b[1:]
+    assert g.flush_cache(fake)
+
+
+def test_tagged_arm_runs_its_base_arm():
+    assert g.arm_base("ours:2") == "ours" and g.arm_base("conventional") == "conventional"
+    s = g.Server("gdn-ours_perturbed:2", "/x", [], 1, Path("/tmp"), None)
+    assert s.arm == "ours_perturbed"
