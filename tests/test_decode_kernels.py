@@ -185,9 +185,31 @@ class Harness:
         else:
             deq = rc.double()
         wrote = flushed_slots.tolist() if writes_rc else []
+        fp8 = self.ring.rc_scale is not None
         for s in wrote:
-            r = rms_ratio(deq[s], self.ref.state.read[s])
+            ref_read = self.ref.state.read[s]
+            r = rms_ratio(deq[s], ref_read)
             assert r < 2e-3, f"read copy of slot {s}: rms ratio {r:.2e} against round(fold)"
+            # round(fold) up to boundary flips: the kernel's fp32 fold and the reference's float64 fold differ
+            # by ~1e-7, which moves an element across a rounding boundary of the copy now and then (on the H200
+            # at K = 128: an output rms ratio of 1.2e-4 if the reference kept its own copy). Every element is
+            # within one step of the copy's grid of round(fold), few differ at all; then the reference adopts
+            # the kernel's copy, so the outputs below are checked at fp32 tolerance given the copy.
+            mag = torch.maximum(deq[s].abs(), ref_read.abs())
+            # (+ the fp32 fold's absolute error, ~1e-7 of the row's largest element, which matters for the elements
+            # that are small by cancellation)
+            row_max = ref_read.abs().amax(-1, keepdim=True)
+            if fp8:
+                step = mag / 8 + self.ring.rc_scale.cpu().double()[s][..., None] * 2.0 ** -9 + 1e-6 * row_max
+            else:
+                step = mag / 128 + 1e-6 * row_max
+            diff = (deq[s] - ref_read).abs()
+            bad = diff > step * (1 + 1e-6)
+            assert not bool(bad.any()), (f"read copy of slot {s}: {int(bad.sum())} elements off by > 1 step, e.g. "
+                                         f"{deq[s][bad][:3].tolist()} vs {ref_read[bad][:3].tolist()}")
+            flips = float((diff > step / 4).double().mean())  # the scales alone differ by ~1e-7 (fp32 amax)
+            assert flips <= 1e-3, f"read copy of slot {s}: {flips:.1e} of the elements differ from round(fold)"
+            self.ref.state.read[s] = deq[s]
         keep = torch.ones(self.slots, dtype=torch.bool)
         keep[torch.tensor(wrote, dtype=torch.long)] = False
         assert torch.equal(bits(rc[keep]), bits(rc_before[keep])), "a read copy changed without a flush"
