@@ -437,9 +437,9 @@ def replay_decode(
         impl = policy.decode_impl(L)
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
-    if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", None)):
-        raise ValueError("impl='v3' folds with the record loop (fold='loop', or 'chunked': one K chunk at a "
-                         "time) and loads the committed records only")
+    if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", "dot", "dot3", None)):
+        raise ValueError("impl='v3' folds with fold='loop', 'chunked', 'dot' or 'dot3' (decode_v3.V3_FOLDS) and "
+                         "loads the committed records only")
     a2 = a.reshape(B, HV * GK)
     b2 = b.reshape(B, HV)
     if out is None:

@@ -199,6 +199,7 @@ def replay_decode_v3_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
     USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
+    FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -302,6 +303,17 @@ def replay_decode_v3_kernel(
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
             G_f = tl.where(flush, G_last + g_t, G_last)
         u_add = tl.where(flush, u_t, 0.0)
+        if FOLD_DOT:
+            # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
+            # independent of the others, where the record loop waits for each record's loads in turn (h of them,
+            # per chunk). GDN's per-record decay goes into U, KDA's per-(record, K) decay into the keys.
+            o_cd = tl.arange(0, BCD)
+            valid_d = o_cd < h_old
+            Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
+                         other=0).to(tl.float32)  # [BV, BCD]
+            if not IS_KDA:
+                g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
+                Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
         for c in tl.static_range(BK // BKT):
             o_kc = c * BKT + tl.arange(0, BKT)
@@ -317,7 +329,19 @@ def replay_decode_v3_kernel(
                 G_fc = tl.where(flush, G_last_c + g_c, G_last_c)
             else:
                 G_fc = G_f
-            S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP, IS_KDA)
+            if FOLD_DOT:
+                m_d = valid_d[:, None] & mk[None, :]
+                Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
+                if IS_KDA:
+                    g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
+                    Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
+                    S_c = C_c * tl.exp(G_fc)[None, :]
+                else:
+                    S_c = C_c * tl.exp(G_fc)
+                S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
+            else:
+                S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP,
+                                    IS_KDA)
             S_c += u_add[:, None] * k_c[None, :]
             tl.store(p_c_s, S_c.to(state.dtype.element_ty), mask=m_c)
             if HAS_RC:
@@ -377,6 +401,11 @@ V3_DEFAULT_CONFIG = (32, 1)
 V3_CONFIGS: dict[tuple[str, int], tuple[int, int]] = {("gdn", 4): (32, 1), ("gdn", 2): (32, 2),
                                                       ("kda", 4): (32, 1), ("kda", 2): (32, 2)}
 V3_SWEEP = "32x1,32x2,64x2,64x4,128x4"
+# how a flush folds the ring into the checkpoint: "loop" (whole [BV, K] tile, one record after the other),
+# "chunked" (one K chunk at a time, the record loop per chunk), "dot" / "dot3" (one K chunk at a time, all
+# records in one tl.dot: fp32 FMA ("ieee") / three tf32 tensor-core passes ("tf32x3")).
+V3_FOLDS = frozenset({"loop", "chunked", "dot", "dot3"})
+RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller asks for "loop" (it needs K chunks)
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -422,6 +451,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
     if has_rc and h_rows is not None:
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
+    if fold not in V3_FOLDS:
+        raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies")
@@ -430,7 +461,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         common["HAS_FORCED"] = True
         # the fold writes the read copy chunk by chunk (fp8: a second pass with the rows' scales); the
         # whole-tile fold with the copy's writes needs 255 registers and spills (ptxas, sm_90)
-        fold = "chunked"
+        if fold == "loop":
+            fold = RC_FOLD
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
@@ -448,7 +480,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
             float(scale), lb, L,
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold == "chunked"),
+            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
+            DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8,
             num_warps=nw, num_stages=1, **common,
         )

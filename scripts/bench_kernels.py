@@ -69,7 +69,8 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
         scratch = 2 * B * (HK * 2 * K * 4 + HV * (2 * 16 + 2) * 4)
     if "_rc_" in arm:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
         # the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
-        rc = B * HV * V * (K * (2 if arm.endswith("bf16") else 1) + (0 if arm.endswith("bf16") else 4))
+        bf = "_rc_bf16" in arm
+        rc = B * HV * V * (K * (2 if bf else 1) + (0 if bf else 4))
         state_traffic = 2 * state / L + rc * (L - 1) / L + rc / L
         return state_traffic + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
     return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
@@ -274,7 +275,8 @@ def main():
                     "v3c_BVxwarps); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state (v3_rc_bf16, v3_rc_fp8; "
                     "v3_rc_fp8_c16: the copy read in 16-byte chunks; issue 7, fp32 records); 'parts' = diagnostics at "
                     "B >= 128: v3's pre, main and post launches timed alone (v3_r16_pre/main/post; not a valid "
-                    "decode); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
+                    "decode); 'v3dot' = v3 folding with one tl.dot per K chunk (v3_r16_dot, v3_r32_dot: fp32 FMA; *_dot3: "
+                    "tf32x3 tensor cores; with 'rc' also v3_rc_{bf16,fp8}_{dot,dot3}; at B=256 the configs v3d_BVxwarps); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row %% L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -391,6 +393,19 @@ def main():
                     "v3_r32_chunked": arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="chunked")
                     if v3 and sdt == "float32" and "chunked" in variants else None,
                 }
+                if v3 and "v3dot" in variants:  # the fold as one tl.dot per K chunk (fp32 FMA / tf32x3)
+                    for fd in ("dot", "dot3"):
+                        arms[f"v3_r16_{fd}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold=fd)
+                        if sdt == "float32":
+                            arms[f"v3_r32_{fd}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold=fd)
+                            if "rc" in variants:
+                                for rd in ("bf16", "fp8"):
+                                    arms[f"v3_rc_{rd}_{fd}"] = arm_ours(
+                                        c, torch.float32, cfg=cfg3, impl="v3", fold=fd,
+                                        read_dtype="bf16" if rd == "bf16" else "fp8_e4m3")
+                    if B == 256:
+                        for bv, nw in ((32, 2), (64, 2), (64, 4)):
+                            arms[f"v3d_{bv}x{nw}"] = arm_ours(c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="dot3")
                 if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)
                     arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
                                                      v3_opts=dict(chunk_bytes=16))
@@ -417,8 +432,8 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name in ("ours_r32", "v2_r32", "v3_r32", "v3_r32_chunked") or name.startswith(
-                        "v3_rc_") else 2  # *_r16*, v3c_*, upstream: bf16 records
+                    rec_es = 4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_")) \
+                        else 2  # *_r16*, v3c_*, v3d_*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],
@@ -453,6 +468,7 @@ def table(path) -> str:
                         "v3_r16_chunked", "v3_r32_chunked", "v3_rc_bf16", "v3_rc_fp8",
                         "v2_r16", "v2_r32", "v2_r16_rows",
                         "v2_r16_unroll", "v2_r16_all", "ours_r16_dot", "diag_no_atomics"] if a in present]
+    arms += sorted(present - set(arms) - {"conv", "conv_cuda"})  # the variants' arms
     out = ["| layer | state | B | conv us (TB/s) | " + " | ".join(f"{a}: x conv, x upstream, TB/s, % peak" for a in arms) + " |",
            "|---|---|---|---|" + "---|" * len(arms)]
     keys = sorted({(r["kind"], r["state_dtype"], r["B"]) for r in rows}, key=lambda k: (k[0], k[1] != "float32", k[2]))

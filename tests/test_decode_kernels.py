@@ -381,6 +381,29 @@ def test_v3_chunked_fold_with_prefolds(kind, state_dtype):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("fold", ["dot", "dot3"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_v3_dot_fold(kind, fold, state_dtype):
+    """v3's fold as one tl.dot per K chunk over all ring positions (masked by h; NaN-poisoned records past h
+    never reach the checkpoint), fp32 FMA ("dot") and tf32x3 ("dot3"), through flushes, forced flushes,
+    pre-folds that append and padded rows; with a ring shorter than the dot's 16 positions (L = 6)."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=46, windows=(6, 6, 6, 2),
+                 p_forced=0.15, impl="v3", fold=fold, state_dtype=DTYPES[state_dtype])
+    st = hz.run(16)
+    assert st["flushes"] > 0 and st["prefold_appends"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_read_copy_dot_fold(kind, read_dtype):
+    """The read copy written by the dot fold (both copies from the same product), K = 64 in 2 / 1 chunks."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=53, windows=(None,),
+                 p_forced=0.1, impl="v3", fold="dot", read_dtype=read_dtype)
+    st = hz.run(12)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_bytes", [16, 128])
 def test_v3_chunk_widths(kind, chunk_bytes):
     """The main launch's K-chunk width (chunk_bytes: 4 and 32 fp32 elements of K = 64, i.e. 16 chunks and 2),
@@ -429,7 +452,7 @@ def test_impl_argument_checks():
     with pytest.raises(ValueError, match="impl='v2'"):
         replay_decode("gdn", *x, st, ring, si, impl="v1", advance_h=False)
     with pytest.raises(ValueError, match="impl='v3'"):
-        replay_decode("gdn", *x, st, ring, si, impl="v3", fold="dot")
+        replay_decode("gdn", *x, st, ring, si, impl="v3", fold="unroll")
     with pytest.raises(ValueError, match="v3_opts"):
         replay_decode("gdn", *x, st, ring, si, impl="v1", v3_opts=dict(chunk_bytes=32))
     with pytest.raises(ValueError, match="chunk_bytes"):
@@ -494,6 +517,20 @@ def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
                  rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4), impl=impl)
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fold", ["dot", "dot3"])
+def test_gpu_real_shapes_v3_fold(kind, state_dtype, fold):
+    """v3's dot folds at real head sizes (bf16 records), window switching, against float64."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
+                 rec_dtype=torch.bfloat16, seed=3, windows=(16, 16, 16, 16, 16, 1, 4), impl="v3", fold=fold)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
