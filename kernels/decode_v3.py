@@ -187,6 +187,23 @@ def _acc_tile(p_tile, o_v, mask_v, p_qk, acc_q, acc_k, K: tl.constexpr, BK: tl.c
 
 
 @triton.jit
+def _acc_tile_pipe(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr,
+                   NS: tl.constexpr):
+    """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile, the chunks in a loop that Triton software-
+    pipelines over NS stages (asynchronous copies into shared memory: the chunks in flight hold no
+    registers), each chunk reduced over K as it arrives."""
+    cq = tl.zeros(o_v.shape, dtype=tl.float32)
+    ck = tl.zeros(o_v.shape, dtype=tl.float32)
+    for c in tl.range(0, BK // BKT, num_stages=NS):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        m_c = mask_v[:, None] & (o_kc < K)[None, :]
+        C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
+        cq += tl.sum(C_c * tl.load(p_qk + o_kc)[None, :], 1)
+        ck += tl.sum(C_c * tl.load(p_qk + BK + o_kc)[None, :], 1)
+    return cq, ck
+
+
+@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
@@ -200,6 +217,7 @@ def replay_decode_v3_kernel(
     USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
+    PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -238,23 +256,40 @@ def replay_decode_v3_kernel(
     # (bf16, or fp8 codes times one scale per V-row). The choice needs h first.
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK
-    acc_q = tl.zeros([BV, BKT], dtype=tl.float32)
-    acc_k = tl.zeros([BV, BKT], dtype=tl.float32)
     if HAS_RC:
         if not HAS_H_ROWS:
             h_old = tl.load(ring_h + slot).to(tl.int32)
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
-        if from_rc:
-            acc_q, acc_k = _acc_tile(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, acc_q, acc_k, K, BK, BKT)
+    if PIPE > 0:
+        # the tile's chunks through shared memory (software pipeline), each reduced as it lands
+        if HAS_RC:
+            if from_rc:
+                Cq, Ck = _acc_tile_pipe(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
+            else:
+                Cq, Ck = _acc_tile_pipe(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT,
+                                        PIPE)
+        else:
+            Cq, Ck = _acc_tile_pipe(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
+            if not HAS_H_ROWS:
+                h_old = tl.load(ring_h + slot).to(tl.int32)
+    else:
+        acc_q = tl.zeros([BV, BKT], dtype=tl.float32)
+        acc_k = tl.zeros([BV, BKT], dtype=tl.float32)
+        if HAS_RC:
+            if from_rc:
+                acc_q, acc_k = _acc_tile(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, acc_q, acc_k, K, BK,
+                                         BKT)
+            else:
+                acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
+                                         K, BK, BKT)
         else:
             acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
                                      K, BK, BKT)
-    else:
-        acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
-                                 K, BK, BKT)
-        if not HAS_H_ROWS:
-            h_old = tl.load(ring_h + slot).to(tl.int32)
+            if not HAS_H_ROWS:
+                h_old = tl.load(ring_h + slot).to(tl.int32)
+        Cq = tl.sum(acc_q, 1)
+        Ck = tl.sum(acc_k, 1)
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
     cq = tl.load(p_c)  # zero past h
     ck = tl.load(p_c + BC)
@@ -267,8 +302,6 @@ def replay_decode_v3_kernel(
     else:
         beta = tl.sigmoid(b_val).to(b.dtype.element_ty).to(tl.float32)
 
-    Cq = tl.sum(acc_q, 1)
-    Ck = tl.sum(acc_k, 1)
     if HAS_RC:
         if RC_FP8:
             rs = tl.load(rc_scale + (slot * HV + i_hv) * V + o_v, mask=mask_v & from_rc, other=1.0)
@@ -289,7 +322,7 @@ def replay_decode_v3_kernel(
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
     if (flush | prefold) & FOLD_CHUNKED:
-        # the same fold, one K chunk at a time ([BV, BKT] live instead of [BV, K]): fewer registers for the
+        # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
         base_k = ring_k + (slot * HK + i_hk) * CAP * K
         base_g = ring_g + (slot * HV + i_hv) * CAP * GK
@@ -315,8 +348,8 @@ def replay_decode_v3_kernel(
                 g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
                 Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-        for c in tl.static_range(BK // BKT):
-            o_kc = c * BKT + tl.arange(0, BKT)
+        for c in tl.static_range(BK // BKF):
+            o_kc = c * BKF + tl.arange(0, BKF)
             mk = o_kc < K
             m_c = mask_v[:, None] & mk[None, :]
             p_c_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :]
@@ -356,8 +389,8 @@ def replay_decode_v3_kernel(
                 # just written (exact for an fp32 state; the same thread wrote each element: same layout)
                 sc = _rc_scale(amax)
                 tl.debug_barrier()
-                for c in tl.static_range(BK // BKT):
-                    o_kc = c * BKT + tl.arange(0, BKT)
+                for c in tl.static_range(BK // BKF):
+                    o_kc = c * BKF + tl.arange(0, BKF)
                     m_c = mask_v[:, None] & (o_kc < K)[None, :]
                     S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
                                   mask=m_c, other=0).to(tl.float32)
@@ -412,10 +445,13 @@ _LAST: dict = {}
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
-           chunk_bytes=64, _diag_parts="all"):
+           chunk_bytes=64, pipe_stages=0, fold_bytes=64, _diag_parts="all"):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
-    "main" or "post" runs that launch alone, so a benchmark can split a step's time."""
+    "main" or "post" runs that launch alone, so a benchmark can split a step's time.
+    pipe_stages > 0: the checkpoint (or read-copy) tile is read by a K-chunk loop that Triton software-pipelines
+    over that many stages (asynchronous copies into shared memory), each chunk reduced as it lands; 0 (default):
+    the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row)."""
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -482,8 +518,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
             V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-            HAS_RC=has_rc, RC_FP8=rc_fp8,
-            num_warps=nw, num_stages=1, **common,
+            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), BKF=min(BK, max(16, fold_bytes // state.element_size())),
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), **common,
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](

@@ -276,7 +276,8 @@ def main():
                     "v3_rc_fp8_c16: the copy read in 16-byte chunks; issue 7, fp32 records); 'parts' = diagnostics at "
                     "B >= 128: v3's pre, main and post launches timed alone (v3_r16_pre/main/post; not a valid "
                     "decode); 'v3dot' = v3 folding with one tl.dot per K chunk (v3_r16_dot, v3_r32_dot: fp32 FMA; *_dot3: "
-                    "tf32x3 tensor cores; with 'rc' also v3_rc_{bf16,fp8}_{dot,dot3}; at B=256 the configs v3d_BVxwarps); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
+                    "tf32x3 tensor cores; 'pipe' = v3 with the tile read software-pipelined (v3p_*: 3 stages, 128/256-byte "
+                    "chunks, dot3 fold; at B >= 128); with 'rc' also v3_rc_{bf16,fp8}_{dot,dot3}; at B=256 the configs v3d_BVxwarps); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
                     "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row %% L), the same "
                     "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
                     "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
@@ -406,6 +407,22 @@ def main():
                     if B == 256:
                         for bv, nw in ((32, 2), (64, 2), (64, 4)):
                             arms[f"v3d_{bv}x{nw}"] = arm_ours(c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="dot3")
+                if v3 and "pipe" in variants and B >= 128:  # the tile read software-pipelined through shared memory
+                    P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64)
+                    arms["v3p_r16"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3", v3_opts=P3)
+                    arms["v3p_r16_c256"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3",
+                                                    v3_opts=dict(P3, chunk_bytes=256))
+                    arms["v3p_r16_chunked"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="chunked",
+                                                       v3_opts=P3)
+                    arms["v3p_r16_64x2"] = arm_ours(c, torch.bfloat16, cfg=(64, 2), impl="v3", fold="dot3",
+                                                    v3_opts=dict(P3, pipe_stages=2, chunk_bytes=256))
+                    if sdt == "float32":
+                        arms["v3p_r32"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3", v3_opts=P3)
+                        for cb in (64, 128):
+                            arms[f"v3p_rc_fp8_c{cb}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                                                 read_dtype="fp8_e4m3", v3_opts=dict(P3, chunk_bytes=cb))
+                        arms["v3p_rc_bf16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                                       read_dtype="bf16", v3_opts=P3)
                 if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)
                     arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
                                                      v3_opts=dict(chunk_bytes=16))
@@ -432,7 +449,8 @@ def main():
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
-                    rec_es = 4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_")) \
+                    rec_es = 4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_", "v3p_r32",
+                                                                          "v3p_rc_")) \
                         else 2  # *_r16*, v3c_*, v3d_*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,

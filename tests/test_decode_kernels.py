@@ -404,6 +404,18 @@ def test_read_copy_dot_fold(kind, read_dtype):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["same", "fp8_e4m3"])
+def test_v3_pipelined_tile_read(kind, read_dtype):
+    """pipe_stages=3: the checkpoint / read-copy tile read by a software-pipelined K-chunk loop (128-byte chunks,
+    reduced as they land), with the dot fold in 64-byte chunks, against the float64 reference."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=47, windows=(6, 6, 2),
+                 p_forced=0.1, impl="v3", fold="dot3", read_dtype=read_dtype,
+                 v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
+    st = hz.run(12)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_bytes", [16, 128])
 def test_v3_chunk_widths(kind, chunk_bytes):
     """The main launch's K-chunk width (chunk_bytes: 4 and 32 fp32 elements of K = 64, i.e. 16 chunks and 2),
@@ -533,6 +545,21 @@ def test_gpu_real_shapes_v3_fold(kind, state_dtype, fold):
                  rec_dtype=torch.bfloat16, seed=3, windows=(16, 16, 16, 16, 16, 1, 4), impl="v3", fold=fold)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["same", "fp8_e4m3"])
+def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
+    """v3 with the software-pipelined tile read (3 stages, 128-byte chunks) and the tf32x3 dot fold, real head
+    sizes, fp32 state, bf16 records, window switching, against float64 (fp8: the two-copy reference)."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, rec_dtype=torch.bfloat16, seed=4,
+                 windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), impl="v3", fold="dot3",
+                 read_dtype=read_dtype, v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
+    st = hz.run(26)
+    assert st["flushes"] > 0
 
 
 @pytest.mark.gpu
