@@ -3,7 +3,9 @@
 #   bash scripts/gpu_e2e.sh [args for scripts/gpu_e2e.py]
 # Unpacks the SGLang 0.5.17 bundle to /tmp/site, applies our patch series when one exists, generates the tiny
 # GDN and KDA checkpoints (scripts/make_tiny_model.py, deterministic), then runs scripts/gpu_e2e.py.
-# Env: E2E_MODELS="gdn kda" (which tiny models to build), E2E_APPLY_SERIES=0 (measure unpatched SGLang),
+# Env: E2E_MODELS="gdn kda" (which tiny models to build), E2E_INIT=decisive|random (make_tiny_model --init; decisive,
+# the default, has decisive greedy margins so the correctness comparison separates kernels; random is the chaotic
+# checkpoint of the runs up to 2026-11-29; same shapes either way), E2E_APPLY_SERIES=0 (measure unpatched SGLang),
 # E2E_SAVE_CACHES=1 (return the JIT caches), E2E_FI_CACHE / E2E_TRITON_CACHE (carried caches; default .gpu/).
 # Typical call: run(command="bash scripts/gpu_e2e.sh --arms conventional,upstream_replayssm", carry=[".bundle", ".gpu"]).
 set -u -o pipefail
@@ -40,7 +42,7 @@ for m in ${E2E_MODELS:-gdn kda}; do
     kda) arch=kimi_linear ;;
     *) echo "unknown model $m"; exit 2 ;;
   esac
-  python3 scripts/make_tiny_model.py --arch $arch --out /tmp/models/$m || exit 4
+  python3 scripts/make_tiny_model.py --arch $arch --out /tmp/models/$m --init "${E2E_INIT:-decisive}" || exit 4
   MODELS+=(--model $m=/tmp/models/$m)
 done
 echo "models ready at $(( $(date +%s) - t0 ))s"

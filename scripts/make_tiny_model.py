@@ -24,6 +24,26 @@ std 1/sqrt(fan_in), output projections additionally 1/sqrt(2 * layers), embeddin
 norms (Qwen3-Next: x * (1 + w)) near 0, plain norms near 1, A_log = log U(1, 16), dt_bias = softplus^-1
 of a log-uniform dt in [1e-3, 1e-1] (the usual SSM initialisation), lm_head scaled for logits of
 std ~3 so greedy choices depend on the context rather than being flat or degenerate.
+
+Two constructions (--init; same config, same tensor names, shapes and dtypes, so throughput is unaffected):
+
+  decisive (default) -- greedy decoding with decisive next-token margins, for correctness comparisons.
+      The plain random model above is chaotic: a relative 1e-6 change of the GDN decode outputs flips greedy
+      tokens (scripts/sensitivity_probe.py, benchmarks/results/sensitivity-20261129.json), so token agreement
+      cannot separate a correct kernel from a wrong one. Here
+        * lm_head = (M / hidden) * E[succ^-1] + beta * R: row succ(t) is token t's embedding, succ a seeded
+          single cycle over the non-special tokens, so the token embedding in the residual stream votes for
+          its successor with a logit of ~M; R is random (std 1/sqrt(hidden)), so every layer's contribution
+          to the residual stream moves all logits by O(beta) -- logprobs depend on the context (and on the
+          linear-attention outputs), the argmax does not: outputs walk the cycle (varied, never repeating
+          within 4000 tokens) with a top-1/top-2 gap of several nats while the chosen token keeps a
+          probability of ~0.3-0.8 (its logprob is sensitive to the hidden state);
+        * every MoE expert = sqrt(1 - d^2) * a shared base + d * its own noise (d = 0.05), so a routing flip
+          (knife-edge top-k ties happen at any scale) changes the layer output by O(d), not O(1); the router
+          stays random, so the expert load (and the fused-MoE cost) is as in the random model;
+        * the MTP block's fc passes the next token's embedding through (identity on the embedding half, small
+          random on the hidden half), so the NEXTN draft predicts succ(succ(t)) and is mostly accepted.
+  random -- the plain random construction (the checkpoints of the runs up to 2026-11-29, byte for byte).
 """
 from __future__ import annotations
 
@@ -130,6 +150,59 @@ def lin(w: Weights, name: str, out_f: int, in_f: int, scale: float = 1.0):
     w.normal(name, (out_f, in_f), scale / math.sqrt(in_f))
 
 
+# ---- decisive construction ---------------------------------------------------------------------------
+
+SPECIAL_TOKENS = 3  # <|endoftext|>, <|im_start|>, <|im_end|> (ids 0..2); never a successor
+DECISIVE = {"margin": 13.0, "target": 0.0, "shared": 0.5, "beta": 1.0, "linear_gain": 2.0, "other_gain": 0.5,
+            "expert_dev": 0.05, "mtp_hidden": 0.3}
+
+
+def decisive_embed(w: Weights, vocab: int, h: int, d: dict) -> None:
+    """E[t] = sqrt(1 - a^2) * e_t + a * u: a shared direction u (+-1 entries) that lm_head uses to shift every
+    logit down, so the chosen token's logit sits near `target` (bf16 logits: a logit near 11 has a 1/16 ulp,
+    which alone moves a logprob by up to ~0.05; near 3 the ulp is 1/64)."""
+    e = torch.randn(vocab, h, generator=w._gen("model.embed_tokens.weight"), dtype=torch.float32)
+    u = torch.randint(0, 2, (h,), generator=w._gen("model.embed_tokens.weight:u")).float() * 2 - 1
+    a = d["shared"]
+    w.set("model.embed_tokens.weight", math.sqrt(1 - a * a) * e + a * u)
+
+
+def successor(vocab: int, seed: int) -> list[int]:
+    """succ[t]: a seeded single cycle over tokens SPECIAL_TOKENS..vocab-1; special token t -> order[t]."""
+    order = list(range(SPECIAL_TOKENS, vocab))
+    random.Random(f"succ:{seed}:{vocab}").shuffle(order)
+    succ = [0] * vocab
+    for i, t in enumerate(order):
+        succ[t] = order[(i + 1) % len(order)]
+    for t in range(SPECIAL_TOKENS):
+        succ[t] = order[t]
+    return succ
+
+
+def decisive_lm_head(w: Weights, c: dict, d: dict) -> None:
+    """lm_head[v] = (M / h) * sum_{t: succ(t) = v} E[t] - ((M - T) / (a h)) * u + beta * R[v] (E from
+    decisive_embed): for a unit-rms residual E[t], logit succ(t) ~ T, the others ~ T - M (1 - a^2) +- beta."""
+    h, vocab = c["hidden_size"], c["vocab_size"]
+    emb = w.t["model.embed_tokens.weight"].float()
+    u = torch.randint(0, 2, (h,), generator=w._gen("model.embed_tokens.weight:u")).float() * 2 - 1
+    succ = torch.tensor(successor(vocab, w.seed))
+    head = torch.zeros(vocab, h)
+    head.index_add_(0, succ, emb * (d["margin"] / h))
+    head -= u * ((d["margin"] - d["target"]) / (d["shared"] * h))
+    r = torch.randn(vocab, h, generator=w._gen("lm_head.weight:R"), dtype=torch.float32) / math.sqrt(h)
+    w.set("lm_head.weight", head + d["beta"] * r)
+
+
+def expert_lin(w: Weights, name: str, base: str, out_f: int, in_f: int, scale: float, dev: float | None):
+    """An expert weight; with dev set, sqrt(1 - dev^2) * (shared base) + dev * (own noise)."""
+    if dev is None:
+        return lin(w, name, out_f, in_f, scale)
+    std = scale / math.sqrt(in_f)
+    b = torch.randn(out_f, in_f, generator=w._gen(base), dtype=torch.float32)
+    e = torch.randn(out_f, in_f, generator=w._gen(name), dtype=torch.float32)
+    w.set(name, (math.sqrt(1 - dev * dev) * b + dev * e) * std)
+
+
 # ---- Qwen3-Next (GDN) ------------------------------------------------------------------------------
 
 def qwen3_next_config(a, vocab: int) -> dict:
@@ -177,13 +250,12 @@ def qwen3_next_config(a, vocab: int) -> dict:
     }
 
 
-def _qwen_moe(w: Weights, p: str, c: dict, out_scale: float):
+def _qwen_moe(w: Weights, p: str, c: dict, out_scale: float, dev: float | None = None):
     h, e, inter = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
     lin(w, f"{p}.mlp.gate.weight", e, h)
     for j in range(e):
-        lin(w, f"{p}.mlp.experts.{j}.gate_proj.weight", inter, h)
-        lin(w, f"{p}.mlp.experts.{j}.up_proj.weight", inter, h)
-        lin(w, f"{p}.mlp.experts.{j}.down_proj.weight", h, inter, out_scale)
+        for x, o, i, sc in (("gate_proj", inter, h, 1.0), ("up_proj", inter, h, 1.0), ("down_proj", h, inter, out_scale)):
+            expert_lin(w, f"{p}.mlp.experts.{j}.{x}.weight", f"{p}.mlp.experts.base.{x}.weight", o, i, sc, dev)
     si = c["shared_expert_intermediate_size"]
     lin(w, f"{p}.mlp.shared_expert.gate_proj.weight", si, h)
     lin(w, f"{p}.mlp.shared_expert.up_proj.weight", si, h)
@@ -206,19 +278,24 @@ def _gemma_norms(w: Weights, p: str, h: int):
     w.normal(f"{p}.post_attention_layernorm.weight", (h,), 0.02)
 
 
-def qwen3_next_weights(c: dict, seed: int) -> dict[str, torch.Tensor]:
+def qwen3_next_weights(c: dict, seed: int, decisive: dict | None = None) -> dict[str, torch.Tensor]:
     w = Weights(seed, torch.bfloat16)
+    dev = decisive["expert_dev"] if decisive else None
     h, n, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    lin_gain, oth_gain = (decisive["linear_gain"], decisive["other_gain"]) if decisive else (1.0, 1.0)
     hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
     key_dim, value_dim = hk * dk, hv * dv
     out_scale = 1.0 / math.sqrt(2 * n)
-    w.normal("model.embed_tokens.weight", (vocab, h), 1.0)
+    if decisive:
+        decisive_embed(w, vocab, h, decisive)
+    else:
+        w.normal("model.embed_tokens.weight", (vocab, h), 1.0)
     for i in range(n):
         p = f"model.layers.{i}"
         _gemma_norms(w, p, h)
         if c["layer_types"][i] == "full_attention":
-            _qwen_full_attn(w, p, c, out_scale)
+            _qwen_full_attn(w, p, c, out_scale * oth_gain)
         else:
             a = f"{p}.linear_attn"
             # packed per key-head group: [q(dk) k(dk) v(HV/H*dv) z(HV/H*dv)] x H; random, so the order is moot
@@ -228,19 +305,26 @@ def qwen3_next_weights(c: dict, seed: int) -> dict[str, torch.Tensor]:
             w.dt_bias(f"{a}.dt_bias", (hv,))
             w.a_log(f"{a}.A_log", (hv,))
             w.normal(f"{a}.norm.weight", (dv,), 0.02, mean=1.0)  # plain (gated) RMSNorm weight
-            lin(w, f"{a}.out_proj.weight", h, value_dim, out_scale)
-        _qwen_moe(w, p, c, out_scale)
+            lin(w, f"{a}.out_proj.weight", h, value_dim, out_scale * lin_gain)
+        _qwen_moe(w, p, c, out_scale * oth_gain, dev)
     w.normal("model.norm.weight", (h,), 0.02)
-    lin(w, "lm_head.weight", vocab, h, 3.0)
+    if decisive:
+        decisive_lm_head(w, c, decisive)
+    else:
+        lin(w, "lm_head.weight", vocab, h, 3.0)
     # MTP block (NEXTN draft): fc over [norm(embed), norm(hidden)], one full-attention layer + MoE, norm.
     # Embeddings and lm_head are shared with the target model (mtp_use_dedicated_embeddings = false).
-    lin(w, "mtp.fc.weight", h, 2 * h)
+    if decisive:  # the embedding half passes through: the draft's residual stream starts at E[next token]
+        r = torch.randn(h, h, generator=w._gen("mtp.fc.weight"), dtype=torch.float32)
+        w.set("mtp.fc.weight", torch.cat([torch.eye(h), r * (decisive["mtp_hidden"] / math.sqrt(h))], dim=1))
+    else:
+        lin(w, "mtp.fc.weight", h, 2 * h)
     w.normal("mtp.pre_fc_norm_embedding.weight", (h,), 0.02)
     w.normal("mtp.pre_fc_norm_hidden.weight", (h,), 0.02)
     p = "mtp.layers.0"
     _gemma_norms(w, p, h)
-    _qwen_full_attn(w, p, c, out_scale)
-    _qwen_moe(w, p, c, out_scale)
+    _qwen_full_attn(w, p, c, out_scale * oth_gain)
+    _qwen_moe(w, p, c, out_scale * oth_gain, dev)
     w.normal("mtp.norm.weight", (h,), 0.02)
     return w.t
 
@@ -303,14 +387,19 @@ def kimi_linear_config(a, vocab: int) -> dict:
     }
 
 
-def kimi_linear_weights(c: dict, seed: int) -> dict[str, torch.Tensor]:
+def kimi_linear_weights(c: dict, seed: int, decisive: dict | None = None) -> dict[str, torch.Tensor]:
     w = Weights(seed, torch.bfloat16)
+    dev = decisive["expert_dev"] if decisive else None
     h, n, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    lin_gain, oth_gain = (decisive["linear_gain"], decisive["other_gain"]) if decisive else (1.0, 1.0)
     la = c["linear_attn_config"]
     nh, dh, ks = la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
     proj = nh * dh
     out_scale = 1.0 / math.sqrt(2 * n)
-    w.normal("model.embed_tokens.weight", (vocab, h), 1.0)
+    if decisive:
+        decisive_embed(w, vocab, h, decisive)
+    else:
+        w.normal("model.embed_tokens.weight", (vocab, h), 1.0)
     for i in range(n):
         p = f"model.layers.{i}"
         w.normal(f"{p}.input_layernorm.weight", (h,), 0.02, mean=1.0)
@@ -328,7 +417,7 @@ def kimi_linear_weights(c: dict, seed: int) -> dict[str, torch.Tensor]:
             w.a_log(f"{s}.A_log", (1, 1, nh, 1))
             w.dt_bias(f"{s}.dt_bias", (proj,), dtype=torch.float32)
             w.normal(f"{s}.o_norm.weight", (dh,), 0.02, mean=1.0)
-            lin(w, f"{s}.o_proj.weight", h, proj, out_scale)
+            lin(w, f"{s}.o_proj.weight", h, proj, out_scale * lin_gain)
         else:  # MLA (DeepseekV2AttentionMLA with q_lora_rank = None, no rope: mla_use_nope)
             nope, rope, vd, r = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
             na = c["num_attention_heads"]
@@ -336,27 +425,30 @@ def kimi_linear_weights(c: dict, seed: int) -> dict[str, torch.Tensor]:
             lin(w, f"{s}.kv_a_proj_with_mqa.weight", r + rope, h)
             w.normal(f"{s}.kv_a_layernorm.weight", (r,), 0.02, mean=1.0)
             lin(w, f"{s}.kv_b_proj.weight", na * (nope + vd), r)
-            lin(w, f"{s}.o_proj.weight", h, na * vd, out_scale)
+            lin(w, f"{s}.o_proj.weight", h, na * vd, out_scale * oth_gain)
         if i >= c["first_k_dense_replace"]:
             m = f"{p}.block_sparse_moe"
             e, inter = c["num_experts"], c["moe_intermediate_size"]
             lin(w, f"{m}.gate.weight", e, h)
             w.set(f"{m}.gate.e_score_correction_bias", torch.zeros(e), dtype=torch.float32)
             for j in range(e):
-                lin(w, f"{m}.experts.{j}.w1.weight", inter, h)
-                lin(w, f"{m}.experts.{j}.w3.weight", inter, h)
-                lin(w, f"{m}.experts.{j}.w2.weight", h, inter, out_scale)
+                for x, o, ii, sc in (("w1", inter, h, 1.0), ("w3", inter, h, 1.0), ("w2", h, inter, out_scale)):
+                    expert_lin(w, f"{m}.experts.{j}.{x}.weight", f"{m}.experts.base.{x}.weight", o, ii,
+                               sc * (oth_gain if x == "w2" else 1.0), dev)
             si = inter * c["num_shared_experts"]
             lin(w, f"{m}.shared_experts.gate_proj.weight", si, h)
             lin(w, f"{m}.shared_experts.up_proj.weight", si, h)
-            lin(w, f"{m}.shared_experts.down_proj.weight", h, si, out_scale)
+            lin(w, f"{m}.shared_experts.down_proj.weight", h, si, out_scale * oth_gain)
         else:
             inter = c["intermediate_size"]
             lin(w, f"{p}.mlp.gate_proj.weight", inter, h)
             lin(w, f"{p}.mlp.up_proj.weight", inter, h)
-            lin(w, f"{p}.mlp.down_proj.weight", h, inter, out_scale)
+            lin(w, f"{p}.mlp.down_proj.weight", h, inter, out_scale * oth_gain)
     w.normal("model.norm.weight", (h,), 0.02, mean=1.0)
-    lin(w, "lm_head.weight", vocab, h, 3.0)
+    if decisive:
+        decisive_lm_head(w, c, decisive)
+    else:
+        lin(w, "lm_head.weight", vocab, h, 3.0)
     return w.t
 
 
@@ -392,14 +484,21 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
             f.write(b)
 
 
+INITS = ("decisive", "random")
+
+
 def make(arch: str, out: Path, seed: int = 0, layers: int = 24, hidden: int = 1024, experts: int = 8,
-         topk: int = 2, moe_inter: int = 256, vocab: int = 4096) -> dict:
+         topk: int = 2, moe_inter: int = 256, vocab: int = 4096, init: str = "decisive",
+         decisive: dict | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     real_vocab = write_tokenizer(out, vocab, seed)
     args = argparse.Namespace(layers=layers, hidden=hidden, experts=experts, topk=topk, moe_inter=moe_inter)
     cfg_fn, w_fn = ARCHS[arch]
     cfg = cfg_fn(args, max(vocab, real_vocab))
-    tensors = w_fn(cfg, seed)
+    if init not in INITS:
+        raise ValueError(f"init {init!r} not in {INITS}")
+    dec = {**DECISIVE, **(decisive or {})} if init == "decisive" else None
+    tensors = w_fn(cfg, seed, dec)
     save_safetensors(tensors, out / "model.safetensors", {"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
@@ -407,8 +506,8 @@ def make(arch: str, out: Path, seed: int = 0, layers: int = 24, hidden: int = 10
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": 0, "pad_token_id": 0, "do_sample": False}, indent=1) + "\n")
-    return {"arch": arch, "tensors": len(tensors), "bytes": total,
-            "params": sum(t.numel() for t in tensors.values())}
+    return {"arch": arch, "init": init, **({"decisive": dec} if dec else {}), "tensors": len(tensors),
+            "bytes": total, "params": sum(t.numel() for t in tensors.values())}
 
 
 def main() -> None:
@@ -422,9 +521,15 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--moe-inter", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--init", choices=INITS, default="decisive",
+                    help="decisive: successor-permutation lm_head, near-shared experts, pass-through MTP fc "
+                         "(decisive greedy margins; the correctness default); random: the plain random weights")
+    for k, v in DECISIVE.items():
+        ap.add_argument(f"--{k.replace('_', '-')}", type=float, default=v, help=f"decisive init: {k} (default {v})")
     a = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    info = make(a.arch, a.out, a.seed, a.layers, a.hidden, a.experts, a.topk, a.moe_inter, a.vocab)
+    info = make(a.arch, a.out, a.seed, a.layers, a.hidden, a.experts, a.topk, a.moe_inter, a.vocab, a.init,
+                {k: getattr(a, k) for k in DECISIVE})
     print(json.dumps(info))
 
 

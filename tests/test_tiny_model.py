@@ -1,4 +1,5 @@
-"""scripts/make_tiny_model.py: files, determinism, tokenizer round trip, config fields and weight shapes.
+"""scripts/make_tiny_model.py: files, determinism, tokenizer round trip, config fields and weight shapes, for both
+constructions (--init decisive, the default, and --init random); the decisive one's margin properties.
 
 Small widths here (CPU); the GPU run uses the defaults. The linear-attention head shapes are the real ones
 in both cases (they are not parameters of the script)."""
@@ -37,11 +38,14 @@ def _header(path: Path) -> dict:
     return h
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "kimi_linear"])
+@pytest.fixture(scope="module", params=[("qwen3_next", "decisive"), ("kimi_linear", "decisive"),
+                                        ("qwen3_next", "random"), ("kimi_linear", "random")],
+                ids=lambda p: "-".join(p))
 def model(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(request.param)
-    mtm.make(request.param, d, seed=3, **SMALL)
-    return request.param, d
+    arch, init = request.param
+    d = tmp_path_factory.mktemp(f"{arch}-{init}")
+    mtm.make(arch, d, seed=3, init=init, **SMALL)
+    return arch, d
 
 
 def test_files_and_config(model):
@@ -125,8 +129,9 @@ def test_weights_are_sane(model):
     assert (A_log >= 0).all() and (A_log <= torch.log(torch.tensor(16.0)) + 1e-6).all() and A_log.std() > 0.1
     dt = torch.nn.functional.softplus(_read(f, f"{lin}.dt_bias"))
     assert (dt > 0.9e-3).all() and (dt < 0.11).all()
-    w = _read(f, "lm_head.weight")
-    assert abs(w.std().item() * SMALL["hidden"] ** 0.5 - 3.0) < 0.3  # logits of std ~3 for unit-rms input
+    if "random" in d.name:
+        w = _read(f, "lm_head.weight")
+        assert abs(w.std().item() * SMALL["hidden"] ** 0.5 - 3.0) < 0.3  # logits of std ~3 for unit-rms input
 
 
 def test_tokenizer_round_trip(model):
@@ -145,8 +150,9 @@ def test_tokenizer_round_trip(model):
 
 def test_deterministic_across_processes(model, tmp_path):
     arch, d = model
+    init = "random" if "random" in d.name else "decisive"
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import make_tiny_model as m; "
-            f"from pathlib import Path; m.make({arch!r}, Path({str(tmp_path)!r}), seed=3, **{SMALL!r})")
+            f"from pathlib import Path; m.make({arch!r}, Path({str(tmp_path)!r}), seed=3, init={init!r}, **{SMALL!r})")
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONHASHSEED": "12345",
                                                                  "PATH": "/usr/bin:/bin"})
     assert _digest(tmp_path) == _digest(d)
@@ -157,3 +163,149 @@ def test_seed_changes_weights(tmp_path):
     mtm.make("qwen3_next", tmp_path / "b", seed=2, **SMALL)
     a, b = _digest(tmp_path / "a"), _digest(tmp_path / "b")
     assert a["model.safetensors"] != b["model.safetensors"] and a["config.json"] == b["config.json"]
+
+
+# ---- the decisive construction ---------------------------------------------------------------------------
+
+# --init random must stay the construction of the runs up to 2026-11-29, byte for byte (torch's CPU generator)
+RANDOM_SHA256 = {"qwen3_next": "82e9c59ad060375a929bb14449b97030dcff5fe44e97e968b7bd8c83c18a026a",
+                 "kimi_linear": "d61d13defba5b34abfce7b23a7c8e6f133aa62ae65c9fd8aaaaa9ef3b924a063"}
+
+
+def _init(d: Path) -> str:
+    return "random" if "random" in d.name else "decisive"
+
+
+def test_random_init_is_the_old_construction(model):
+    arch, d = model
+    if _init(d) != "random":
+        pytest.skip("random init only")
+    assert hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest() == RANDOM_SHA256[arch]
+
+
+def test_default_init_is_decisive():
+    import inspect
+
+    assert inspect.signature(mtm.make).parameters["init"].default == "decisive"
+
+
+def test_successor_is_one_cycle():
+    for vocab, seed in ((1024, 3), (4096, 0)):
+        succ = mtm.successor(vocab, seed)
+        assert succ == mtm.successor(vocab, seed) and succ != mtm.successor(vocab, seed + 1)
+        assert min(succ) >= mtm.SPECIAL_TOKENS  # never predicts <|endoftext|> (eos) or the chat tokens
+        t, seen = mtm.SPECIAL_TOKENS, set()
+        while t not in seen:
+            seen.add(t)
+            t = succ[t]
+        assert len(seen) == vocab - mtm.SPECIAL_TOKENS  # one cycle: greedy text does not repeat
+
+
+def _token_logits(d: Path, arch: str) -> "torch.Tensor":
+    """Logits lm_head @ final_norm(E[t]) for every token t alone in the residual stream (fp32)."""
+    f = d / "model.safetensors"
+    emb, head, nw = _read(f, "model.embed_tokens.weight"), _read(f, "lm_head.weight"), _read(f, "model.norm.weight")
+    x = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+    x = x * ((1 + nw) if arch == "qwen3_next" else nw)  # Qwen3-Next: Gemma norm x * (1 + w)
+    return x @ head.T
+
+
+def test_margins(model):
+    """Decisive: each token's embedding votes for its successor by a wide margin, at a logit near 0 (small bf16
+    ulp), and the chosen token keeps a probability that the rest of the residual stream can move. Random: not."""
+    arch, d = model
+    c = json.loads((d / "config.json").read_text())
+    z = _token_logits(d, arch)
+    succ = torch.tensor(mtm.successor(c["vocab_size"], 3))
+    top2 = z.topk(2, dim=-1)
+    hit = (top2.indices[:, 0] == succ).float().mean().item()
+    if _init(d) == "random":
+        assert hit < 0.01
+        return
+    # hidden 128 here: the permutation term's noise is sqrt(1024 / 128) times that of the default model (below)
+    assert hit > 0.95
+    chosen = z.gather(1, succ[:, None])[:, 0]
+    assert chosen.abs().median().item() < 1.5
+
+
+def test_margins_default_widths():
+    """The decisive embeddings + lm_head at the default widths (hidden 1024, vocab 4096): every token alone in the
+    residual stream votes for its successor by a wide margin, at a logit near 0 (small bf16 ulp), and the chosen
+    token keeps a probability that the rest of the residual stream can move."""
+    w = mtm.Weights(0, torch.bfloat16)
+    c = {"hidden_size": 1024, "vocab_size": 4096}
+    mtm.decisive_embed(w, 4096, 1024, mtm.DECISIVE)
+    mtm.decisive_lm_head(w, c, mtm.DECISIVE)
+    emb, head = w.t["model.embed_tokens.weight"].float(), w.t["lm_head.weight"].float()
+    x = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+    z = x @ head.T
+    succ = torch.tensor(mtm.successor(4096, 0))
+    top2 = z.topk(2, dim=-1)
+    assert torch.equal(top2.indices[:, 0], succ)
+    gap = top2.values[:, 0] - top2.values[:, 1]
+    assert gap.quantile(0.01).item() > 2.0 and gap.median().item() > 4.0  # min is 0.83 (seed 0)
+    chosen = z.gather(1, succ[:, None])[:, 0]
+    # near 0: bf16 ulp 1/128 at |z| < 1 (a logit near 11 has 1/16, alone a ~0.05 logprob floor)
+    assert chosen.abs().median().item() < 1.2 and chosen.abs().quantile(0.99).item() < 3.5
+    p = torch.softmax(z, -1).gather(1, succ[:, None])[:, 0]
+    assert 0.3 < p.median().item() < 0.95
+
+
+def test_experts_nearly_shared(model):
+    """Decisive: experts = shared base + 5% own noise, so a routing flip moves a layer's output by O(5%)."""
+    arch, d = model
+    f = d / "model.safetensors"
+    n = ("model.layers.1.mlp.experts.{}.down_proj.weight" if arch == "qwen3_next"
+         else "model.layers.1.block_sparse_moe.experts.{}.w2.weight")
+    a, b = _read(f, n.format(0)).flatten(), _read(f, n.format(1)).flatten()
+    corr = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+    if _init(d) == "random":
+        assert abs(corr) < 0.05
+    else:
+        assert corr > 0.99 and not torch.equal(a, b)
+
+
+def test_mtp_fc_passes_embedding(model):
+    arch, d = model
+    if arch != "qwen3_next":
+        pytest.skip("MTP: Qwen3-Next only")
+    fc = _read(d / "model.safetensors", "mtp.fc.weight")
+    H = SMALL["hidden"]
+    eye = torch.eye(H)
+    if _init(d) == "random":
+        assert (fc[:, :H] - eye).abs().max().item() > 0.5
+    else:
+        assert torch.equal(fc[:, :H], eye) and fc[:, H:].abs().max().item() < 0.3
+
+
+def test_decisive_greedy_walk_and_gdn_matters(tmp_path):
+    """transformers on CPU, the small decisive Qwen3-Next: greedy tokens follow the successor cycle, and the GDN
+    layers' outputs move the chosen logprobs (zeroing their out_proj changes them) without changing the tokens."""
+    tf = pytest.importorskip("transformers")
+    mtm.make("qwen3_next", tmp_path, seed=3, **SMALL)
+    torch.manual_seed(0)
+    m = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32, local_files_only=True).eval()
+    succ = mtm.successor(m.config.vocab_size, 3)
+    prompt = [17, 400, 93, 801, 250, 666]
+
+    def greedy(n=6):  # with the KV / recurrent cache: prefill, then single-token GDN decode steps
+        ids, toks, lps, cache = torch.tensor([prompt]), [], [], tf.DynamicCache(config=m.config)
+        with torch.no_grad():
+            for _ in range(n):
+                out = m(input_ids=ids, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                lp = torch.log_softmax(out.logits[0, -1].float(), -1)
+                t = int(lp.argmax())
+                toks.append(t)
+                lps.append(float(lp[t]))
+                ids = torch.tensor([[t]])
+        return toks, lps
+
+    toks, lps = greedy()
+    assert toks == [succ[t] for t in [prompt[-1]] + toks[:-1]]
+    for layer in m.model.layers:
+        if hasattr(layer, "linear_attn"):
+            layer.linear_attn.out_proj.weight.data.zero_()
+    toks0, lps0 = greedy()
+    assert toks0 == toks
+    assert max(abs(a - b) for a, b in zip(lps, lps0)) > 0.1
