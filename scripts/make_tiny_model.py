@@ -31,18 +31,23 @@ Two constructions (--init; same config, same tensor names, shapes and dtypes, so
       The plain random model above is chaotic: a relative 1e-6 change of the GDN decode outputs flips greedy
       tokens (scripts/sensitivity_probe.py, benchmarks/results/sensitivity-20261129.json), so token agreement
       cannot separate a correct kernel from a wrong one. Here
-        * lm_head = (M / hidden) * E[succ^-1] + beta * R: row succ(t) is token t's embedding, succ a seeded
-          single cycle over the non-special tokens, so the token embedding in the residual stream votes for
-          its successor with a logit of ~M; R is random (std 1/sqrt(hidden)), so every layer's contribution
-          to the residual stream moves all logits by O(beta) -- logprobs depend on the context (and on the
-          linear-attention outputs), the argmax does not: outputs walk the cycle (varied, never repeating
-          within 4000 tokens) with a top-1/top-2 gap of several nats while the chosen token keeps a
-          probability of ~0.3-0.8 (its logprob is sensitive to the hidden state);
+        * lm_head = (M / hidden) * E[succ^-1] - shift * u + beta * R: row succ(t) is token t's embedding, succ a
+          seeded single cycle over the non-special tokens, so the token embedding in the residual stream votes
+          for its successor by ~M (1 - a^2) = 9.75 nats over the other tokens' mean; every embedding carries a
+          shared direction u (weight a = 0.5) through which lm_head shifts all logits so that the chosen one
+          sits near `target` = 0 (logits are bf16 in SGLang and here: near 11 the ulp is 1/16, which alone moves
+          a logprob by up to ~0.05; below 1 it is <= 1/128); R is random (std 1/sqrt(hidden)), so the layers'
+          contributions to the residual stream move every logit by O(beta): logprobs depend on the context (and
+          on the linear-attention outputs), the argmax does not. Outputs walk the cycle (varied, never repeating
+          within ~4000 tokens), top-1/top-2 gap median ~5 nats, chosen-token probability ~0.3-0.8;
+        * linear-attention out_proj (GDN out_proj, KDA o_proj) x linear_gain = 2 and the other output projections
+          (full attention / MLA, experts, shared experts, dense MLP) x other_gain = 0.5, so the linear-attention
+          outputs carry most of the context in the logits (a wrong kernel shows in the logprobs);
         * every MoE expert = sqrt(1 - d^2) * a shared base + d * its own noise (d = 0.05), so a routing flip
           (knife-edge top-k ties happen at any scale) changes the layer output by O(d), not O(1); the router
           stays random, so the expert load (and the fused-MoE cost) is as in the random model;
         * the MTP block's fc passes the next token's embedding through (identity on the embedding half, small
-          random on the hidden half), so the NEXTN draft predicts succ(succ(t)) and is mostly accepted.
+          random on the hidden half), so the NEXTN draft should predict succ(succ(t)) (acceptance not measured here).
   random -- the plain random construction (the checkpoints of the runs up to 2026-11-29, byte for byte).
 """
 from __future__ import annotations
@@ -254,7 +259,8 @@ def _qwen_moe(w: Weights, p: str, c: dict, out_scale: float, dev: float | None =
     h, e, inter = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
     lin(w, f"{p}.mlp.gate.weight", e, h)
     for j in range(e):
-        for x, o, i, sc in (("gate_proj", inter, h, 1.0), ("up_proj", inter, h, 1.0), ("down_proj", h, inter, out_scale)):
+        for x, o, i, sc in (("gate_proj", inter, h, 1.0), ("up_proj", inter, h, 1.0),
+                            ("down_proj", h, inter, out_scale)):
             expert_lin(w, f"{p}.mlp.experts.{j}.{x}.weight", f"{p}.mlp.experts.base.{x}.weight", o, i, sc, dev)
     si = c["shared_expert_intermediate_size"]
     lin(w, f"{p}.mlp.shared_expert.gate_proj.weight", si, h)
