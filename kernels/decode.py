@@ -370,7 +370,7 @@ def replay_decode(
     block_v: int | None = None,
     num_warps: int | None = None,
     k_chunks: int | None = None,
-    fold: str = "loop",
+    fold: str | None = None,
     dot_precision: str = "tf32x3",
     _diag_freeze_h: bool = False,
     impl: str = "auto",
@@ -387,8 +387,8 @@ def replay_decode(
     slot_idx [B] int (-1 = padded row); forced [B] (nonzero = flush this step: radix-cache block).
     L: the window for this launch: None = the ring's L; "auto" = replayssm_sglang.policy.decode_window
     (the ring's L, or 1 where the buffered path measured slower); an int (1 .. ring capacity).
-    fold: how a flush folds the records into the checkpoint: "loop" (rank-1 updates, one record at a
-    time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
+    fold: how a flush folds the records into the checkpoint: None (default: "loop" for v1 / v2, v3's tuned
+    choice for v3, decode_v3.V3_TUNED), "loop" (rank-1 updates, one record at a time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
     fp32-accurate on the tensor cores; opt-in until measured on the GPU).
     impl: "auto" (default: replayssm_sglang.policy.decode_impl, v3 for a buffered window, v1 for window 1),
     "v1" (this module's kernel), "v3" (kernels/decode_v3.py:
@@ -437,6 +437,8 @@ def replay_decode(
         impl = policy.decode_impl(L)
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
+    if impl != "v3" and fold is None:
+        fold = "loop"
     if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", "dot", "dot3", None)):
         raise ValueError("impl='v3' folds with fold='loop', 'chunked', 'dot' or 'dot3' (decode_v3.V3_FOLDS) and "
                          "loads the committed records only")
@@ -452,7 +454,7 @@ def replay_decode(
         return decode_v3.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                fold="loop" if fold is None else fold, **(v3_opts or {}))
+                                fold=fold, **(v3_opts or {}))
     if impl == "v2" and ring.rc is not None:
         raise ValueError("a ring with a read copy (read_dtype bf16/fp8_e4m3) runs impl 'auto', 'v3' or 'v1'")
     if impl == "v2":

@@ -439,19 +439,32 @@ V3_SWEEP = "32x1,32x2,64x2,64x4,128x4"
 # records in one tl.dot: fp32 FMA ("ieee") / three tf32 tensor-core passes ("tf32x3")).
 V3_FOLDS = frozenset({"loop", "chunked", "dot", "dot3"})
 RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller asks for "loop" (it needs K chunks)
+# Measured defaults per (kind, state element size, read-copy dtype or None), H200 2026-11-29 23:31
+# (benchmarks/results/kernels-20261129-2331.*, B = 256, fp32 records): the tile read software-pipelined in
+# 128-byte chunks with the tf32x3 dot fold: GDN 182.6 us vs 210.5 us (1.50x vs 1.30x conventional), KDA 218.1
+# vs 245.9 us (1.27x vs 1.12x). bf16 states and read copies keep the unrolled read until measured.
+_PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64)
+V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
-           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
-           chunk_bytes=64, pipe_stages=0, fold_bytes=64, _diag_parts="all"):
+           *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
+           chunk_bytes=None, pipe_stages=None, fold_bytes=None, _diag_parts="all"):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
     pipe_stages > 0: the checkpoint (or read-copy) tile is read by a K-chunk loop that Triton software-pipelines
     over that many stages (asynchronous copies into shared memory), each chunk reduced as it lands; 0 (default):
     the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row)."""
+    has_rc = ring.rc is not None
+    # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
+    tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
+    fold = fold if fold is not None else tuned.get("fold", "loop")
+    chunk_bytes = chunk_bytes if chunk_bytes is not None else tuned.get("chunk_bytes", 64)
+    pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
+    fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -483,7 +496,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     lb = float(lower_bound if lower_bound is not None else 0.0)
     if B == 0:
         return out
-    has_rc = ring.rc is not None
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
     if has_rc and h_rows is not None:
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
@@ -499,6 +511,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         # whole-tile fold with the copy's writes needs 255 registers and spills (ptxas, sm_90)
         if fold == "loop":
             fold = RC_FOLD
+        if rc_fp8 and fold in ("dot", "dot3"):
+            # the fp8 copy's second pass re-reads the chunks the first pass stored; with the dot fold the stores
+            # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
+            # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
+            raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()

@@ -396,9 +396,14 @@ def test_v3_dot_fold(kind, fold, state_dtype):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
 def test_read_copy_dot_fold(kind, read_dtype):
-    """The read copy written by the dot fold (both copies from the same product), K = 64 in 2 / 1 chunks."""
+    """The bf16 read copy written by the dot fold (both copies from the same product). The fp8 copy with a dot
+    fold is refused (its second pass failed the H200 check at real head sizes, 2026-11-29 23:31)."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=53, windows=(None,),
                  p_forced=0.1, impl="v3", fold="dot", read_dtype=read_dtype)
+    if read_dtype == "fp8_e4m3":
+        with pytest.raises(ValueError, match="fp8 read copy folds with fold='chunked'"):
+            hz.run(1)
+        return
     st = hz.run(12)
     assert st["flushes"] > 0
 
@@ -409,8 +414,8 @@ def test_v3_pipelined_tile_read(kind, read_dtype):
     """pipe_stages=3: the checkpoint / read-copy tile read by a software-pipelined K-chunk loop (128-byte chunks,
     reduced as they land), with the dot fold in 64-byte chunks, against the float64 reference."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=47, windows=(6, 6, 2),
-                 p_forced=0.1, impl="v3", fold="dot3", read_dtype=read_dtype,
-                 v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
+                 p_forced=0.1, impl="v3", fold="chunked" if read_dtype == "fp8_e4m3" else "dot3",
+                 read_dtype=read_dtype, v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
     st = hz.run(12)
     assert st["flushes"] > 0
 
@@ -552,12 +557,13 @@ def test_gpu_real_shapes_v3_fold(kind, state_dtype, fold):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["same", "fp8_e4m3"])
 def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
-    """v3 with the software-pipelined tile read (3 stages, 128-byte chunks) and the tf32x3 dot fold, real head
-    sizes, fp32 state, bf16 records, window switching, against float64 (fp8: the two-copy reference)."""
+    """v3 with the software-pipelined tile read (3 stages, 128-byte chunks) and the tf32x3 dot fold (fp8 copy: the
+    chunked fold), real head sizes, fp32 state, bf16 records, window switching, against float64 (fp8: the two-copy
+    reference)."""
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, rec_dtype=torch.bfloat16, seed=4,
-                 windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), impl="v3", fold="dot3",
-                 read_dtype=read_dtype, v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
+                 windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), impl="v3",
+                 fold="chunked" if read_dtype == "fp8_e4m3" else "dot3", read_dtype=read_dtype, v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
     st = hz.run(26)
     assert st["flushes"] > 0
 
