@@ -41,7 +41,7 @@ def section(res: dict, tag: str) -> str:
          "python scripts/e2e_report.py /work/.device/N --tag <tag>   # here: results + this section",
          "```", ""]
     for mname, m in res.get("models", {}).items():
-        L += [f"### {mname}: {m.get('arch')} (tiny, random weights; {m.get('layers')} layers of which "
+        L += [f"### {mname}: {m.get('arch')} (tiny, {m.get('init', 'random')}-init synthetic weights; {m.get('layers')} layers of which "
               f"{m.get('linear_layers')} linear, hidden {m.get('hidden')})", ""]
         share = m.get("ssm_share_b256")
         k = m.get("ssm_kernel") or {}
@@ -102,6 +102,18 @@ def section(res: dict, tag: str) -> str:
     return "\n".join(L) + "\n"
 
 
+def replace_section(text: str, sec: str) -> str:
+    """text with its "## End to end (GPU)" section replaced by sec (appended if absent); hand-kept history at the
+    end of the old section (from its first "### Earlier" subsection on) is kept below the new one."""
+    pat = re.compile(re.escape(HEAD) + r"\n.*?(?=\n## |\Z)", re.S)
+    m = pat.search(text)
+    if not m:
+        return text.rstrip("\n") + "\n\n" + sec
+    i = m.group(0).find("\n### Earlier")
+    keep = m.group(0)[i:].rstrip("\n") + "\n" if i >= 0 else ""
+    return pat.sub(lambda _: sec.rstrip("\n") + "\n" + keep, text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("result_dir", type=Path)
@@ -125,9 +137,7 @@ def main() -> None:
             shutil.copyfile(a.result_dir / "e2e.png", dst / f"e2e-{tag}.png")
     sec = section(res, tag)
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
-    pat = re.compile(re.escape(HEAD) + r"\n.*?(?=\n## |\Z)", re.S)
-    text = pat.sub(lambda _: sec.rstrip("\n") + "\n", text) if pat.search(text) else text.rstrip("\n") + "\n\n" + sec
-    DOC.write_text(text)
+    DOC.write_text(replace_section(text, sec))
     print(sec)
 
 

@@ -608,7 +608,9 @@ def main() -> None:
                      or len(cfg.get("linear_attn_config", {}).get("kda_layers", [])))
             m = results["models"][mname] = {"path": mpath, "arch": cfg["architectures"][0],
                                             "linear_layers": n_lin, "layers": cfg["num_hidden_layers"],
-                                            "hidden": cfg["hidden_size"], "arms": {}}
+                                            "hidden": cfg["hidden_size"], "arms": {},
+                                            # make_tiny_model --init (gpu_e2e.sh passes E2E_INIT, default decisive)
+                                            "init": os.environ.get("E2E_INIT", "decisive")}
             prompts = prompt_set(vocab)
             ref = ref_nextn = None
             for arm in args.arms.split(","):

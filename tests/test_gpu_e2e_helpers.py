@@ -162,3 +162,16 @@ def test_tagged_arm_runs_its_base_arm():
     assert g.arm_base("ours:2") == "ours" and g.arm_base("conventional") == "conventional"
     s = g.Server("gdn-ours_perturbed:2", "/x", [], 1, Path("/tmp"), None)
     assert s.arm == "ours_perturbed"
+
+
+def test_e2e_report_keeps_earlier_runs():
+    """A new report replaces the run's own text but keeps the "### Earlier ..." history and the other sections."""
+    import e2e_report as R
+
+    doc = ("# Benchmarks\n\n## End to end (GPU)\n\nold run table\n\n### Earlier runs\n\nrun A\n\n"
+           "## Kernels\n\nkernel table\n")
+    out = R.replace_section(doc, "## End to end (GPU)\n\nnew run table\n")
+    assert "new run table" in out and "old run table" not in out
+    assert out.index("new run table") < out.index("### Earlier runs\n\nrun A") < out.index("## Kernels\n\nkernel table")
+    fresh = R.replace_section("# Benchmarks\n", "## End to end (GPU)\n\nfirst\n")
+    assert fresh.endswith("## End to end (GPU)\n\nfirst\n") and "Earlier" not in fresh
