@@ -386,7 +386,8 @@ def replay_decode_v3_kernel(
         if HAS_RC:
             if RC_FP8:
                 # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
-                # just written (exact for an fp32 state; the same thread wrote each element: same layout)
+                # just written (exact for an fp32 state; with the record-loop fold the same thread wrote each
+                # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
                 sc = _rc_scale(amax)
                 tl.debug_barrier()
                 for c in tl.static_range(BK // BKF):
@@ -443,8 +444,14 @@ RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller ask
 # (benchmarks/results/kernels-20261129-2331.*, B = 256, fp32 records): the tile read software-pipelined in
 # 128-byte chunks with the tf32x3 dot fold: GDN 182.6 us vs 210.5 us (1.50x vs 1.30x conventional), KDA 218.1
 # vs 245.9 us (1.27x vs 1.12x). bf16 states and read copies keep the unrolled read until measured.
+# With a read copy: the configurations that passed the real-shape GPU checks (run 2319: the record-loop fold in
+# chunks of the copy's 64-byte read width, i.e. 64 fp32 elements for fp8, 32 for bf16); not faster than without.
 _PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64)
-V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3}
+_RC_FP8 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=256)
+_RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
+V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
+                  ("gdn", 4, torch.float8_e4m3fn): _RC_FP8, ("kda", 4, torch.float8_e4m3fn): _RC_FP8,
+                  ("gdn", 4, torch.bfloat16): _RC_BF16, ("kda", 4, torch.bfloat16): _RC_BF16}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -535,7 +542,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
             V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), BKF=min(BK, max(16, fold_bytes // state.element_size())),
+            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
+            BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), **common,
         )
     if run_post and (advance_h or may_prefold):

@@ -450,10 +450,11 @@ def test_read_copy_two_precision(kind, read_dtype, impl, windows):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
 def test_read_copy_in_several_chunks(kind, read_dtype):
-    """The read copy read and written in 16-byte chunks (K = 32: 2 bf16 chunks, 2 fp8 chunks): the fp8 copy's
-    row scale spans chunks (its second pass), the default 64-byte chunk covers the whole row at this K."""
+    """The read copy read in 16-byte chunks (K = 32: 2 bf16 chunks, 2 fp8 chunks) and written by a fold in 64-byte
+    chunks of the fp32 checkpoint (2 chunks): the fp8 copy's row scale spans chunks (its second pass); the
+    defaults (decode_v3.V3_TUNED) cover the whole row at this K."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=52, windows=(None,),
-                 p_forced=0.1, impl="v3", read_dtype=read_dtype, v3_opts=dict(chunk_bytes=16))
+                 p_forced=0.1, impl="v3", read_dtype=read_dtype, v3_opts=dict(chunk_bytes=16, fold_bytes=64))
     st = hz.run(12)
     assert st["flushes"] > 0
 
