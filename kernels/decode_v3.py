@@ -27,12 +27,15 @@ v3 splits the step into three launches:
 The maths is v2's term by term (same sums, same order of the exponent differences, all <= 0); only where
 each term is computed changes. Padded rows (slot < 0) write zeros and touch nothing else.
 
-Measured on the H200 (benchmarks/results/kernels-20261129-2108.*): 1.26-1.33x conventional for GDN fp32 at
-B >= 128, 1.11-1.20x for KDA fp32; bf16 states stay below conventional (docs/design.md, "Decode kernel v3").
+Measured on the H200 (benchmarks/results/kernels-20261129-2331.*, B = 256, fp32 state, the V3_TUNED defaults:
+tile read software-pipelined, tf32x3 dot fold): GDN 1.50-1.59x conventional, KDA 1.08-1.27x (bf16 / fp32
+records); bf16 states stayed below conventional when last measured (docs/design.md, "Decode kernel v3").
 
-Options: ``fold="chunked"`` folds one K chunk at a time (fewer registers; not timed yet). A ring with a read
-copy (``Ring.rc``, issue 7, ``--linear-replayssm-read-dtype``): rows that do not write their checkpoint read
-the bf16 / fp8 copy instead of the checkpoint; a flush writes both copies from the same fold (chunked); a row
+Options (``launch``; unset ones come from V3_TUNED): ``fold`` "loop" / "chunked" / "dot" / "dot3" (V3_FOLDS),
+``pipe_stages`` (the software-pipelined tile read), ``chunk_bytes`` / ``fold_bytes`` (K-chunk widths).
+A ring with a read copy (``Ring.rc``, issue 7, ``--linear-replayssm-read-dtype``): rows that do not write their
+checkpoint read the bf16 / fp8 copy instead of the checkpoint; a flush writes both copies from the same fold
+(in K chunks; fp8 not with the dot folds); a row
 whose copy is stale (``Ring.rc_valid == 0``) takes a forced flush; every real row's copy is current after a
 launch.
 """
@@ -174,33 +177,33 @@ def _store_read_copy(p_r, S, sc, m, RC_FP8: tl.constexpr):
 
 
 @triton.jit
-def _acc_tile(p_tile, o_v, mask_v, p_qk, acc_q, acc_k, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr):
-    """acc_q += tile * q~, acc_k += tile * k~ over the K chunks of a [BV, K] tile at p_tile (row stride K)."""
-    for c in tl.static_range(BK // BKT):
-        o_kc = c * BKT + tl.arange(0, BKT)
-        m_c = mask_v[:, None] & (o_kc < K)[None, :]
-        # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
-        C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-        acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
-        acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
-    return acc_q, acc_k
-
-
-@triton.jit
-def _acc_tile_pipe(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr,
-                   NS: tl.constexpr):
-    """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile, the chunks in a loop that Triton software-
-    pipelines over NS stages (asynchronous copies into shared memory: the chunks in flight hold no
-    registers), each chunk reduced over K as it arrives."""
-    cq = tl.zeros(o_v.shape, dtype=tl.float32)
-    ck = tl.zeros(o_v.shape, dtype=tl.float32)
-    for c in tl.range(0, BK // BKT, num_stages=NS):
-        o_kc = c * BKT + tl.arange(0, BKT)
-        m_c = mask_v[:, None] & (o_kc < K)[None, :]
-        C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-        cq += tl.sum(C_c * tl.load(p_qk + o_kc)[None, :], 1)
-        ck += tl.sum(C_c * tl.load(p_qk + BK + o_kc)[None, :], 1)
-    return cq, ck
+def _tile_dots(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr):
+    """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K), q~ and k~ at p_qk.
+    PIPE > 0: the chunks in a loop that Triton software-pipelines over PIPE stages (asynchronous copies into
+    shared memory: the chunks in flight hold no registers), each chunk reduced over K as it lands. PIPE = 0: the
+    chunks unrolled into registers, the products accumulated element-wise and reduced once at the end."""
+    if PIPE > 0:
+        dq = tl.zeros(o_v.shape, dtype=tl.float32)
+        dk = tl.zeros(o_v.shape, dtype=tl.float32)
+        for c in tl.range(0, BK // BKT, num_stages=PIPE):
+            o_kc = c * BKT + tl.arange(0, BKT)
+            m_c = mask_v[:, None] & (o_kc < K)[None, :]
+            C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
+            dq += tl.sum(C_c * tl.load(p_qk + o_kc)[None, :], 1)
+            dk += tl.sum(C_c * tl.load(p_qk + BK + o_kc)[None, :], 1)
+    else:
+        acc_q = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
+        acc_k = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
+        for c in tl.static_range(BK // BKT):
+            o_kc = c * BKT + tl.arange(0, BKT)
+            m_c = mask_v[:, None] & (o_kc < K)[None, :]
+            # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
+            C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
+            acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
+            acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
+        dq = tl.sum(acc_q, 1)
+        dk = tl.sum(acc_k, 1)
+    return dq, dk
 
 
 @triton.jit
@@ -247,10 +250,11 @@ def replay_decode_v3_kernel(
 
     # C q~ and C k~ over the [BV, K] checkpoint tile (it depends on the slot only: issued first), with
     # q~, k~ from the pre launch (GDN: normalised q, k; KDA: times e^{G_t}). The tile is read in K chunks
-    # of 64 bytes per row (BKT elements) and the products are accumulated element-wise across chunks,
-    # so Triton lays a chunk out as 8 rows x 4 threads per warp: each thread reduces its 4 rows' K
-    # elements in registers and only 2 shuffle levels remain per row, where one [BV, K] load would put 32
-    # threads along K (5 shuffle levels per row and reduction: most of the kernel's instructions).
+    # (BKT elements, chunk_bytes per row): either software-pipelined through shared memory (PIPE > 0, each chunk
+    # reduced as it lands) or unrolled, the products accumulated element-wise across 64-byte chunks, so Triton
+    # lays a chunk out as 8 rows x 4 threads per warp: each thread reduces its 4 rows' K elements in registers
+    # and only 2 shuffle levels remain per row, where one [BV, K] load would put 32 threads along K (5 shuffle
+    # levels per row and reduction: most of the kernel's instructions). _tile_dots has both.
     # With a read copy (issue 7): a row that writes its checkpoint this step (flush, pre-fold; a row whose read
     # copy is stale arrives here as a forced flush) reads the recurrence copy, every other row the read copy
     # (bf16, or fp8 codes times one scale per V-row). The choice needs h first.
@@ -261,35 +265,14 @@ def replay_decode_v3_kernel(
             h_old = tl.load(ring_h + slot).to(tl.int32)
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
-    if PIPE > 0:
-        # the tile's chunks through shared memory (software pipeline), each reduced as it lands
-        if HAS_RC:
-            if from_rc:
-                Cq, Ck = _acc_tile_pipe(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
-            else:
-                Cq, Ck = _acc_tile_pipe(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT,
-                                        PIPE)
+        if from_rc:
+            Cq, Ck = _tile_dots(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
         else:
-            Cq, Ck = _acc_tile_pipe(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
-            if not HAS_H_ROWS:
-                h_old = tl.load(ring_h + slot).to(tl.int32)
+            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
     else:
-        acc_q = tl.zeros([BV, BKT], dtype=tl.float32)
-        acc_k = tl.zeros([BV, BKT], dtype=tl.float32)
-        if HAS_RC:
-            if from_rc:
-                acc_q, acc_k = _acc_tile(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, acc_q, acc_k, K, BK,
-                                         BKT)
-            else:
-                acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
-                                         K, BK, BKT)
-        else:
-            acc_q, acc_k = _acc_tile(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, acc_q, acc_k,
-                                     K, BK, BKT)
-            if not HAS_H_ROWS:
-                h_old = tl.load(ring_h + slot).to(tl.int32)
-        Cq = tl.sum(acc_q, 1)
-        Ck = tl.sum(acc_k, 1)
+        Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
+        if not HAS_H_ROWS:
+            h_old = tl.load(ring_h + slot).to(tl.int32)
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
     cq = tl.load(p_c)  # zero past h
     ck = tl.load(p_c + BC)

@@ -14,6 +14,8 @@ Arms (per layer kind, state dtype and batch size B):
               conditions as upstream's arm (cursors supplied per row, (row + step) % 16)
   v2_r16_unroll  (--variants unroll) v2 with the fold loop unrolled over the ring capacity
   v2_r16_all  (--variants all) v2 loading every ring position without waiting for h (records="all")
+  v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
+              2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -271,16 +273,19 @@ def main():
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
                     "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
-                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked; at B=256 also the launch configs "
-                    "v3c_BVxwarps); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state (v3_rc_bf16, v3_rc_fp8; "
-                    "v3_rc_fp8_c16: the copy read in 16-byte chunks; issue 7, fp32 records); 'parts' = diagnostics at "
-                    "B >= 128: v3's pre, main and post launches timed alone (v3_r16_pre/main/post; not a valid "
-                    "decode); 'v3dot' = v3 folding with one tl.dot per K chunk (v3_r16_dot, v3_r32_dot: fp32 FMA; *_dot3: "
-                    "tf32x3 tensor cores; 'pipe' = v3 with the tile read software-pipelined (v3p_*: 3 stages, 128/256-byte "
-                    "chunks, dot3 fold; at B >= 128); with 'rc' also v3_rc_{bf16,fp8}_{dot,dot3}; at B=256 the configs v3d_BVxwarps); 'bkt' = v3 reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = tensor-core "
-                    "fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors (row %% L), the same "
-                    "mix of flush and non-flush rows every step but no arrival atomics and no h writes "
-                    "(diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
+                    "'chunked' = v3 with the K-chunked fold (v3_r16_chunked, v3_r32_chunked; at B=256 also the "
+                    "launch configs v3c_BVxwarps); 'rc' = v3 with a bf16 / fp8 read copy of an fp32 state "
+                    "(v3_rc_bf16, v3_rc_fp8; v3_rc_fp8_c16: the copy read in 16-byte chunks; issue 7, fp32 records); "
+                    "'parts' = diagnostics at B >= 128: v3's pre, main and post launches timed alone "
+                    "(v3_r16_pre/main/post; not a valid decode); 'v3dot' = v3 folding with one tl.dot per K chunk "
+                    "(v3_r16_dot, v3_r32_dot: fp32 FMA; *_dot3: tf32x3 tensor cores; with 'rc' also "
+                    "v3_rc_bf16_{dot,dot3}; at B=256 the configs v3d_BVxwarps); 'pipe' = v3 with the tile read "
+                    "software-pipelined (v3p_*: 3 stages, 128/256-byte chunks, dot3 fold (fp8 copies: chunked); "
+                    "at B >= 128); 'bkt' = v3 "
+                    "reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = "
+                    "tensor-core fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors "
+                    "(row %% L), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
+                    "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
     ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
@@ -400,7 +405,7 @@ def main():
                         if sdt == "float32":
                             arms[f"v3_r32_{fd}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold=fd)
                             if "rc" in variants:
-                                for rd in ("bf16", "fp8"):
+                                for rd in ("bf16",):  # an fp8 copy with a dot fold is refused (decode_v3.launch)
                                     arms[f"v3_rc_{rd}_{fd}"] = arm_ours(
                                         c, torch.float32, cfg=cfg3, impl="v3", fold=fd,
                                         read_dtype="bf16" if rd == "bf16" else "fp8_e4m3")
@@ -419,8 +424,9 @@ def main():
                     if sdt == "float32":
                         arms["v3p_r32"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3", v3_opts=P3)
                         for cb in (64, 128):
-                            arms[f"v3p_rc_fp8_c{cb}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
-                                                                 read_dtype="fp8_e4m3", v3_opts=dict(P3, chunk_bytes=cb))
+                            arms[f"v3p_rc_fp8_c{cb}"] = arm_ours(
+                                c, torch.float32, cfg=cfg3, impl="v3", fold="chunked", read_dtype="fp8_e4m3",
+                                v3_opts=dict(P3, chunk_bytes=cb))  # fp8 copies fold with the record loop
                         arms["v3p_rc_bf16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
                                                        read_dtype="bf16", v3_opts=P3)
                 if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)

@@ -525,6 +525,13 @@ def test_extra_cases(case, impl):
 # GPU: real head sizes, fp32 and bf16 state (skipped on CPU)
 # ---------------------------------------------------------------------------------------------
 
+def _real_harness(kind, *, windows=(16, 16, 16, 16, 16, 1, 4), **kw):
+    """Harness at the real layer shapes (Qwen3-Next GDN H=16, HV=32; Kimi-Linear KDA H=HV=32; K=V=128, L=16,
+    B=8), window switching by default (buffered, window 1, window 4)."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    return Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, windows=windows, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -532,9 +539,7 @@ def test_extra_cases(case, impl):
 @pytest.mark.parametrize("rec_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
-                 rec_dtype=DTYPES[rec_dtype], seed=1, windows=(16, 16, 16, 16, 16, 1, 4), impl=impl)
+    hz = _real_harness(kind, state_dtype=DTYPES[state_dtype], rec_dtype=DTYPES[rec_dtype], seed=1, impl=impl)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
@@ -546,9 +551,7 @@ def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
 @pytest.mark.parametrize("fold", ["dot", "dot3"])
 def test_gpu_real_shapes_v3_fold(kind, state_dtype, fold):
     """v3's dot folds at real head sizes (bf16 records), window switching, against float64."""
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=DTYPES[state_dtype],
-                 rec_dtype=torch.bfloat16, seed=3, windows=(16, 16, 16, 16, 16, 1, 4), impl="v3", fold=fold)
+    hz = _real_harness(kind, state_dtype=DTYPES[state_dtype], rec_dtype=torch.bfloat16, seed=3, impl="v3", fold=fold)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
@@ -561,10 +564,10 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
     """v3 with the software-pipelined tile read (3 stages, 128-byte chunks) and the tf32x3 dot fold (fp8 copy: the
     chunked fold), real head sizes, fp32 state, bf16 records, window switching, against float64 (fp8: the two-copy
     reference)."""
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, rec_dtype=torch.bfloat16, seed=4,
-                 windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), impl="v3",
-                 fold="chunked" if read_dtype == "fp8_e4m3" else "dot3", read_dtype=read_dtype, v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
+    hz = _real_harness(kind, rec_dtype=torch.bfloat16, seed=4,
+                       windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), impl="v3",
+                       fold="chunked" if read_dtype == "fp8_e4m3" else "dot3", read_dtype=read_dtype,
+                       v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
     st = hz.run(26)
     assert st["flushes"] > 0
 
@@ -575,9 +578,7 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
 @pytest.mark.parametrize("impl", ["v2", "v3"])
 def test_gpu_real_shapes_h_rows(kind, impl):
     """v2 / v3 with the caller's h snapshot at real head sizes (bf16 state, bf16 records), window switching."""
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16,
-                 seed=2, windows=(16, 16, 16, 16, 16, 1, 4), impl=impl, h_rows=True)
+    hz = _real_harness(kind, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16, seed=2, impl=impl, h_rows=True)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
@@ -589,9 +590,7 @@ def test_gpu_real_shapes_h_rows(kind, impl):
 def test_gpu_real_shapes_read_copy_v3(kind, read_dtype):
     """The two-copy decode at real head sizes on the GPU (fp32 state and records), with window-1 launches
     (v1) in between: the same checks as the CPU test, with the GPU's own casts."""
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, seed=3, windows=(16, 16, 16, 16, 16, 1, 4),
-                 impl="auto", read_dtype=read_dtype)
+    hz = _real_harness(kind, seed=3, impl="auto", read_dtype=read_dtype)
     st = hz.run(26)
     assert st["flushes"] > 0
 
