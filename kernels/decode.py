@@ -390,8 +390,9 @@ def replay_decode(
     fold: how a flush folds the records into the checkpoint: None (default: "loop" for v1 / v2, v3's tuned
     choice for v3, decode_v3.V3_TUNED), "loop" (rank-1 updates, one record at a time; measured) or "dot" (one tl.dot over all records with ``dot_precision``, "tf32x3" by default:
     fp32-accurate on the tensor cores; opt-in until measured on the GPU).
-    impl: "auto" (default: replayssm_sglang.policy.decode_impl, v3 for a buffered window, v1 for window 1),
-    "v1" (this module's kernel), "v3" (kernels/decode_v3.py:
+    impl: "auto" (default: replayssm_sglang.policy.decode_impl, v3 for a buffered window, w1 for window 1),
+    "v1" (this module's kernel), "w1" (kernels/decode_w1.py: window 1 only, the conventional step with the
+    ring's window-1 fold for rows that still hold records), "v3" (kernels/decode_v3.py:
     a pre launch per (row, key head) does the V-tile-independent work, the main launch only the checkpoint's;
     same h_rows / advance_h / may_prefold options as v2) or "v2"
     (kernels/decode_v2.py: h read, never written by the decode launch; a one-program-per-row post launch
@@ -407,10 +408,10 @@ def replay_decode(
     v3_opts: extra keyword arguments of ``decode_v3.launch`` (``chunk_bytes``; benchmark diagnostics).
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
-    if impl not in ("auto", "v1", "v2", "v3"):
-        raise ValueError(f"impl must be 'auto', 'v1', 'v2' or 'v3', got {impl!r}")
-    if impl == "v1" and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
-        raise ValueError("h_rows / advance_h / may_prefold need impl='v2' or 'v3' (v1 advances h in the kernel)")
+    if impl not in ("auto", "v1", "v2", "v3", "w1"):
+        raise ValueError(f"impl must be 'auto', 'v1', 'v2', 'v3' or 'w1', got {impl!r}")
+    if impl in ("v1", "w1") and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
+        raise ValueError(f"h_rows / advance_h / may_prefold need impl='v2' or 'v3' ({impl} advances h in the kernel)")
     lay = ring.layout
     if kind != lay.kind:
         raise ValueError(f"ring is for {lay.kind}, called with {kind}")
@@ -435,6 +436,10 @@ def replay_decode(
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")
     if impl == "auto":
         impl = policy.decode_impl(L)
+        if impl == "w1" and (h_rows is not None or not advance_h):
+            impl = "v3"  # the caller owns h: v3 at window 1 (w1 advances h in the kernel)
+    if impl == "w1" and L != 1:
+        raise ValueError(f"impl='w1' is the window-1 decode (L=1), called with L={L}")
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
     if impl != "v3" and fold is None:
@@ -455,6 +460,12 @@ def replay_decode(
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
                                 fold=fold, **(v3_opts or {}))
+    if impl == "w1":
+        from replayssm_sglang.kernels import decode_w1
+
+        return decode_w1.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out,
+                                K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
+                                num_warps=num_warps)
     if impl == "v2" and ring.rc is not None:
         raise ValueError("a ring with a read copy (read_dtype bf16/fp8_e4m3) runs impl 'auto', 'v3' or 'v1'")
     if impl == "v2":

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _store_record0_shared
 
@@ -216,10 +217,13 @@ def replay_decode_v2_post_kernel(
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr,
+    WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """One program per row, after the decode launch: h_dst[slot] = ring.h_after_decode(h) (WRITE_H) and,
-    for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0)."""
+    for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
+    programmatic dependent of the decode launch): waits for it first."""
+    if USE_PDL:
+        gdc_wait()
     i_n = tl.program_id(0)
     slot = tl.load(slot_idx + i_n).to(tl.int64)
     if slot >= 0:

@@ -13,17 +13,21 @@ done again by each of the V / BV programs of a value head and, for GDN, by both 
 v3 splits the step into three launches:
   pre   grid (B, HK), one program per (row, key head): normalises q and k, computes <k, q>, the record
         coefficients c_j = <k_j e^{G_t - G_j}, q> and d_j = <k_j e^{G_t - G_j}, k> for every value head of
-        the group (zero past h), GDN's e^{G_t} (KDA: q and k pre-multiplied by e^{G_t}, per K), into a
-        small scratch (4-8 MB at B = 256); it also appends this token's shared record parts (the key per
-        key head, G_t per value head) unless the row flushes or pre-folds;
+        the group (zero past h) and GDN's e^{G_t}, into a small scratch (about 1 MB at B = 256); it also
+        appends this token's shared record parts (the key per key head, G_t per value head) unless the row
+        flushes or pre-folds;
   main  grid (V / BV, B, HV): the [BV, K] checkpoint tile read once, C q~ and C k~ (two multiply-reduce
-        passes), the h correction vectors u_j of this V-tile, and
+        passes; q~, k~ made from the inputs here: the normalised q and k, KDA's times e^{G_t} per K), then,
+        with the pre launch's coefficients, the h correction vectors u_j of this V-tile, and
             o   = e C q + sum_j u_j c_j + u_t <k, q>,   u_t = beta (v - e C k - sum_j u_j d_j);
         a row that writes its checkpoint (flush or pre-fold, 1/L of them) folds its records into the tile
         exactly as v2 does (rank-1 updates, recomputed from the ring, not from the scratch); a row that
         appends writes u_t of its V-tile;
   post  v2's post launch: h advanced by ring.py's rule, and record 0's shared parts for a row that
         pre-folded and appends (other programs may still read the old record 0 during main).
+With ``pdl=True`` the main and post launches are programmatic dependents (CUDA PDL, sm_90+): the pre launch lets
+the main launch start at once, whose tile read needs nothing from it; the main launch waits
+(griddepcontrol.wait) just before it loads the coefficients.
 The maths is v2's term by term (same sums, same order of the exponent differences, all <= 0); only where
 each term is computed changes. Padded rows (slot < 0) write zeros and touch nothing else.
 
@@ -47,18 +51,25 @@ import triton
 import triton.language as tl
 
 from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
 @triton.jit
 def replay_decode_v3_pre_kernel(
     mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-    qk_buf, coef, scal,
+    coef, scal,
     scale, lower_bound, L, stride_qkv, stride_a,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
+        # the coefficients below with gdc_wait before it uses them)
+        gdc_launch_dependents()
     i_n = tl.program_id(0)
     i_hk = tl.program_id(1)
     if IS_KDA:
@@ -89,7 +100,6 @@ def replay_decode_v3_pre_kernel(
         m_ck = valid[:, None] & mask_k[None, :]
         rk = tl.load(ring_k + ((slot * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
                      other=0).to(tl.float32)  # [BC, BK]
-        p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK + o_k
         if IS_KDA:
             i_hv = i_hk
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
@@ -102,17 +112,12 @@ def replay_decode_v3_pre_kernel(
             p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
             tl.store(p_c, tl.sum(kw * q[None, :], 1))
             tl.store(p_c + BC, tl.sum(kw * k[None, :], 1))
-            e_t = tl.exp(G_t)
-            tl.store(p_qk, e_t * q)
-            tl.store(p_qk + BK, e_t * k)
             tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
             if append:
                 tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
                 tl.store(base_g + h_eff * GK + o_k, G_t, mask=mask_k)
         else:
-            tl.store(p_qk, q)
-            tl.store(p_qk + BK, k)
             dq = tl.sum(rk * q[None, :], 1)  # [BC], shared by the value heads of this key head
             dk = tl.sum(rk * k[None, :], 1)
             for r in tl.static_range(HV // H):
@@ -177,8 +182,29 @@ def _store_read_copy(p_r, S, sc, m, RC_FP8: tl.constexpr):
 
 
 @triton.jit
-def _tile_dots(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr):
-    """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K), q~ and k~ at p_qk.
+def _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+              H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """One K chunk (positions o_kc) of this row's raw q and k of its key head (p_x at the row's q), as fp32;
+    KDA: both times e^{G_t} over the chunk, G_t = G of the last record (p_gl; 0 without records) + this step's
+    gate. The l2 norms are applied to the reduced dots afterwards (scalars)."""
+    q_c = tl.load(p_x + o_kc, mask=mk, other=0).to(tl.float32)
+    k_c = tl.load(p_x + H * K + o_kc, mask=mk, other=0).to(tl.float32)
+    if IS_KDA:
+        G_c = tl.load(p_gl + o_kc, mask=mk & has, other=0) + _load_gate(
+            a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True, USE_LOWER_BOUND)
+        e_c = tl.exp(G_c)
+        q_c = q_c * e_c
+        k_c = k_c * e_c
+    return q_c, k_c
+
+
+@triton.jit
+def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+               H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
+               IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """(tile q', tile k') [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K), with q' and k' the
+    raw (not normalised) q and k, KDA's times e^{G_t} (_qk_chunk): everything here comes from this step's inputs
+    and the ring as the previous step left it, so it may run before the pre launch has finished (PDL).
     PIPE > 0: the chunks in a loop that Triton software-pipelines over PIPE stages (asynchronous copies into
     shared memory: the chunks in flight hold no registers), each chunk reduced over K as it lands. PIPE = 0: the
     chunks unrolled into registers, the products accumulated element-wise and reduced once at the end."""
@@ -187,20 +213,26 @@ def _tile_dots(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT
         dk = tl.zeros(o_v.shape, dtype=tl.float32)
         for c in tl.range(0, BK // BKT, num_stages=PIPE):
             o_kc = c * BKT + tl.arange(0, BKT)
-            m_c = mask_v[:, None] & (o_kc < K)[None, :]
+            mk = o_kc < K
+            m_c = mask_v[:, None] & mk[None, :]
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            dq += tl.sum(C_c * tl.load(p_qk + o_kc)[None, :], 1)
-            dk += tl.sum(C_c * tl.load(p_qk + BK + o_kc)[None, :], 1)
+            q_c, k_c = _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                 H, K, IS_KDA, USE_LOWER_BOUND)
+            dq += tl.sum(C_c * q_c[None, :], 1)
+            dk += tl.sum(C_c * k_c[None, :], 1)
     else:
         acc_q = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
         acc_k = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
         for c in tl.static_range(BK // BKT):
             o_kc = c * BKT + tl.arange(0, BKT)
-            m_c = mask_v[:, None] & (o_kc < K)[None, :]
+            mk = o_kc < K
+            m_c = mask_v[:, None] & mk[None, :]
             # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            acc_q += C_c * tl.load(p_qk + o_kc)[None, :]
-            acc_k += C_c * tl.load(p_qk + BK + o_kc)[None, :]
+            q_c, k_c = _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                 H, K, IS_KDA, USE_LOWER_BOUND)
+            acc_q += C_c * q_c[None, :]
+            acc_k += C_c * k_c[None, :]
         dq = tl.sum(acc_q, 1)
         dk = tl.sum(acc_k, 1)
     return dq, dk
@@ -210,7 +242,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_qk, K: tl.constexpr, BK: tl.constexpr, BKT
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-    qk_buf, coef, scal, rc, rc_scale,
+    coef, scal, rc, rc_scale,
     scale, lower_bound, L,
     stride_qkv, stride_a, stride_b, stride_slot,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
@@ -220,7 +252,7 @@ def replay_decode_v3_kernel(
     USE_LOWER_BOUND: tl.constexpr, FOLD_CHUNKED: tl.constexpr = False,
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
-    PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16,
+    PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -248,36 +280,45 @@ def replay_decode_v3_kernel(
         tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
         return
 
-    # C q~ and C k~ over the [BV, K] checkpoint tile (it depends on the slot only: issued first), with
-    # q~, k~ from the pre launch (GDN: normalised q, k; KDA: times e^{G_t}). The tile is read in K chunks
-    # (BKT elements, chunk_bytes per row): either software-pipelined through shared memory (PIPE > 0, each chunk
-    # reduced as it lands) or unrolled, the products accumulated element-wise across 64-byte chunks, so Triton
-    # lays a chunk out as 8 rows x 4 threads per warp: each thread reduces its 4 rows' K elements in registers
-    # and only 2 shuffle levels remain per row, where one [BV, K] load would put 32 threads along K (5 shuffle
-    # levels per row and reduction: most of the kernel's instructions). _tile_dots has both.
+    # C q~ and C k~ over the [BV, K] checkpoint tile, q~ = scale q / |q|, k~ = k / |k| (KDA: both times e^{G_t}
+    # per K). Computed here from the inputs (_tile_dots), not taken from the pre launch, so that with PDL this
+    # part overlaps the pre launch; the coefficients of the records come from it after gdc_wait below.
+    # The tile is read in K chunks (BKT elements, chunk_bytes per row): either software-pipelined through
+    # shared memory (PIPE > 0, each chunk reduced as it lands) or unrolled, the products accumulated
+    # element-wise across 64-byte chunks, so Triton lays a chunk out as 8 rows x 4 threads per warp: each thread
+    # reduces its 4 rows' K elements in registers and only 2 shuffle levels remain per row, where one [BV, K]
+    # load would put 32 threads along K (5 shuffle levels per row and reduction). _tile_dots has both.
     # With a read copy (issue 7): a row that writes its checkpoint this step (flush, pre-fold; a row whose read
     # copy is stale arrives here as a forced flush) reads the recurrence copy, every other row the read copy
     # (bf16, or fp8 codes times one scale per V-row). The choice needs h first.
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    p_qk = qk_buf + (i_n * HK + i_hk) * 2 * BK
+    if not HAS_H_ROWS:
+        h_old = tl.load(ring_h + slot).to(tl.int32)
+    p_x = mixed_qkv + i_n * stride_qkv
+    p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
+    p_gl = ring_g + ((slot * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
+    has = h_old > 0
     if HAS_RC:
-        if not HAS_H_ROWS:
-            h_old = tl.load(ring_h + slot).to(tl.int32)
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
         if from_rc:
-            Cq, Ck = _tile_dots(rc + (slot * HV + i_hv) * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
+            p_tile = rc + (slot * HV + i_hv) * V * K
         else:
-            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
+            p_tile = state + slot * stride_slot + i_hv * V * K
     else:
-        Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_qk, K, BK, BKT, PIPE)
-        if not HAS_H_ROWS:
-            h_old = tl.load(ring_h + slot).to(tl.int32)
+        p_tile = state + slot * stride_slot + i_hv * V * K
+    Cq, Ck = _tile_dots(p_tile, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                        H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
+    q_in = tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32)
+    k_in = tl.load(p_xq + H * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    Cq = Cq * (scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6))
+    Ck = Ck / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    if USE_PDL:
+        gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
     cq = tl.load(p_c)  # zero past h
     ck = tl.load(p_c + BC)
     kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
-    p_x = mixed_qkv + i_n * stride_qkv
     v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_val = tl.load(b + i_n * stride_b + i_hv).to(tl.float32)
     if IS_KDA:
@@ -441,13 +482,16 @@ _LAST: dict = {}
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
-           chunk_bytes=None, pipe_stages=None, fold_bytes=None, _diag_parts="all"):
+           chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, _diag_parts="all"):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
     pipe_stages > 0: the checkpoint (or read-copy) tile is read by a K-chunk loop that Triton software-pipelines
     over that many stages (asynchronous copies into shared memory), each chunk reduced as it lands; 0 (default):
-    the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row)."""
+    the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row).
+    pdl: launch the main and post launches as programmatic dependents (CUDA PDL, sm_90+): the main launch's
+    checkpoint read starts while the pre launch still runs and waits (griddepcontrol.wait) only before it uses
+    the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -455,6 +499,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     chunk_bytes = chunk_bytes if chunk_bytes is not None else tuned.get("chunk_bytes", 64)
     pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
+    pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -475,7 +520,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     nw = num_warps or cfg[1]
     dev = mixed_qkv.device
     # scratch (graph-safe: the caching allocator serves captured launches from the graph's pool)
-    qk_buf = torch.empty(B, lay.HK, 2, BK, dtype=torch.float32, device=dev)
     coef = torch.empty(B, HV, 2, BC, dtype=torch.float32, device=dev)
     scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
@@ -512,14 +556,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     BKT = min(BK, max(1, chunk_bytes // tile_es))
     if run_pre:
         replay_decode_v3_pre_kernel[(B, lay.HK)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
-            **common,
+            USE_PDL=pdl, **common,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, qk_buf, coef, scal,
+            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, coef, scal,
             ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
             float(scale), lb, L,
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
@@ -527,17 +571,32 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), **common,
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
-            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, **common,
+            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
+            **_pdl_kw(pdl),
         )
     if has_rc:
         set_rc_valid_(ring, slot_idx, 1)  # every real row now holds round(checkpoint) in its read copy
     return out
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: a CUDA device of compute capability 9.0 or newer, not the interpreter."""
+    import os
+
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _pdl_kw(pdl: bool) -> dict:
+    """The launch option that makes a Triton launch a programmatic dependent of the previous one."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit

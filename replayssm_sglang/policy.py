@@ -50,8 +50,7 @@ def decode_window(kind: str, B: int, state_dtype: torch.dtype, L: int) -> int:
 
 
 def decode_impl(window: int) -> str:
-    """Kernel for a decode launch of this window: the buffered window runs decode v3 (kernels/decode_v3.py,
-    1.17-1.33x at B >= 128 on fp32 states), window 1 runs v1's L = 1 branch (kernels/decode.py), which
-    measured faster than v3's at every batch size timed (v3 at window 1 still pays its pre and post
-    launches). Both follow ring.py's protocol on the same ring, so launches may alternate freely."""
-    return "v3" if window > 1 else "v1"
+    """Kernel for a decode launch of this window: the buffered window runs decode v3 (kernels/decode_v3.py),
+    window 1 runs w1 (kernels/decode_w1.py: the conventional step, plus a fold for a row that still holds
+    records). Both follow ring.py's protocol on the same ring, so launches may alternate freely."""
+    return "v3" if window > 1 else "w1"

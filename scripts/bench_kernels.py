@@ -16,6 +16,9 @@ Arms (per layer kind, state dtype and batch size B):
   v2_r16_all  (--variants all) v2 loading every ring position without waiting for h (records="all")
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
+  ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
+  v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
+              bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -62,13 +65,13 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
     GK = 1 if kind == "gdn" else K
     HK = H if kind == "gdn" else HV
     inputs = B * ((2 * H * K + HV * V) * 2 + HV * GK * 2 + HV * 2 + HV * V * 2)  # qkv, a, b, out (bf16)
-    if arm in ("conv", "conv_cuda", "ours_L1", "v3_L1"):
+    if arm in ("conv", "conv_cuda", "ours_L1", "v3_L1", "ours_w1"):
         return 2 * state + inputs
     rec = HV * V * rec_es + HK * K * rec_es + HV * GK * 4
     mean_read = (L - 1) / 2  # cursors uniform over 0..L-1
     scratch = 0
-    if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: q~, k~, coefficients
-        scratch = 2 * B * (HK * 2 * K * 4 + HV * (2 * 16 + 2) * 4)
+    if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: the coefficients
+        scratch = 2 * B * HV * (2 * 16 + 2) * 4
     if "_rc_" in arm:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
         # the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
         bf = "_rc_bf16" in arm
@@ -231,11 +234,16 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
                           block_v=bv, num_warps=nw, impl=impl, **vx, **extra)
         return run
+    if impl == "w1":
+        def run(step):
+            replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=1,
+                          impl="w1")
+        return run
     bv, nw, nk = cfg if cfg else (None, None, None)
 
     def run(step):
         replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
-                      block_v=bv, num_warps=nw, k_chunks=nk, fold=fold, _diag_freeze_h=freeze_h)
+                      block_v=bv, num_warps=nw, k_chunks=nk, fold=fold, _diag_freeze_h=freeze_h, impl="v1")
     return run
 
 
@@ -432,6 +440,22 @@ def main():
                 if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)
                     arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
                                                      v3_opts=dict(chunk_bytes=16))
+                if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
+                    arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
+                if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)
+                    P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64)
+                    arms["v3p_r16_pdl"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3",
+                                                   v3_opts=dict(P3, pdl=True))
+                    if sdt == "float32":
+                        arms["v3p_r32_pdl"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                                       v3_opts=dict(P3, pdl=True))
+                    else:  # bf16 states: the pipelined read (not their default yet), without and with PDL
+                        arms["v3p_r16"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3", v3_opts=P3)
+                    if B >= 128:
+                        for bv, nw, cb in ((64, 2, 256), (32, 2, 128)):
+                            arms[f"v3p_r16_pdl_{bv}x{nw}"] = arm_ours(
+                                c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="dot3",
+                                v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
                 if v3 and "parts" in variants and B >= 128:  # one launch alone: where a step's time goes
                     for part in ("pre", "main", "post"):
                         arms[f"v3_r16_{part}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3",

@@ -360,13 +360,28 @@ def test_advance_h_matches_ring_rule():
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_auto_impl_alternates_v1_and_v3(kind):
-    """impl="auto" (what the server runs): buffered windows run v3, window 1 runs v1; batches that grow
+def test_auto_impl_alternates_w1_and_v3(kind):
+    """impl="auto" (what the server runs): buffered windows run v3, window 1 runs w1; batches that grow
     and shrink across the policy's threshold alternate the two kernels on one ring, mid-window."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=16, V=16, L=8, seed=41,
                  windows=(8, 8, 8, 1, 8, 1), p_forced=0.1, impl="auto")
     st = hz.run(16)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+
+
+@pytest.mark.parametrize("kind,lower_bound", [("gdn", None), ("kda", None), ("kda", -5.0)])
+def test_w1_folds_pending_records(kind, lower_bound):
+    """w1 (the window-1 kernel) on rows that still hold records from buffered steps: it folds them first and the
+    last of the row's programs to arrive sets h = 0. V split over two programs (BV = 16) and two value heads per
+    row, so four programs count their arrival; runs of window-1 steps (h = 0: the conventional step alone)
+    between buffered ones."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=8, seed=43, block_v=16,
+                 windows=(8, 8, 8, 1, 1, 8, 8, 8, 8, 8, 1), p_forced=0.05, impl="auto", lower_bound=lower_bound)
+    st = hz.run(12)
+    assert st["prefolds"] > 0 and st["flushes"] > 0
+    with pytest.raises(ValueError, match="window-1"):
+        x = [t.to(DEV) for t in R.random_decode_inputs(kind, 3, hz.H, 2, 32, 32)]
+        replay_decode(kind, *x, hz.state, hz.ring, hz.row_slot.to(DEV), L=4, impl="w1")
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -481,10 +496,12 @@ def test_impl_argument_checks():
         replay_decode("gdn", *x, st, ring, si, impl="v2", h_rows=torch.zeros(2, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("impl", ["v1", "w1"])
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_L1_equals_conventional_exactly(kind):
+def test_L1_equals_conventional_exactly(kind, impl):
     """At L = 1 the kernel is the conventional decode: bit-identical to SGLang 0.5.17's Triton packed
-    decode under the interpreter (same math in the same order), state and outputs."""
+    decode under the interpreter (same math in the same order), state and outputs. v1's window-1 branch
+    and w1 (kernels/decode_w1.py, what the policy runs at window 1)."""
     if ON_GPU:
         pytest.skip("bitwise equality is an interpreter property; on the GPU reductions may differ in order")
     from replayssm_sglang.kernels import upstream
@@ -502,7 +519,7 @@ def test_L1_equals_conventional_exactly(kind):
         x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g)
         o1 = torch.full((B, 1, HV, V), float("nan"))
         o2 = torch.full((B, 1, HV, V), float("nan"))
-        replay_decode(kind, *x, state, ring, slot_idx, out=o1)
+        replay_decode(kind, *x, state, ring, slot_idx, out=o1, impl=impl)
         upstream.conventional_decode(kind, *x, state_conv, slot_idx, o2)
         assert torch.equal(o1, o2)
         assert torch.equal(state, state_conv)
@@ -525,11 +542,11 @@ def test_extra_cases(case, impl):
 # GPU: real head sizes, fp32 and bf16 state (skipped on CPU)
 # ---------------------------------------------------------------------------------------------
 
-def _real_harness(kind, *, windows=(16, 16, 16, 16, 16, 1, 4), **kw):
+def _real_harness(kind, *, B=8, windows=(16, 16, 16, 16, 16, 1, 4), **kw):
     """Harness at the real layer shapes (Qwen3-Next GDN H=16, HV=32; Kimi-Linear KDA H=HV=32; K=V=128, L=16,
-    B=8), window switching by default (buffered, window 1, window 4)."""
+    B=8 rows unless asked), window switching by default (buffered, window 1, window 4)."""
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
-    return Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=16, windows=windows, **kw)
+    return Harness(kind, B=B, H=H, HV=HV, K=128, V=128, L=16, windows=windows, **kw)
 
 
 @pytest.mark.gpu
@@ -537,7 +554,7 @@ def _real_harness(kind, *, windows=(16, 16, 16, 16, 16, 1, 4), **kw):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rec_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
 def test_gpu_real_shapes(kind, state_dtype, rec_dtype, impl):
     hz = _real_harness(kind, state_dtype=DTYPES[state_dtype], rec_dtype=DTYPES[rec_dtype], seed=1, impl=impl)
     st = hz.run(26)
@@ -570,6 +587,26 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
                        v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64))
     st = hz.run(26)
     assert st["flushes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("B", [8, 96])
+def test_gpu_real_shapes_v3_pdl(kind, state_dtype, B):
+    """v3 with its main and post launches as programmatic dependents (PDL): the main launch's tile read runs
+    while the pre launch still writes the coefficients and appends records; a missing or misplaced
+    griddepcontrol.wait reads stale coefficients. Real head sizes, B = 8 and 96 rows (more programs than fit
+    at once, so the launches overlap), window switching, against float64."""
+    from replayssm_sglang.kernels import decode_v3
+
+    if not decode_v3.pdl_available(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability >= 9.0")
+    hz = _real_harness(kind, B=B, state_dtype=DTYPES[state_dtype], rec_dtype=torch.bfloat16, seed=5, impl="v3",
+                       fold="dot3", v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
 @pytest.mark.gpu
@@ -608,7 +645,7 @@ def test_policy_windows(monkeypatch):
     assert policy.decode_window("kda", 64, torch.float32, 16) == 1
     assert policy.decode_window("kda", 128, torch.float32, 16) == 16
     assert policy.decode_window("kda", 512, torch.bfloat16, 16) == 1
-    assert policy.decode_impl(16) == "v3" and policy.decode_impl(1) == "v1"
+    assert policy.decode_impl(16) == "v3" and policy.decode_impl(1) == "w1"
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "8")
     assert policy.decode_window("kda", 512, torch.float32, 16) == 8
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "99")
