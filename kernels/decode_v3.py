@@ -182,57 +182,54 @@ def _store_read_copy(p_r, S, sc, m, RC_FP8: tl.constexpr):
 
 
 @triton.jit
-def _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-              H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
-    """One K chunk (positions o_kc) of this row's raw q and k of its key head (p_x at the row's q), as fp32;
-    KDA: both times e^{G_t} over the chunk, G_t = G of the last record (p_gl; 0 without records) + this step's
-    gate. The l2 norms are applied to the reduced dots afterwards (scalars)."""
-    q_c = tl.load(p_x + o_kc, mask=mk, other=0).to(tl.float32)
-    k_c = tl.load(p_x + H * K + o_kc, mask=mk, other=0).to(tl.float32)
-    if IS_KDA:
-        G_c = tl.load(p_gl + o_kc, mask=mk & has, other=0) + _load_gate(
-            a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True, USE_LOWER_BOUND)
-        e_c = tl.exp(G_c)
-        q_c = q_c * e_c
-        k_c = k_c * e_c
-    return q_c, k_c
-
-
-@triton.jit
-def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
-    """(tile q', tile k') [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K), with q' and k' the
-    raw (not normalised) q and k, KDA's times e^{G_t} (_qk_chunk): everything here comes from this step's inputs
-    and the ring as the previous step left it, so it may run before the pre launch has finished (PDL).
+    """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K): q~ = scale q / |q|,
+    k~ = k / |k| of this row's key head (p_x at its q, k H * K later), KDA's both times e^{G_t} per K with G_t
+    = G of the last record (p_gl; 0 without records) + this step's gate. Everything here comes from this step's
+    inputs and the ring as the previous step left it, so it may run before the pre launch has finished (PDL).
+    q~ and k~ are made before the tile loop as [chunks, BKT] tensors and each chunk picked out of them in
+    registers (a select and an in-thread sum): loads of them inside the loop would not be asynchronous copies
+    (2-byte elements) and would stall every iteration (H200, 2026-11-30 01:21: 172 -> 204 us).
     PIPE > 0: the chunks in a loop that Triton software-pipelines over PIPE stages (asynchronous copies into
     shared memory: the chunks in flight hold no registers), each chunk reduced over K as it lands. PIPE = 0: the
     chunks unrolled into registers, the products accumulated element-wise and reduced once at the end."""
+    NC: tl.constexpr = BK // BKT
+    o_ch = tl.arange(0, NC)
+    offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds K positions c*BKT + j
+    m2 = offs < K
+    Q2 = tl.load(p_x + offs, mask=m2, other=0).to(tl.float32)
+    K2 = tl.load(p_x + H * K + offs, mask=m2, other=0).to(tl.float32)
+    Q2 = Q2 * (scale / tl.sqrt(tl.sum(tl.sum(Q2 * Q2, 1), 0) + 1e-6))
+    K2 = K2 / tl.sqrt(tl.sum(tl.sum(K2 * K2, 1), 0) + 1e-6)
+    if IS_KDA:
+        G2 = tl.load(p_gl + offs, mask=m2 & has, other=0) + _load_gate(
+            a, dt_bias, A_log, i_n, i_hv, stride_a, offs, m2, lower_bound, K, True, USE_LOWER_BOUND)
+        E2 = tl.exp(G2)
+        Q2 = Q2 * E2
+        K2 = K2 * E2
     if PIPE > 0:
         dq = tl.zeros(o_v.shape, dtype=tl.float32)
         dk = tl.zeros(o_v.shape, dtype=tl.float32)
-        for c in tl.range(0, BK // BKT, num_stages=PIPE):
+        for c in tl.range(0, NC, num_stages=PIPE):
             o_kc = c * BKT + tl.arange(0, BKT)
-            mk = o_kc < K
-            m_c = mask_v[:, None] & mk[None, :]
+            m_c = mask_v[:, None] & (o_kc < K)[None, :]
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            q_c, k_c = _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                                 H, K, IS_KDA, USE_LOWER_BOUND)
-            dq += tl.sum(C_c * q_c[None, :], 1)
-            dk += tl.sum(C_c * k_c[None, :], 1)
+            sel = o_ch[:, None] == c
+            dq += tl.sum(C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :], 1)
+            dk += tl.sum(C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :], 1)
     else:
         acc_q = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
         acc_k = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
-        for c in tl.static_range(BK // BKT):
+        for c in tl.static_range(NC):
             o_kc = c * BKT + tl.arange(0, BKT)
-            mk = o_kc < K
-            m_c = mask_v[:, None] & mk[None, :]
+            m_c = mask_v[:, None] & (o_kc < K)[None, :]
             # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            q_c, k_c = _qk_chunk(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                                 H, K, IS_KDA, USE_LOWER_BOUND)
-            acc_q += C_c * q_c[None, :]
-            acc_k += C_c * k_c[None, :]
+            sel = o_ch[:, None] == c
+            acc_q += C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :]
+            acc_k += C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :]
         dq = tl.sum(acc_q, 1)
         dk = tl.sum(acc_k, 1)
     return dq, dk
@@ -307,12 +304,8 @@ def replay_decode_v3_kernel(
             p_tile = state + slot * stride_slot + i_hv * V * K
     else:
         p_tile = state + slot * stride_slot + i_hv * V * K
-    Cq, Ck = _tile_dots(p_tile, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                        H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-    q_in = tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32)
-    k_in = tl.load(p_xq + H * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    Cq = Cq * (scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6))
-    Ck = Ck / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    Cq, Ck = _tile_dots(p_tile, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale,
+                        lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     if USE_PDL:
         gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c

@@ -452,10 +452,13 @@ def main():
                     else:  # bf16 states: the pipelined read (not their default yet), without and with PDL
                         arms["v3p_r16"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3", v3_opts=P3)
                     if B >= 128:
-                        for bv, nw, cb in ((64, 2, 256), (32, 2, 128)):
-                            arms[f"v3p_r16_pdl_{bv}x{nw}"] = arm_ours(
-                                c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="dot3",
-                                v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
+                        for bv, nw, cb in ((64, 2, 256), (32, 2, 128), (64, 4, 256)):
+                            for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
+                                if rn == "r32" and sdt != "float32":
+                                    continue
+                                arms[f"v3p_{rn}_pdl_{bv}x{nw}"] = arm_ours(
+                                    c, rdt, cfg=(bv, nw), impl="v3", fold="dot3",
+                                    v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
                 if v3 and "parts" in variants and B >= 128:  # one launch alone: where a step's time goes
                     for part in ("pre", "main", "post"):
                         arms[f"v3_r16_{part}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3",
