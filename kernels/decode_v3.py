@@ -182,34 +182,46 @@ def _store_read_copy(p_r, S, sc, m, RC_FP8: tl.constexpr):
 
 
 @triton.jit
+def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+              H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """This row's raw q and k of its key head at K positions offs (p_x at its q; k is H * K later), fp32, not
+    normalised; KDA's both times e^{G_t}, G_t = G of the last record (p_gl; 0 without records) + this step's
+    gate."""
+    q = tl.load(p_x + offs, mask=m, other=0).to(tl.float32)
+    k = tl.load(p_x + H * K + offs, mask=m, other=0).to(tl.float32)
+    if IS_KDA:
+        e = tl.exp(tl.load(p_gl + offs, mask=m & has, other=0) + _load_gate(
+            a, dt_bias, A_log, i_n, i_hv, stride_a, offs, m, lower_bound, K, True, USE_LOWER_BOUND))
+        q = q * e
+        k = k * e
+    return q, k
+
+
+@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
     """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K): q~ = scale q / |q|,
-    k~ = k / |k| of this row's key head (p_x at its q, k H * K later), KDA's both times e^{G_t} per K with G_t
-    = G of the last record (p_gl; 0 without records) + this step's gate. Everything here comes from this step's
-    inputs and the ring as the previous step left it, so it may run before the pre launch has finished (PDL).
-    q~ and k~ are made before the tile loop as [chunks, BKT] tensors and each chunk picked out of them in
-    registers (a select and an in-thread sum): loads of them inside the loop would not be asynchronous copies
-    (2-byte elements) and would stall every iteration (H200, 2026-11-30 01:21: 172 -> 204 us).
+    k~ = k / |k| of this row's key head (p_x at its q), KDA's both times e^{G_t} per K (_qk_tilde). Everything
+    here comes from this step's inputs and the ring as the previous step left it, so it may run before the pre
+    launch has finished (PDL). The l2 norms scale the reduced dots at the end.
     PIPE > 0: the chunks in a loop that Triton software-pipelines over PIPE stages (asynchronous copies into
-    shared memory: the chunks in flight hold no registers), each chunk reduced over K as it lands. PIPE = 0: the
-    chunks unrolled into registers, the products accumulated element-wise and reduced once at the end."""
+    shared memory: the chunks in flight hold no registers), each chunk reduced over K as it lands; q and k are
+    made before the loop as [chunks, BKT] tensors and each chunk picked out in registers, because loads of
+    them inside the loop are not asynchronous copies (2-byte elements) and stall every iteration (H200,
+    2026-11-30 01:21: GDN 172 -> 204 us). PIPE = 0: the chunks unrolled into registers (q, k loaded per chunk),
+    the products accumulated element-wise and reduced once at the end."""
+    o_k = tl.arange(0, BK)
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
     NC: tl.constexpr = BK // BKT
-    o_ch = tl.arange(0, NC)
-    offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds K positions c*BKT + j
-    m2 = offs < K
-    Q2 = tl.load(p_x + offs, mask=m2, other=0).to(tl.float32)
-    K2 = tl.load(p_x + H * K + offs, mask=m2, other=0).to(tl.float32)
-    Q2 = Q2 * (scale / tl.sqrt(tl.sum(tl.sum(Q2 * Q2, 1), 0) + 1e-6))
-    K2 = K2 / tl.sqrt(tl.sum(tl.sum(K2 * K2, 1), 0) + 1e-6)
-    if IS_KDA:
-        G2 = tl.load(p_gl + offs, mask=m2 & has, other=0) + _load_gate(
-            a, dt_bias, A_log, i_n, i_hv, stride_a, offs, m2, lower_bound, K, True, USE_LOWER_BOUND)
-        E2 = tl.exp(G2)
-        Q2 = Q2 * E2
-        K2 = K2 * E2
     if PIPE > 0:
+        o_ch = tl.arange(0, NC)
+        offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
+        Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                           H, K, IS_KDA, USE_LOWER_BOUND)
         dq = tl.zeros(o_v.shape, dtype=tl.float32)
         dk = tl.zeros(o_v.shape, dtype=tl.float32)
         for c in tl.range(0, NC, num_stages=PIPE):
@@ -224,15 +236,17 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
         acc_k = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
         for c in tl.static_range(NC):
             o_kc = c * BKT + tl.arange(0, BKT)
-            m_c = mask_v[:, None] & (o_kc < K)[None, :]
+            mk = o_kc < K
+            m_c = mask_v[:, None] & mk[None, :]
             # no `other=` (Triton's interpreter cannot make an fp8 fill value): masked lanes zeroed after the cast
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            sel = o_ch[:, None] == c
-            acc_q += C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :]
-            acc_k += C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :]
+            q_c, k_c = _qk_tilde(p_x, o_kc, mk, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                 H, K, IS_KDA, USE_LOWER_BOUND)
+            acc_q += C_c * q_c[None, :]
+            acc_k += C_c * k_c[None, :]
         dq = tl.sum(acc_q, 1)
         dk = tl.sum(acc_k, 1)
-    return dq, dk
+    return dq * s_q, dk * s_k
 
 
 @triton.jit
@@ -463,7 +477,9 @@ RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller ask
 # vs 245.9 us (1.27x vs 1.12x). bf16 states and read copies keep the unrolled read until measured.
 # With a read copy: the configurations that passed the real-shape GPU checks (run 2319: the record-loop fold in
 # chunks of the copy's 64-byte read width, i.e. 64 fp32 elements for fp8, 32 for bf16); not faster than without.
-_PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64)
+# 2026-11-30 (kernels-20261130-0132): main and post as PDL dependents, GDN 173.9 -> 170.7 us (r16), 182.9 -> 180.7
+# (r32); KDA 268.1 -> 264.4 (r16), 224.7 -> 222.0 (r32), B = 256.
+_PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
 _RC_FP8 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=256)
 _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,

@@ -9,7 +9,7 @@ slot as ring.py says (h <= capacity, checkpoint + records = the state), so launc
 windows may follow each other in any order and rows may move between CUDA graphs of different
 batch sizes freely.
 
-The thresholds are measured (scripts/bench_kernels.py, arms ours_r* vs ours_L1, H200): the largest
+The thresholds are measured (scripts/bench_kernels.py, arms v3_* / v3p_* vs ours_w1, H200): the largest
 batch size at which window 1 was faster than the buffered window, per layer kind and state dtype.
 docs/design.md ("Decode kernels and small-batch policy") records the numbers behind them.
 """
@@ -21,18 +21,19 @@ import os
 import torch
 
 # batch sizes <= this value run with window 1 (kind, state element size in bytes).
-# Measured 2026-11-29 on one H200 (benchmarks/results/kernels-20261129-2108.json, L = 16, bf16 records),
-# speed vs SGLang's conventional Triton decode: buffered v3 (v3_r16) / window 1 (v1's L = 1 path, ours_L1):
-#   GDN fp32: B=1 0.58 / 0.67, B=32 0.93 / 0.78, B=128 1.26, B=256 1.33
-#   GDN bf16: buffered 0.40-0.90 at every B; window 1: 0.76 (B=1), 0.99 (B=32)
-#   KDA fp32: B=1 0.56 / 1.05, B=32 0.92 / 1.10, B=128 1.11, B=256 1.17
-#   KDA bf16: buffered 0.36-0.77 at every B; window 1: 0.73 (B=1), 0.98 (B=32)
-# Window 1 was measured at B <= 32 only. GDN fp32 switches between B=1 and 32 (8 is a choice inside that
-# interval: the CUDA-graph sizes 2-16 were not timed), KDA fp32 between 32 and 128 (64: the same kind of
-# choice); bf16 states stay at window 1, where the buffered path measured slower at every B.
+# Measured 2026-11-30 on one H200 (benchmarks/results/kernels-20261130-{0121,0132}.json, L = 16), speed vs SGLang's
+# conventional Triton decode: window 1 (w1, kernels/decode_w1.py) / buffered v3 with the server's records (fp32
+# records for an fp32 state):
+#   GDN fp32: B=1 1.25 / 0.42, B=32 1.05 / 0.86, B=128 1.01 / 1.38-1.41, B=256 - / 1.49-1.51
+#   KDA fp32: B=1 1.27 / 0.44, B=32 1.13 / 0.81, B=128 1.02 / 1.14-1.16, B=256 - / 1.23-1.24
+#   GDN bf16: window 1 0.98-1.06 (B = 1, 32, 128); buffered 0.37-0.92 at every B (best arm)
+#   KDA bf16: window 1 1.00-1.06 (B = 1, 32, 128); buffered 0.30-0.56
+# fp32 states switch between B = 32 (window 1 faster) and 128 (buffered faster); 64 is a choice inside that
+# interval (the CUDA-graph sizes in between were not timed). bf16 states stay at window 1: the buffered path
+# measured slower than conventional at every B.
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
-    ("gdn", 4): 8,
+    ("gdn", 4): 64,
     ("gdn", 2): NEVER,
     ("kda", 4): 64,
     ("kda", 2): NEVER,

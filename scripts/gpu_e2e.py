@@ -550,6 +550,8 @@ def main() -> None:
     ap.add_argument("--tasks", default="correctness,spec,throughput,prefill,prefix,ssm_share")
     ap.add_argument("--prefix-repeats", type=int, default=1,
                     help="run the prefix workload this many times per arm, /flush_cache in between")
+    ap.add_argument("--spec-arms", default="", help="the spec task only for these arms (comma-separated; "
+                    "default: every arm)")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/e2e-out")))
@@ -676,7 +678,9 @@ def main() -> None:
                 srv.stop()
                 save()
                 # NEXTN speculative decoding on the same arm: same greedy tokens required
-                if ("spec" in tasks and mname == "gdn" and "_res" in r and time.time() < deadline - 60):
+                spec_arms = set(args.spec_arms.split(",")) - {""}
+                if ("spec" in tasks and mname == "gdn" and "_res" in r and time.time() < deadline - 60
+                        and (not spec_arms or arm in spec_arms)):
                     ss = Server(f"{mname}-{arm}-nextn", mpath, ARMS[base] + NEXTN, port, logdir, audit)
                     port += 1
                     servers.append(ss)
