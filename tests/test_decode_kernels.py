@@ -130,7 +130,7 @@ class Harness:
                       lower_bound=self.lower_bound)
         if self.read_dtype != "same":
             # the protocol: a row whose read copy is stale takes a forced flush (kernels/decode_v3.py);
-            # window-1 launches (v1) write the recurrence copy only and leave their rows stale
+            # window-1 launches (w1 under impl="auto", or v1) write the recurrence copy only and leave their rows stale
             stale = torch.zeros(B, dtype=torch.bool)
             stale[real] = self.rc_valid_before[slot_idx[real].long()] == 0
             writes_rc = self.impl == "v3" or (self.impl == "auto" and L > 1)
@@ -178,7 +178,7 @@ class Harness:
     def _check_read_copy(self, slot_idx, real, flushed_slots, rc_before, writes_rc):
         """Two copies: the rows that wrote their checkpoint hold round(checkpoint) in the read copy (as
         the reference rounds the same fold); every other slot's read copy is bit-identical; rc_valid is 1
-        after a v3 launch and 0 after a window-1 (v1) launch for every real row."""
+        after a v3 launch and 0 after a window-1 (w1 or v1) launch for every real row."""
         rc = self.ring.rc.cpu()
         if self.ring.rc_scale is not None:
             deq = rc.double() * self.ring.rc_scale.cpu().double()[..., None]
@@ -626,7 +626,7 @@ def test_gpu_real_shapes_h_rows(kind, impl):
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
 def test_gpu_real_shapes_read_copy_v3(kind, read_dtype):
     """The two-copy decode at real head sizes on the GPU (fp32 state and records), with window-1 launches
-    (v1) in between: the same checks as the CPU test, with the GPU's own casts."""
+    (w1) in between: the same checks as the CPU test, with the GPU's own casts."""
     hz = _real_harness(kind, seed=3, impl="auto", read_dtype=read_dtype)
     st = hz.run(26)
     assert st["flushes"] > 0
