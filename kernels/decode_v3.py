@@ -57,21 +57,12 @@ from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_p
 
 
 @triton.jit
-def replay_decode_v3_pre_kernel(
-    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-    coef, scal,
-    scale, lower_bound, L, stride_qkv, stride_a,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
-    CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    if USE_PDL:
-        # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
-        # the coefficients below with gdc_wait before it uses them)
-        gdc_launch_dependents()
-    i_n = tl.program_id(0)
-    i_hk = tl.program_id(1)
+def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, coef, scal,
+             scale, lower_bound, L, stride_qkv, stride_a,
+             H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
+             CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
+             HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel)."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
     else:
@@ -139,6 +130,34 @@ def replay_decode_v3_pre_kernel(
             if append:
                 tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
+
+
+
+
+@triton.jit
+def replay_decode_v3_pre_kernel(
+    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    coef, scal,
+    scale, lower_bound, L, stride_qkv, stride_a, B,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
+    CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1,
+):
+    """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
+    that with PDL all of it can be resident at once and the main launch (which starts only once every program of
+    this one has started) overlaps all of it, not only its last wave."""
+    if USE_PDL:
+        # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
+        # the coefficients with gdc_wait before it uses them)
+        gdc_launch_dependents()
+    i_hk = tl.program_id(1)
+    for r in range(ROWS):
+        i_n = tl.program_id(0) * ROWS + r
+        if i_n < B:
+            _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+                     coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC, IS_KDA,
+                     HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND)
 
 
 @triton.jit
@@ -491,7 +510,7 @@ _LAST: dict = {}
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
-           chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, _diag_parts="all"):
+           chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all"):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -500,7 +519,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row).
     pdl: launch the main and post launches as programmatic dependents (CUDA PDL, sm_90+): the main launch's
     checkpoint read starts while the pre launch still runs and waits (griddepcontrol.wait) only before it uses
-    the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL)."""
+    the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
+    pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
+    be resident at once, for PDL's overlap)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -509,6 +530,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
+    pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
+    if pre_rows < 1:
+        raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -564,10 +588,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
     if run_pre:
-        replay_decode_v3_pre_kernel[(B, lay.HK)](
+        replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, coef, scal,
-            float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), BC=BC, num_warps=PRE_WARPS, num_stages=1,
-            USE_PDL=pdl, **common,
+            float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
+            USE_PDL=pdl, ROWS=pre_rows, **common,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](

@@ -17,6 +17,7 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
+  v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -459,6 +460,12 @@ def main():
                                 arms[f"v3p_{rn}_pdl_{bv}x{nw}"] = arm_ours(
                                     c, rdt, cfg=(bv, nw), impl="v3", fold="dot3",
                                     v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
+                if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
+                    P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+                    for pr in (2, 4, 8):
+                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
+                            arms[f"v3p_{rn}_pdl_rows{pr}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                                                      v3_opts=dict(P3, pre_rows=pr))
                 if v3 and "parts" in variants and B >= 128:  # one launch alone: where a step's time goes
                     for part in ("pre", "main", "post"):
                         arms[f"v3_r16_{part}"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3",

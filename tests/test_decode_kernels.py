@@ -436,6 +436,18 @@ def test_v3_pipelined_tile_read(kind, read_dtype):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_v3_pre_rows(kind):
+    """The pre launch with several rows per program (pre_rows 2 and 3 over B = 5: the last program's rows run past
+    B and must do nothing), pipelined read, against the float64 reference through flushes, pre-folds, padded rows."""
+    for pre_rows in (2, 3):
+        hz = Harness(kind, B=5, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=47 + pre_rows,
+                     windows=(6, 6, 2), p_forced=0.1, impl="v3", fold="dot3",
+                     v3_opts=dict(pipe_stages=3, chunk_bytes=64, pre_rows=pre_rows))
+        st = hz.run(9)
+        assert st["flushes"] > 0 and st["padded"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("chunk_bytes", [16, 128])
 def test_v3_chunk_widths(kind, chunk_bytes):
     """The main launch's K-chunk width (chunk_bytes: 4 and 32 fp32 elements of K = 64, i.e. 16 chunks and 2),
