@@ -49,10 +49,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
@@ -130,8 +129,6 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             if append:
                 tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
-
-
 
 
 @triton.jit
