@@ -75,6 +75,21 @@ def _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound,
 
 
 @triton.jit
+def _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX: tl.constexpr):
+    """Batch row i_n's state slot and ring row: the ring row is ``ring_idx[i_n]`` when the launch has one
+    (rings keyed by request row, docs/integration.md "Memory"), else the slot itself. A row with either
+    index < 0 is padding: both come back -1 (zero output, nothing touched)."""
+    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    if HAS_RING_IDX:
+        row = tl.load(ring_idx + i_n).to(tl.int64)
+        slot = tl.where(row < 0, -1, slot)
+        row = tl.where(slot < 0, -1, row)
+    else:
+        row = slot
+    return slot, row
+
+
+@triton.jit
 def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
     """ring.py's rule for a T = 1 decode step of row i_n, in Triton (the one copy every decode
     kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = h_eff + 1 >= L or forced;
@@ -114,7 +129,7 @@ def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ri
 @triton.jit
 def replay_decode_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, arrive, slot_idx, forced,
+    ring_u, ring_k, ring_g, ring_h, arrive, slot_idx, forced, ring_idx,
     scale, lower_bound, L,
     stride_qkv, stride_a, stride_b, stride_slot,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
@@ -122,6 +137,7 @@ def replay_decode_kernel(
     BV: tl.constexpr, BC: tl.constexpr, NK: tl.constexpr, NPROG: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPDATE_H: tl.constexpr = True,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     BKC: tl.constexpr = BK // NK
     i_v = tl.program_id(0)
@@ -138,13 +154,13 @@ def replay_decode_kernel(
     o_c = tl.arange(0, BC)
     mask_v = o_v < V
 
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
     p_o = out + (i_n * HV + i_hv) * V + o_v
     if slot < 0:
         tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
         return
 
-    h_old = tl.load(ring_h + slot)
+    h_old = tl.load(ring_h + rrow)
     p_x = mixed_qkv + i_n * stride_qkv
     p_s = state + slot * stride_slot + i_hv * V * K  # this head's checkpoint [V, K]
     b_v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
@@ -161,11 +177,11 @@ def replay_decode_kernel(
     # only after this program has read h (the last program to arrive then writes h_new)
     cnt = h_old * 0 - 1
     if update_h & (prefold == 0):
-        cnt = tl.atomic_add(arrive + slot, (h_old >= 0).to(tl.int32), sem="relaxed")
+        cnt = tl.atomic_add(arrive + rrow, (h_old >= 0).to(tl.int32), sem="relaxed")
 
-    base_u = ring_u + (slot * HV + i_hv) * CAP * V
-    base_k = ring_k + (slot * HK + i_hk) * CAP * K
-    base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
+    base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+    base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
 
     if prefold:
         # rare (after a verify step, or a shorter window): fold the h_old committed records into the
@@ -328,13 +344,13 @@ def replay_decode_kernel(
 
     if update_h & prefold:
         # every load of the old records above happens before this release
-        cnt = tl.atomic_add(arrive + slot, 1, sem="acq_rel")
+        cnt = tl.atomic_add(arrive + rrow, 1, sem="acq_rel")
     if update_h:
         if cnt == NPROG - 1:
-            tl.store(ring_h + slot, h_new)
-            tl.store(arrive + slot, 0)
+            tl.store(ring_h + rrow, h_new)
+            tl.store(arrive + rrow, 0)
             if prefold & (flush == 0):
-                _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
+                _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, rrow,
                                       H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
 
 
@@ -347,6 +363,25 @@ def replay_decode_kernel(
 # Sweep at B = 256 (benchmarks/results/kernels-20261129-1924.json): (32, 1, 2) was best or within 2%
 # for all four (kind, state dtype) pairs; (32, 2, 2) and (16, 1, 2) were slower except GDN fp32 (16, 1, 2).
 DEFAULT_CONFIG = (32, 1, 2)
+def check_ring_idx(ring_idx: torch.Tensor | None, slot_idx: torch.Tensor) -> None:
+    """``ring_idx`` (None, or an int [B] tensor beside ``slot_idx`` on its device) as every launch takes it."""
+    if ring_idx is None:
+        return
+    if (ring_idx.shape != slot_idx.shape or ring_idx.dtype not in (torch.int32, torch.int64)
+            or ring_idx.device != slot_idx.device):
+        raise ValueError(f"ring_idx must be an int32/int64 tensor shaped like slot_idx {tuple(slot_idx.shape)} on "
+                         f"{slot_idx.device}, got {tuple(ring_idx.shape)} {ring_idx.dtype} on {ring_idx.device}")
+
+
+def ring_rows(slot_idx: torch.Tensor, ring_idx: torch.Tensor | None) -> torch.Tensor:
+    """Per batch row, the ring row its launch uses (-1 for a padded row): ``slot_idx`` itself without
+    ``ring_idx``, else ``ring_idx`` where both indices are >= 0. Device ops only (graph-capturable)."""
+    if ring_idx is None:
+        return slot_idx
+    pad = (slot_idx < 0) | (ring_idx < 0)
+    return torch.where(pad, torch.full_like(ring_idx, -1), ring_idx)
+
+
 _LAST: dict = {}  # the last launched compiled kernel (n_regs / n_spills for the benchmark's sweep)
 CONFIGS: dict[tuple[str, int], tuple[int, int, int]] = {}
 
@@ -379,6 +414,7 @@ def replay_decode(
     may_prefold: bool = True,
     records: str = "masked",
     v3_opts: dict | None = None,
+    ring_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -406,10 +442,14 @@ def replay_decode(
     records) or "all" (load every ring position without waiting for h, zero those past h with a select);
     ``block_v`` / ``num_warps`` pick its launch.
     v3_opts: extra keyword arguments of ``decode_v3.launch`` (``chunk_bytes``; benchmark diagnostics).
+    ring_idx: [B] int32/int64, the ring row of each batch row (a ring keyed by request row: SGLang's
+    ``req_pool_indices``); None (default): the ring row is the state slot (``slot_idx``). A row with
+    ``slot_idx < 0`` or ``ring_idx < 0`` is padding. ``h_rows`` (v2/v3) is per batch row either way.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
     if impl not in ("auto", "v1", "v2", "v3", "w1"):
         raise ValueError(f"impl must be 'auto', 'v1', 'v2', 'v3' or 'w1', got {impl!r}")
+    check_ring_idx(ring_idx, slot_idx)
     if impl in ("v1", "w1") and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
         raise ValueError(f"h_rows / advance_h / may_prefold need impl='v2' or 'v3' ({impl} advances h in the kernel)")
     lay = ring.layout
@@ -459,13 +499,13 @@ def replay_decode(
         return decode_v3.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                fold=fold, **(v3_opts or {}))
+                                fold=fold, ring_idx=ring_idx, **(v3_opts or {}))
     if impl == "w1":
         from replayssm_sglang.kernels import decode_w1
 
         return decode_w1.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
-                                num_warps=num_warps)
+                                num_warps=num_warps, ring_idx=ring_idx)
     if impl == "v2" and ring.rc is not None:
         raise ValueError("a ring with a read copy (read_dtype bf16/fp8_e4m3) runs impl 'auto', 'v3' or 'v1'")
     if impl == "v2":
@@ -474,7 +514,7 @@ def replay_decode(
         return decode_v2.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                fold="loop" if fold in ("loop", None) else fold, records=records)
+                                fold="loop" if fold in ("loop", None) else fold, records=records, ring_idx=ring_idx)
     if ring.arrive is None:
         raise ValueError("ring has no arrival counter (allocate it with RingLayout.allocate)")
     BK = triton.next_power_of_2(K)
@@ -490,7 +530,7 @@ def replay_decode(
     _LAST["kernel"] = replay_decode_kernel[grid](
         mixed_qkv, a2, b2, A_log, dt_bias, out, state,
         ring.u, ring.k, ring.g, ring.h, ring.arrive, slot_idx,
-        forced if forced is not None else slot_idx,
+        forced if forced is not None else slot_idx, ring_idx if ring_idx is not None else slot_idx,
         float(K ** -0.5 if scale is None else scale),
         float(lower_bound if lower_bound is not None else 0.0),
         L,
@@ -498,12 +538,12 @@ def replay_decode(
         H=H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV, BC=BC, NK=NK, NPROG=NV * HV,
         IS_KDA=(kind == "kda"), HAS_FORCED=forced is not None,
         USE_LOWER_BOUND=lower_bound is not None, FOLD_DOT=(fold == "dot"), DOT_PRECISION=dot_precision,
-        UPDATE_H=not _diag_freeze_h,
+        UPDATE_H=not _diag_freeze_h, HAS_RING_IDX=ring_idx is not None,
         num_warps=nw, num_stages=1,
     )
     if ring.rc is not None:
         # v1 writes the recurrence copy only (every step at window 1): the read copies of its rows are stale
         from replayssm_sglang.kernels.decode_v3 import set_rc_valid_
 
-        set_rc_valid_(ring, slot_idx, 0)
+        set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 0)
     return out

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _store_record0_shared
+from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _slot_row, _store_record0_shared
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _fold_records(C, G_f, n, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
 @triton.jit
 def replay_decode_v2_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
     scale, lower_bound, L,
     stride_qkv, stride_a, stride_b, stride_slot,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
@@ -86,6 +86,7 @@ def replay_decode_v2_kernel(
     BV: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
     USE_LOWER_BOUND: tl.constexpr, FOLD_UNROLL: tl.constexpr = False, REC_ALL: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -104,7 +105,7 @@ def replay_decode_v2_kernel(
     m_vk = mask_v[:, None] & mask_k[None, :]
 
     # per-row metadata: all independent loads
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
     if HAS_H_ROWS:
         h_old = tl.load(h_rows + i_n).to(tl.int32)
     p_o = out + (i_n * HV + i_hv) * V + o_v
@@ -116,7 +117,7 @@ def replay_decode_v2_kernel(
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)
     if not HAS_H_ROWS:
-        h_old = tl.load(ring_h + slot).to(tl.int32)
+        h_old = tl.load(ring_h + rrow).to(tl.int32)
 
     # this token's inputs
     p_x = mixed_qkv + i_n * stride_qkv
@@ -139,9 +140,9 @@ def replay_decode_v2_kernel(
 
     # the h_old committed records (folded into the checkpoint first on a prefold: same sums)
     valid = o_c < h_old
-    base_u = ring_u + (slot * HV + i_hv) * CAP * V
-    base_k = ring_k + (slot * HK + i_hk) * CAP * K
-    base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
+    base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+    base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
     if REC_ALL:
         # every ring position (independent of h, so these loads issue with the state's); the ones past h
         # (stale, or never written) are replaced by zeros with a select, never multiplied
@@ -212,32 +213,33 @@ def replay_decode_v2_kernel(
 
 @triton.jit
 def replay_decode_v2_post_kernel(
-    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, h_dst, slot_idx, forced,
+    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, h_dst, slot_idx, forced, ring_idx,
     lower_bound, L, stride_qkv, stride_a,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
-    """One program per row, after the decode launch: h_dst[slot] = ring.h_after_decode(h) (WRITE_H) and,
+    """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
     programmatic dependent of the decode launch): waits for it first."""
     if USE_PDL:
         gdc_wait()
     i_n = tl.program_id(0)
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
     if slot >= 0:
         if HAS_H_ROWS:
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
-            h_old = tl.load(ring_h + slot).to(tl.int32)
+            h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, h_new = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         if WRITE_H:
-            tl.store(h_dst + slot, h_new)
+            tl.store(h_dst + rrow, h_new)
         if WRITE_REC0:
             if prefold & (flush == 0):
                 _store_record0_shared(mixed_qkv + i_n * stride_qkv, a, dt_bias, A_log, i_n, stride_a, lower_bound,
-                                      ring_k, ring_g, slot, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
+                                      ring_k, ring_g, rrow, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ _LAST: dict = {}
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
-           records="masked"):
+           records="masked", ring_idx=None):
     lay = ring.layout
     B = mixed_qkv.shape[0]
     _, HV, V, K = state.shape
@@ -279,20 +281,21 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     grid = (triton.cdiv(V, BV), B, HV)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
                   HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
-                  USE_LOWER_BOUND=lower_bound is not None)
+                  USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None)
     f = forced if forced is not None else slot_idx
     hr = h_rows if h_rows is not None else slot_idx
+    ri = ring_idx if ring_idx is not None else slot_idx
     lb = float(lower_bound if lower_bound is not None else 0.0)
     _LAST["kernel"] = replay_decode_v2_kernel[grid](
         mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-        ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f,
+        ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri,
         float(scale), lb, L,
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         V=V, BV=BV, BC=BC, FOLD_UNROLL=(fold == "unroll"), REC_ALL=(records == "all"), num_warps=nw, num_stages=1, **common,
     )
     if advance_h or may_prefold:
         replay_decode_v2_post_kernel[(B,)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, **common,
         )
@@ -300,9 +303,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
 
 
 def advance_h_(h: torch.Tensor, slot_idx: torch.Tensor, L: int, forced: torch.Tensor | None = None,
-               h_rows: torch.Tensor | None = None) -> torch.Tensor:
+               h_rows: torch.Tensor | None = None, ring_idx: torch.Tensor | None = None) -> torch.Tensor:
     """h[slot] = ring.h_after_decode(h_old, L, forced) for every real row, in one launch (no host sync,
     CUDA-graph capturable); h_old is h_rows[row] when given, else h[slot]. Padded rows touch nothing.
+    With ``ring_idx`` [B] h is indexed by ring row ``ring_idx[row]`` instead of the slot.
     For the model-wide h (docs/design.md): every layer's decode runs with h_rows and advance_h=False,
     and this advances the shared h once per forward."""
     B = slot_idx.shape[0]
@@ -311,9 +315,10 @@ def advance_h_(h: torch.Tensor, slot_idx: torch.Tensor, L: int, forced: torch.Te
     hr = h_rows if h_rows is not None else slot_idx
     f = forced if forced is not None else slot_idx
     replay_decode_v2_post_kernel[(B,)](
-        h, h, h, h, h, h, h, hr, h, slot_idx, f, 0.0, int(L), 0, 0,
+        h, h, h, h, h, h, h, hr, h, slot_idx, f, ring_idx if ring_idx is not None else slot_idx, 0.0, int(L), 0, 0,
         H=1, HV=1, HK=1, GK=1, K=1, CAP=1, BK=1, IS_KDA=False, HAS_FORCED=forced is not None,
         HAS_H_ROWS=h_rows is not None, USE_LOWER_BOUND=False, WRITE_H=True, WRITE_REC0=False,
+        HAS_RING_IDX=ring_idx is not None,
         num_warps=1, num_stages=1,
     )
     return h

@@ -51,27 +51,27 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from replayssm_sglang.kernels.decode import _decode_rule, _load_gate
+from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _slot_row, ring_rows
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
 @triton.jit
-def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, coef, scal,
-             scale, lower_bound, L, stride_qkv, stride_a,
+def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
+             coef, scal, scale, lower_bound, L, stride_qkv, stride_a,
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
-             HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+             HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel)."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
     else:
         i_h = i_hk
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # the pre launch touches the ring only
     if slot >= 0:
         if HAS_H_ROWS:
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
-            h_old = tl.load(ring_h + slot).to(tl.int32)
+            h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
 
@@ -88,13 +88,13 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         kq = tl.sum(k * q)
         m_ck = valid[:, None] & mask_k[None, :]
-        rk = tl.load(ring_k + ((slot * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
+        rk = tl.load(ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
                      other=0).to(tl.float32)  # [BC, BK]
         if IS_KDA:
             i_hv = i_hk
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
                              USE_LOWER_BOUND)
-            base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+            base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
             rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
             G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
             G_t = G_last + g_t
@@ -104,7 +104,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             tl.store(p_c + BC, tl.sum(kw * k[None, :], 1))
             tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
             if append:
-                tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
+                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
                 tl.store(base_g + h_eff * GK + o_k, G_t, mask=mask_k)
         else:
@@ -114,7 +114,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 i_hv = i_hk * (HV // H) + r
                 g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
                                  USE_LOWER_BOUND)
-                base_g = ring_g + (slot * HV + i_hv) * CAP
+                base_g = ring_g + (rrow * HV + i_hv) * CAP
                 rg = tl.load(base_g + o_c, mask=valid, other=0)
                 G_last = tl.sum(tl.where(last, rg, 0.0), 0)
                 G_t = G_last + g_t
@@ -127,19 +127,19 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 if append:
                     tl.store(base_g + h_eff, G_t)
             if append:
-                tl.store(ring_k + ((slot * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
+                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
 
 
 @triton.jit
 def replay_decode_v3_pre_kernel(
-    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
     coef, scal,
     scale, lower_bound, L, stride_qkv, stride_a, B,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1,
+    USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -153,8 +153,8 @@ def replay_decode_v3_pre_kernel(
         i_n = tl.program_id(0) * ROWS + r
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-                     coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC, IS_KDA,
-                     HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND)
+                     ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
+                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX)
 
 
 @triton.jit
@@ -268,7 +268,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 @triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
     coef, scal, rc, rc_scale,
     scale, lower_bound, L,
     stride_qkv, stride_a, stride_b, stride_slot,
@@ -280,6 +280,7 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -299,7 +300,7 @@ def replay_decode_v3_kernel(
     mask_k = o_k < K
     m_vk = mask_v[:, None] & mask_k[None, :]
 
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot; ring row (records, h, read copy)
     if HAS_H_ROWS:
         h_old = tl.load(h_rows + i_n).to(tl.int32)
     p_o = out + (i_n * HV + i_hv) * V + o_v
@@ -320,16 +321,16 @@ def replay_decode_v3_kernel(
     # (bf16, or fp8 codes times one scale per V-row). The choice needs h first.
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     if not HAS_H_ROWS:
-        h_old = tl.load(ring_h + slot).to(tl.int32)
+        h_old = tl.load(ring_h + rrow).to(tl.int32)
     p_x = mixed_qkv + i_n * stride_qkv
     p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
-    p_gl = ring_g + ((slot * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
+    p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
     has = h_old > 0
     if HAS_RC:
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
         if from_rc:
-            p_tile = rc + (slot * HV + i_hv) * V * K
+            p_tile = rc + (rrow * HV + i_hv) * V * K
         else:
             p_tile = state + slot * stride_slot + i_hv * V * K
     else:
@@ -351,7 +352,7 @@ def replay_decode_v3_kernel(
 
     if HAS_RC:
         if RC_FP8:
-            rs = tl.load(rc_scale + (slot * HV + i_hv) * V + o_v, mask=mask_v & from_rc, other=1.0)
+            rs = tl.load(rc_scale + (rrow * HV + i_hv) * V + o_v, mask=mask_v & from_rc, other=1.0)
             Cq = Cq * rs
             Ck = Ck * rs
     if not IS_KDA:
@@ -361,7 +362,7 @@ def replay_decode_v3_kernel(
 
     prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     valid = o_c < h_old
-    base_u = ring_u + (slot * HV + i_hv) * CAP * V
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                  other=0).to(tl.float32)  # [BC, BV]
     u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
@@ -371,8 +372,8 @@ def replay_decode_v3_kernel(
     if (flush | prefold) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
-        base_k = ring_k + (slot * HK + i_hk) * CAP * K
-        base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+        base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+        base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         tl.debug_barrier()  # every read of the tile above (other threads' layouts) precedes the writes below
         kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
         n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
@@ -428,7 +429,7 @@ def replay_decode_v3_kernel(
                 if RC_FP8:
                     amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
                 else:
-                    _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, amax,
+                    _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, amax,
                                      m_c, False)
         if HAS_RC:
             if RC_FP8:
@@ -442,15 +443,15 @@ def replay_decode_v3_kernel(
                     m_c = mask_v[:, None] & (o_kc < K)[None, :]
                     S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
                                   mask=m_c, other=0).to(tl.float32)
-                    _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, sc,
+                    _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, sc,
                                      m_c, True)
-                tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mask_v)
+                tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
-        base_k = ring_k + (slot * HK + i_hk) * CAP * K
-        base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+        base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+        base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
         k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
@@ -507,7 +508,8 @@ _LAST: dict = {}
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
-           chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all"):
+           chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
+           ring_idx=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -554,9 +556,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
                   HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
-                  USE_LOWER_BOUND=lower_bound is not None)
+                  USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None)
     f = forced if forced is not None else slot_idx
     hr = h_rows if h_rows is not None else slot_idx
+    ri = ring_idx if ring_idx is not None else slot_idx
     lb = float(lower_bound if lower_bound is not None else 0.0)
     if B == 0:
         return out
@@ -568,7 +571,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies")
-        stale = ring.rc_valid[slot_idx.clamp(min=0).long()] == 0
+        stale = ring.rc_valid[ring_rows(slot_idx, ring_idx).clamp(min=0).long()] == 0
         f = (stale | (forced != 0) if forced is not None else stale).to(torch.int32)
         common["HAS_FORCED"] = True
         # the fold writes the read copy chunk by chunk (fp8: a second pass with the rows' scales); the
@@ -586,14 +589,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     BKT = min(BK, max(1, chunk_bytes // tile_es))
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, coef, scal,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, **common,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, coef, scal,
+            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
             float(scale), lb, L,
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
@@ -605,13 +608,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
             **_pdl_kw(pdl),
         )
     if has_rc:
-        set_rc_valid_(ring, slot_idx, 1)  # every real row now holds round(checkpoint) in its read copy
+        set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # every real row now holds round(checkpoint) in its read copy
     return out
 
 

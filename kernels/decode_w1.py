@@ -28,18 +28,18 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_sglang.kernels.decode import _load_gate
+from replayssm_sglang.kernels.decode import _load_gate, _slot_row, ring_rows
 
 
 @triton.jit
 def replay_decode_w1_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, arrive, slot_idx,
+    ring_u, ring_k, ring_g, ring_h, arrive, slot_idx, ring_idx,
     scale, lower_bound,
     stride_qkv, stride_a, stride_b, stride_slot,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NPROG: tl.constexpr,
-    IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -57,16 +57,16 @@ def replay_decode_w1_kernel(
     mask_k = o_k < K
     m_kv = mask_v[:, None] & mask_k[None, :]
 
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
     p_o = out + (i_n * HV + i_hv) * V + o_v
     if slot < 0:
         tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
         return
 
-    # the tile and h depend on the slot only: both loads in flight together
+    # the tile and h depend on the indices only: both loads in flight together
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     b_h = tl.load(p_s, mask=m_kv, other=0).to(tl.float32)
-    h_old = tl.load(ring_h + slot)
+    h_old = tl.load(ring_h + rrow)
 
     p_x = mixed_qkv + i_n * stride_qkv
     b_q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -81,9 +81,9 @@ def replay_decode_w1_kernel(
 
     if h_old > 0:
         # rare: records left by a buffered or verify step. ring.py's pre-step fold, in registers.
-        base_u = ring_u + (slot * HV + i_hv) * CAP * V
-        base_k = ring_k + (slot * HK + i_hk) * CAP * K
-        base_g = ring_g + (slot * HV + i_hv) * CAP * GK
+        base_u = ring_u + (rrow * HV + i_hv) * CAP * V
+        base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+        base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         if IS_KDA:
             G_ref = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k, other=0)
             b_h = b_h * tl.exp(G_ref)[None, :]
@@ -100,10 +100,10 @@ def replay_decode_w1_kernel(
             b_h += u_j[:, None] * k_j[None, :]
         # h = 0 once every program of the row has read it: count arrivals (the increment depends on h_old, so
         # it is performed after this program's read of h); the last to arrive writes h and resets the counter
-        cnt = tl.atomic_add(arrive + slot, (h_old >= 0).to(tl.int32), sem="relaxed")
+        cnt = tl.atomic_add(arrive + rrow, (h_old >= 0).to(tl.int32), sem="relaxed")
         if cnt == NPROG - 1:
-            tl.store(ring_h + slot, h_old * 0)
-            tl.store(arrive + slot, cnt * 0)
+            tl.store(ring_h + rrow, h_old * 0)
+            tl.store(arrive + rrow, cnt * 0)
 
     # SGLang's packed decode, in its order
     b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
@@ -127,7 +127,7 @@ _LAST: dict = {}
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, scale, lower_bound,
-           *, block_v=None, num_warps=None):
+           *, block_v=None, num_warps=None, ring_idx=None):
     """One window-1 decode step (see the module docstring). Arguments as checked by kernels.decode.replay_decode."""
     lay = ring.layout
     if ring.arrive is None:
@@ -141,16 +141,17 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     NV = triton.cdiv(V, BV)
     _LAST["kernel"] = replay_decode_w1_kernel[(NV, B * HV)](
         mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-        ring.u, ring.k, ring.g, ring.h, ring.arrive, slot_idx,
+        ring.u, ring.k, ring.g, ring.h, ring.arrive, slot_idx, ring_idx if ring_idx is not None else slot_idx,
         float(scale), float(lower_bound if lower_bound is not None else 0.0),
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         H=lay.H, HV=HV, HK=lay.HK, GK=1 if kind == "gdn" else K, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV,
         NPROG=NV * HV, IS_KDA=(kind == "kda"), USE_LOWER_BOUND=lower_bound is not None,
+        HAS_RING_IDX=ring_idx is not None,
         num_warps=num_warps or W1_CONFIG[1], num_stages=1,
     )
     if ring.rc is not None:
         # the recurrence copy was written: the read copies of these rows are stale
         from replayssm_sglang.kernels.decode_v3 import set_rc_valid_
 
-        set_rc_valid_(ring, slot_idx, 0)
+        set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 0)
     return out

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from replayssm_sglang import ring as ring_mod
 from replayssm_sglang.kernels.decode_v2 import _fold_records
+from replayssm_sglang.kernels.decode import _slot_row, check_ring_idx, ring_rows
 from replayssm_sglang.kernels.decode_v3 import _rc_scale, _store_read_copy, set_rc_valid_
 
 __all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
@@ -75,16 +76,18 @@ def _ring_prefold_kernel(
     rc_scale=None,
     HAS_RC: tl.constexpr = False,
     RC_FP8: tl.constexpr = False,
+    ring_idx=None,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
     i_h = i_hv // (HV // H)
 
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
     if slot < 0:
         return
-    h = tl.load(ring_h + slot).to(tl.int32)
+    h = tl.load(ring_h + rrow).to(tl.int32)
     # ring.needs_prefold: fold before appending T records when h + T > L.
     if h + T <= L:
         return
@@ -102,20 +105,20 @@ def _ring_prefold_kernel(
     C = tl.load(p_C, mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
 
     # u records as [BV, BC] (transposed view of [cap, V])
-    p_u = ring_u + slot * stride_u_slot + i_hv * CAP * V + o_c[None, :] * V + o_v[:, None]
+    p_u = ring_u + rrow * stride_u_slot + i_hv * CAP * V + o_c[None, :] * V + o_v[:, None]
     uT = tl.load(p_u, mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
-    p_k = ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :]
+    p_k = ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :]
     kh = tl.load(p_k, mask=mc[:, None] & mk[None, :], other=0.0).to(tl.float32)
 
     if IS_KDA:
-        g_base = ring_g + slot * stride_g_slot + i_hv * CAP * K
+        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP * K
         Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
         Glast = tl.load(g_base + (h - 1) * K + o_k, mask=mk, other=0.0)
         # exp(Gamma_h - Gamma_j) <= 1 for j < h
         w = tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Glast[None, :] - Gh, 0.0)), 0.0)
         S = C * tl.exp(Glast)[None, :] + tl.dot(uT, kh * w, input_precision=DOT_PRECISION)
     else:
-        g_base = ring_g + slot * stride_g_slot + i_hv * CAP
+        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
         Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
         Glast = tl.load(g_base + (h - 1))
         w = tl.where(mc, tl.exp(tl.minimum(Glast - Gh, 0.0)), 0.0)
@@ -125,10 +128,10 @@ def _ring_prefold_kernel(
     if HAS_RC:
         # two copies (issue 7): the read copy from the same unrounded fold (decode v3's rounding)
         sc = _rc_scale(tl.max(tl.abs(S), 1))
-        _store_read_copy(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :], S, sc,
+        _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :], S, sc,
                          mv[:, None] & mk[None, :], RC_FP8)
         if RC_FP8:
-            tl.store(rc_scale + (slot * HV + i_hv) * V + o_v, sc, mask=mv)
+            tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mv)
 
 
 @triton.jit
@@ -177,6 +180,8 @@ def _ring_verify_kernel(
     rc_valid=None,
     HAS_RC: tl.constexpr = False,
     RC_FP8: tl.constexpr = False,
+    ring_idx=None,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
@@ -194,7 +199,7 @@ def _ring_verify_kernel(
     tok = i_n * T + o_t
     v_lo = i_s * VS
 
-    slot = tl.load(slot_idx + i_n).to(tl.int64)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
     if slot < 0:
         # padded row: zeros out, touch no state, record or h
         for v0 in range(v_lo, v_lo + VS, BV):
@@ -204,14 +209,14 @@ def _ring_verify_kernel(
             tl.store(p_o, tl.zeros([BV, BT], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
         return
 
-    h = tl.load(ring_h + slot).to(tl.int32)
+    h = tl.load(ring_h + rrow).to(tl.int32)
     # ring.verify_start: 0 after a pre-step fold (ring.needs_prefold: h + T > L), else h.
     h0 = tl.where(h + T > L, 0, h)
     mc = o_c < h0
     if HAS_RC:
         # two copies: a row that folded first reads the recurrence copy (the step runs from the new
         # checkpoint); any other row reads the read copy when it is current, else the recurrence copy
-        from_rc = (h + T <= L) & (tl.load(rc_valid + slot) == 1)
+        from_rc = (h + T <= L) & (tl.load(rc_valid + rrow) == 1)
 
     # ---- the T drafts: q, k (l2-normalised), beta, gates ----
     p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
@@ -230,13 +235,13 @@ def _ring_verify_kernel(
 
     # history keys [BC, BK] (key head i_h), committed records only
     kh = tl.load(
-        ring_k + slot * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
+        ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
         mask=mc[:, None] & mk[None, :],
         other=0.0,
     ).to(tl.float32)
 
     if IS_KDA:
-        g_base = ring_g + slot * stride_g_slot + i_hv * CAP * K
+        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP * K
         aa = tl.load(a + tok[:, None] * stride_a_tok + i_hv * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
         dtb = tl.load(dt_bias + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32)
         x = aa + dtb[None, :]
@@ -264,7 +269,7 @@ def _ring_verify_kernel(
         Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
         Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
     else:
-        g_base = ring_g + slot * stride_g_slot + i_hv * CAP
+        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
         aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
         x = aa + tl.load(dt_bias + i_hv).to(tl.float32)
         g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
@@ -293,7 +298,7 @@ def _ring_verify_kernel(
 
     # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
     st_base = state + slot * stride_state_slot + i_hv * V * K
-    u_base = ring_u + slot * stride_u_slot + i_hv * CAP * V
+    u_base = ring_u + rrow * stride_u_slot + i_hv * CAP * V
     for v0 in range(v_lo, v_lo + VS, BV):
         o_v = v0 + tl.arange(0, BV)
         mv = o_v < V
@@ -301,10 +306,10 @@ def _ring_verify_kernel(
             m_vk = mv[:, None] & mk[None, :]
             if from_rc:
                 # no `other=` (the interpreter cannot make an fp8 fill): masked lanes zeroed after the cast
-                C = tl.where(m_vk, tl.load(rc + (slot * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :],
+                C = tl.where(m_vk, tl.load(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :],
                                            mask=m_vk).to(tl.float32), 0.0)
                 if RC_FP8:
-                    C = C * tl.load(rc_scale + (slot * HV + i_hv) * V + o_v, mask=mv, other=1.0)[:, None]
+                    C = C * tl.load(rc_scale + (rrow * HV + i_hv) * V + o_v, mask=mv, other=1.0)[:, None]
             else:
                 C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=m_vk, other=0.0).to(tl.float32)
         else:
@@ -334,7 +339,7 @@ def _ring_verify_kernel(
     # ---- key and log-decay records of the drafts (once per head) ----
     if i_s == 0:
         if i_hv == i_h * (HV // H):
-            p_k = ring_k + slot * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
+            p_k = ring_k + rrow * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
             tl.store(p_k, k.to(p_k.dtype.element_ty), mask=mtk)
         if IS_KDA:
             p_g = g_base + (h0 + o_t)[:, None] * K + o_k[None, :]
@@ -355,9 +360,13 @@ def _ring_commit_kernel(ring_h, slot_idx, accepted, n_rows, T, L, BLOCK: tl.cons
     tl.store(ring_h + slot, start + acc, mask=valid)
 
 
-def ring_commit_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:
+def ring_commit_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor,
+                 ring_idx: torch.Tensor | None = None) -> torch.Tensor:
     """One-launch device form of ``ring.commit_verify_`` (same rule: h = verify_start(h) + accepted for
-    rows with a slot; padded rows untouched), for the hot path; tests check the two agree."""
+    rows with a slot; padded rows untouched), for the hot path; tests check the two agree.
+    ``ring_idx`` [B]: h is indexed by ring row (``ring_idx``) instead of ``slot_idx``."""
+    check_ring_idx(ring_idx, slot_idx)
+    slot_idx = ring_rows(slot_idx, ring_idx)
     B = slot_idx.shape[0]
     if B:
         BLOCK = min(1024, triton.next_power_of_2(B))
@@ -404,8 +413,11 @@ def _check(ring: ring_mod.Ring, state: torch.Tensor, slot_idx: torch.Tensor, T: 
             raise ValueError(f"ring.{name} slots must be contiguous")
 
 
-def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None):
-    """Launch 1: fold the committed records of rows with h + T > L into their checkpoint."""
+def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None,
+                 ring_idx: torch.Tensor | None = None):
+    """Launch 1: fold the committed records of rows with h + T > L into their checkpoint (``ring_idx``:
+    as in ``ring_verify``)."""
+    check_ring_idx(ring_idx, slot_idx)
     lay = ring.layout
     B = slot_idx.shape[0]
     if B == 0:
@@ -423,6 +435,7 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
         BK=BK, BV=BV, BC=BC, IS_KDA=(lay.kind == "kda"), DOT_PRECISION=precision,
         rc=ring.rc if has_rc else state, rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
         HAS_RC=has_rc, RC_FP8=ring.rc_scale is not None,
+        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
         num_warps=num_warps,
     )
 
@@ -448,6 +461,7 @@ def ring_verify(
     fold_num_warps: int = 4,
     precision: str | None = None,
     out_precision: str | None = None,
+    ring_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -455,11 +469,14 @@ def ring_verify(
     a: [B*T, HV] (GDN) or [B*T, HV*K] (KDA); b: [B*T, HV]; A_log: [HV]; dt_bias: [HV] or [HV*K];
     state: the pool [slots, HV, V, K] (fp32 or bf16), written only by a pre-step fold;
     slot_idx: [B] int (-1 = padded row: zero output, nothing touched); ring: from ring.py.
+    ring_idx: [B] int, the ring row of each row (a ring keyed by request row); None: the ring row is the
+    slot. A row with either index < 0 is padding.
     Returns out [B*T, HV, V] (dtype of mixed_qkv unless ``out`` is given). Does not change ring.h:
-    call ``ring.commit_verify_(ring.h, slot_idx, T, L, accepted)`` after acceptance.
+    call ``ring.commit_verify_(ring.h, slot_idx, T, L, accepted, ring_idx)`` after acceptance.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
+    check_ring_idx(ring_idx, slot_idx)
     B = slot_idx.shape[0]
     N = B * T
     mixed_qkv = _flat_tokens(mixed_qkv, N, "mixed_qkv")
@@ -490,7 +507,8 @@ def ring_verify(
     # the activation dtype and their error does not compound)
     out_precision = out_precision or ("tf32" if precision in ("tf32x3", "tf32") else precision)
 
-    ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision)
+    ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
+                 ring_idx=ring_idx)
 
     BK = triton.next_power_of_2(K)
     BV = min(block_v, triton.next_power_of_2(V))
@@ -502,19 +520,20 @@ def ring_verify(
     grid = (nsplit, B, HV)
     try:
         _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx)
     except Exception:
         # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
         if BT >= 16 or mixed_qkv.device.type != "cuda":
             raise
         _BT_MIN[0] = 16
         _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx)
     if ring.rc is not None:
         # the rows that folded first wrote both copies: their read copy is current now
-        hh = ring.h[slot_idx.clamp(min=0).long()]
+        rows = ring_rows(slot_idx, ring_idx)
+        hh = ring.h[rows.clamp(min=0).long()]
         pre = ring_mod.needs_prefold(hh, T, lay.L) & (hh > 0)
-        set_rc_valid_(ring, torch.where(pre, slot_idx, torch.full_like(slot_idx, -1)), 1)
+        set_rc_valid_(ring, torch.where(pre, rows, torch.full_like(rows, -1)), 1)
     return out
 
 
@@ -522,7 +541,7 @@ _BT_MIN = [8]
 
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision):
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -537,6 +556,7 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
+        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
         num_warps=num_warps,
     )
 
@@ -547,14 +567,15 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
 
 @triton.jit
 def _materialize_kernel(
-    temporal, ring_u, ring_k, ring_g, ring_h, src, dst, steps, T, L, ROWS,
+    temporal, ring_u, ring_k, ring_g, ring_h, src, dst, steps, src_rows, T, L, ROWS,
     s_t_layer, s_t_slot, s_u_layer, s_u_row, s_k_layer, s_k_row, s_g_layer, s_g_row, s_h_layer,
     HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, GK: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, IS_KDA: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_KDA: tl.constexpr, HAS_RING_IDX: tl.constexpr = False,
 ):
     """One (V-tile, row, layer x value head): temporal[layer, dst] = the state of live slot src after its
     first n = verify_start(h) + steps + 1 records (the fold's math on a prefix of the ring); rows with
-    steps < 0, src < 0 or dst < 0 do nothing. The live checkpoint, records and h are only read."""
+    steps < 0, src < 0 or dst < 0 do nothing. The live checkpoint, records and h are only read. The records
+    are those of ring row src_rows[row] (HAS_RING_IDX; < 0: nothing done), else of ring row src."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_lh = tl.program_id(2)
@@ -562,11 +583,11 @@ def _materialize_kernel(
     i_hv = i_lh % HV
     i_hk = i_hv // (HV // HK)
     st = tl.load(steps + i_n).to(tl.int32)
-    s = tl.load(src + i_n).to(tl.int64)
+    s, r = _slot_row(src, src_rows, i_n, HAS_RING_IDX)  # live state slot, its ring row
     d = tl.load(dst + i_n).to(tl.int64)
     if (st >= 0) & (s >= 0) & (d >= 0):
-        s = tl.where(s < ROWS, s, 0)  # ReplayPool._rows_of: a slot without ring storage has h = 0
-        hh = tl.load(ring_h + li * s_h_layer + s).to(tl.int32)
+        r = tl.where(r < ROWS, r, 0)  # ReplayPool._rows_of: a slot without ring storage has h = 0
+        hh = tl.load(ring_h + li * s_h_layer + r).to(tl.int32)
         n = tl.where(hh + T > L, 0, hh) + st + 1  # ring.verify_start(h, T, L) + steps + 1
         o_v = i_v * BV + tl.arange(0, BV)
         o_k = tl.arange(0, BK)
@@ -575,9 +596,9 @@ def _materialize_kernel(
         m_vk = mv[:, None] & mk[None, :]
         C = tl.load(temporal + li * s_t_layer + s * s_t_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                     mask=m_vk, other=0.0).to(tl.float32)
-        base_u = ring_u + li * s_u_layer + s * s_u_row + i_hv * CAP * V
-        base_k = ring_k + li * s_k_layer + s * s_k_row + i_hk * CAP * K
-        base_g = ring_g + li * s_g_layer + s * s_g_row + i_hv * CAP * GK
+        base_u = ring_u + li * s_u_layer + r * s_u_row + i_hv * CAP * V
+        base_k = ring_k + li * s_k_layer + r * s_k_row + i_hk * CAP * K
+        base_g = ring_g + li * s_g_layer + r * s_g_row + i_hv * CAP * GK
         has = n > 0
         if IS_KDA:
             G_ref = tl.load(base_g + (n - 1) * GK + o_k, mask=mk & has, other=0.0)
@@ -590,11 +611,13 @@ def _materialize_kernel(
 
 def ring_materialize_(temporal: torch.Tensor, u: torch.Tensor, k: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
                       layout, src: torch.Tensor, dst: torch.Tensor, steps: torch.Tensor, T: int,
-                      block_v: int = 32, num_warps: int = 4) -> None:
+                      block_v: int = 32, num_warps: int = 4, ring_idx: torch.Tensor | None = None) -> None:
     """temporal[:, dst[r]] = the exact state of live slot src[r] after draft steps[r] of the verify step just
     run, for every row r with steps, src and dst >= 0, in every layer (stacked tensors: temporal [layers,
     slots, HV, V, K], u/k/g/h [layers, rows, ...] as ReplayPool holds them). One launch, no host sync
-    (graph-capturable); rows without a boundary return at once."""
+    (graph-capturable); rows without a boundary return at once. ``ring_idx`` [B]: the ring row holding
+    src[r]'s records (a ring keyed by request row); None: the ring row is src[r]."""
+    check_ring_idx(ring_idx, src)
     B = src.shape[0]
     if B == 0:
         return
@@ -604,9 +627,10 @@ def ring_materialize_(temporal: torch.Tensor, u: torch.Tensor, k: torch.Tensor, 
     BV = min(block_v, triton.next_power_of_2(V))
     grid = (triton.cdiv(V, BV), B, nl * HV)
     _materialize_kernel[grid](
-        temporal, u, k, g, h, src, dst, steps, int(T), int(layout.L), h.shape[1],
+        temporal, u, k, g, h, src, dst, steps, ring_idx if ring_idx is not None else src, int(T), int(layout.L),
+        h.shape[1],
         temporal.stride(0), temporal.stride(1), u.stride(0), u.stride(1), k.stride(0), k.stride(1),
         g.stride(0), g.stride(1), h.stride(0),
         HV=HV, HK=layout.HK, K=K, V=V, CAP=layout.cap, GK=layout.GK, BK=BK, BV=BV,
-        IS_KDA=(layout.kind == "kda"), num_warps=num_warps,
+        IS_KDA=(layout.kind == "kda"), HAS_RING_IDX=ring_idx is not None, num_warps=num_warps,
     )

@@ -15,6 +15,12 @@ Per request slot and per linear-attention layer the ring holds:
                                sync, no second launch); see kernels/decode.py
 
 The checkpoint itself is SGLang's mamba state pool `[slots, HV, V, K]`; the ring never holds a state.
+
+Ring rows and state slots: by default a launch uses the state slot index as the ring row (the ring
+has a row per slot). The kernels and ``commit_verify_`` also take ``ring_idx`` [B], a ring row per
+batch row next to its state slot, so the ring can be keyed by something smaller than the state pool
+(SGLang: the request row ``req_pool_idx``, docs/integration.md "Memory"); the exact state of a
+request is then its checkpoint (state slot) plus the committed records of its ring row.
 """
 
 from __future__ import annotations
@@ -192,9 +198,12 @@ def verify_start(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
     return torch.where(needs_prefold(h, T, L), torch.zeros_like(h), h)
 
 
-def commit_verify_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:
+def commit_verify_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, accepted: torch.Tensor,
+                   ring_idx: torch.Tensor | None = None) -> torch.Tensor:
     """Commit after acceptance, in place on the device: h[slot] = h_after_verify(h[slot], ...) for
-    every row whose slot index is >= 0 (padded rows, slot -1, are left alone).
+    every row whose slot index is >= 0 (padded rows, slot -1, are left alone). With ``ring_idx`` [B]
+    (a ring keyed by request row) h is indexed by ``ring_idx[row]`` instead; a row with either index
+    < 0 is padding.
 
     ``h`` is the committed count from BEFORE the verify step (the verify kernel never writes it);
     ``accepted`` counts the accepted drafts including the bonus token (1 <= accepted <= T).
@@ -207,6 +216,11 @@ def commit_verify_(h: torch.Tensor, slot_idx: torch.Tensor, T: int, L: int, acce
     if slot_idx.dim() != 1 or accepted.shape[0] != slot_idx.shape[0]:
         raise ValueError(f"slot_idx [B] and accepted [B] expected, got {tuple(slot_idx.shape)} and {tuple(accepted.shape)}")
     valid = slot_idx >= 0
+    if ring_idx is not None:
+        if ring_idx.shape != slot_idx.shape:
+            raise ValueError(f"ring_idx must be shaped like slot_idx {tuple(slot_idx.shape)}, got {tuple(ring_idx.shape)}")
+        valid = valid & (ring_idx >= 0)
+        slot_idx = ring_idx
     safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).to(torch.long)
     old = h.index_select(0, safe)
     new = h_after_verify(old, T, L, accepted.to(h.dtype))

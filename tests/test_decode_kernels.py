@@ -48,7 +48,7 @@ class Harness:
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
-                 impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None):
+                 impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False):
         self.v3_opts = v3_opts
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
@@ -64,10 +64,27 @@ class Harness:
         st[self.untouched] = SENTINEL
         self.state = st.to(state_dtype).to(DEV)
         self.read_dtype = read_dtype
-        self.ring = self.lay.allocate(self.slots, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype)
+        # ring_idx=True: the ring is keyed by its own rows (as by request row in SGLang), fewer than the
+        # slots and in another order: batch row i uses ring row row_ring[i], one more ring row is never
+        # used. slot_ring maps every slot to the ring row holding its records (untouched slots: the unused
+        # row), so the checks below read the ring in slot order (self.view) whatever its keying.
+        self.ring_idx = ring_idx
+        if ring_idx:
+            nr = B + 1
+            rperm = torch.randperm(nr, generator=self.gen)
+            self.row_ring = rperm[:B].to(torch.int32)
+            self.slot_ring = torch.full((self.slots,), int(rperm[B]), dtype=torch.long)
+            self.slot_ring[self.row_slot.long()] = self.row_ring.long()
+            self.ring_untouched = rperm[B:]
+            assert not torch.equal(self.row_ring.long(), self.row_slot.long()), "ring rows must differ from slots"
+        else:
+            nr = self.slots
+            self.slot_ring = torch.arange(self.slots)
+            self.ring_untouched = self.untouched
+        self.ring = self.lay.allocate(nr, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype)
         for t in (self.ring.u, self.ring.k, self.ring.g):  # records never written yet: poison them
             t.fill_(float("nan"))
-            t[self.untouched.to(DEV)] = SENTINEL
+            t[self.ring_untouched.to(DEV)] = SENTINEL
         if read_dtype == "same":
             self.ref = R.ReplayReference(kind, self.state.cpu().double(), H=H, L=L)
         else:
@@ -76,11 +93,15 @@ class Harness:
             from replayssm_sglang import precision as P
 
             self.ring.rc.fill_(float("nan"))
-            self.ring.rc[self.untouched.to(DEV)] = 7.0
+            self.ring.rc[self.ring_untouched.to(DEV)] = 7.0
             self.ref = P.TwoCopyReference(kind, self.state.cpu().double(), H=H, L=L, state_dtype="float32",
                                           read_dtype=read_dtype)
         self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0)
         self.tol_o, self.tol_s = tolerances(state_dtype, rec_dtype)
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        """A ring tensor [ring rows, ...] in slot order [slots, ...], on the CPU (the identity without ring_idx)."""
+        return t.cpu()[self.slot_ring]
 
     def step(self):
         B, g = self.B, self.gen
@@ -89,12 +110,21 @@ class Harness:
         slot_idx = self.row_slot.clone()
         pad = torch.rand(B, generator=g) < self.p_pad
         slot_idx[pad] = -1
+        ring_idx = None
+        if self.ring_idx:
+            # a padded row has -1 in either index (or both): the kernel must skip it either way
+            ring_idx = self.row_ring.clone()
+            which = torch.randint(3, (B,), generator=g)
+            ring_idx[pad & (which > 0)] = -1
+            slot_idx[pad & (which == 1)] = int(self.row_slot[0])  # a real slot, but ring_idx says padding
         forced = (torch.rand(B, generator=g) < self.p_forced).to(torch.int32)
         L = self.windows[int(torch.randint(len(self.windows), (1,), generator=g))] or self.L
-        h_before = self.ring.h.cpu().clone()
+        h_raw = self.ring.h.cpu().clone()
+        h_before = self.view(self.ring.h)
         if self.read_dtype != "same":
-            self.rc_valid_before = self.ring.rc_valid.cpu().clone()
-        real = slot_idx >= 0
+            self.rc_valid_before = self.view(self.ring.rc_valid)
+        real = ~pad
+        slot_idx_ref = torch.where(real, slot_idx, torch.full_like(slot_idx, -1))  # what the reference sees
         pre = torch.zeros(B, dtype=torch.bool)
         pre[real] = h_before[slot_idx[real].long()] >= L
         self.stats["prefolds"] += int(pre.sum())
@@ -120,12 +150,15 @@ class Harness:
             kw.update(h_rows=h_rows, advance_h=False, may_prefold=len(self.windows) > 1)
         if self.v3_opts:
             kw["v3_opts"] = self.v3_opts
+        if ring_idx is not None:
+            kw["ring_idx"] = ring_idx.to(DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
                       block_v=self.block_v, lower_bound=self.lower_bound, **kw)
         if self.h_rows:
             assert bool((self.ring.h == -7).all()), "the decode launch wrote h"
-            self.ring.h.copy_(h_before.to(DEV))
-            advance_h_(self.ring.h, slot_idx.to(DEV), L, forced.to(DEV), h_rows=h_rows)
+            self.ring.h.copy_(h_raw.to(DEV))
+            advance_h_(self.ring.h, slot_idx.to(DEV), L, forced.to(DEV), h_rows=h_rows,
+                       ring_idx=None if ring_idx is None else ring_idx.to(DEV))
         xi = R.unpack(self.kind, *[t.cpu() for t in x], H=self.H, HV=self.HV, K=self.K, V=self.V,
                       lower_bound=self.lower_bound)
         if self.read_dtype != "same":
@@ -135,10 +168,12 @@ class Harness:
             stale[real] = self.rc_valid_before[slot_idx[real].long()] == 0
             writes_rc = self.impl == "v3" or (self.impl == "auto" and L > 1)
             forced_ref = (forced.bool() | (stale & writes_rc)).to(torch.int32)
-            rc_before = self.ring.rc.cpu().clone()
+            rc_before = self.view(self.ring.rc).clone()
+            self.rc_raw_before = self.ring.rc.cpu().clone()
         else:
             forced_ref = forced
-        o_ref = self.ref.step(xi, slot_idx, forced_ref, L=L)
+        o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
+        slot_idx = slot_idx_ref
         out = out.cpu().squeeze(1)
 
         # outputs: padded rows exactly zero, real rows close to float64
@@ -147,7 +182,7 @@ class Harness:
             r = rms_ratio(out[real], o_ref[real])
             assert r < self.tol_o, f"output rms ratio {r:.2e} >= {self.tol_o}"
         # h: the protocol's, for every slot; the arrival counters back to 0
-        assert torch.equal(self.ring.h.cpu(), self.ref.h), f"h {self.ring.h.tolist()} != ref {self.ref.h.tolist()}"
+        assert torch.equal(self.view(self.ring.h), self.ref.h), f"h {self.view(self.ring.h).tolist()} != ref {self.ref.h.tolist()}"
         assert int(self.ring.arrive.abs().sum()) == 0, "arrival counters must be 0 between launches"
         # checkpoints: rows that flushed match the reference; every other slot is bit-identical
         flushed_slots = slot_idx[self.ref.flushed].long()
@@ -161,13 +196,14 @@ class Harness:
         assert torch.equal(bits(st[keep]), bits(state_before.cpu()[keep])), "a checkpoint changed without a flush"
         assert torch.equal(bits(st[self.untouched]), bits(state_before.cpu()[self.untouched]))
         # records: the committed ones equal the reference's; untouched slots' records untouched
+        ru, rk, rg = self.view(self.ring.u), self.view(self.ring.k), self.view(self.ring.g)
         for s in self.row_slot.tolist():
             h = int(self.ref.h[s])
             if h:
-                assert rms_ratio(self.ring.u.cpu()[s, :, :h], self.ref.u[s, :, :h]) < self.tol_o
-                assert rms_ratio(self.ring.k.cpu()[s, :, :h], self.ref.k[s, :, :h]) < self.tol_o
-                assert rms_ratio(self.ring.g.cpu()[s, :, :h], self.ref.G[s, :, :h]) < 1e-5
-        ut = self.untouched.to(DEV)
+                assert rms_ratio(ru[s, :, :h], self.ref.u[s, :, :h]) < self.tol_o
+                assert rms_ratio(rk[s, :, :h], self.ref.k[s, :, :h]) < self.tol_o
+                assert rms_ratio(rg[s, :, :h], self.ref.G[s, :, :h]) < 1e-5
+        ut = self.ring_untouched.to(DEV)
         for new, old in ((self.ring.u, u_b), (self.ring.k, k_b), (self.ring.g, g_b)):
             assert torch.equal(bits(new[ut]), bits(old[ut])), "an untouched slot's records changed"
         self.stats["flushes"] += len(flushed_slots)
@@ -179,9 +215,9 @@ class Harness:
         """Two copies: the rows that wrote their checkpoint hold round(checkpoint) in the read copy (as
         the reference rounds the same fold); every other slot's read copy is bit-identical; rc_valid is 1
         after a v3 launch and 0 after a window-1 (w1 or v1) launch for every real row."""
-        rc = self.ring.rc.cpu()
+        rc = self.view(self.ring.rc)
         if self.ring.rc_scale is not None:
-            deq = rc.double() * self.ring.rc_scale.cpu().double()[..., None]
+            deq = rc.double() * self.view(self.ring.rc_scale).double()[..., None]
         else:
             deq = rc.double()
         wrote = flushed_slots.tolist() if writes_rc else []
@@ -200,7 +236,7 @@ class Harness:
             # that are small by cancellation)
             row_max = ref_read.abs().amax(-1, keepdim=True)
             if fp8:
-                step = mag / 8 + self.ring.rc_scale.cpu().double()[s][..., None] * 2.0 ** -9 + 1e-6 * row_max
+                step = mag / 8 + self.view(self.ring.rc_scale).double()[s][..., None] * 2.0 ** -9 + 1e-6 * row_max
             else:
                 step = mag / 128 + 1e-6 * row_max
             diff = (deq[s] - ref_read).abs()
@@ -211,9 +247,12 @@ class Harness:
             assert flips <= 1e-3, f"read copy of slot {s}: {flips:.1e} of the elements differ from round(fold)"
             self.ref.state.read[s] = deq[s]
         keep = torch.ones(self.slots, dtype=torch.bool)
+        keep[self.untouched] = False  # checked on the raw ring below (ring_idx: they share one ring row)
         keep[torch.tensor(wrote, dtype=torch.long)] = False
         assert torch.equal(bits(rc[keep]), bits(rc_before[keep])), "a read copy changed without a flush"
-        valid = self.ring.rc_valid.cpu()
+        assert torch.equal(bits(self.ring.rc.cpu()[self.ring_untouched]),
+                           bits(self.rc_raw_before[self.ring_untouched])), "an unused read copy changed"
+        valid = self.view(self.ring.rc_valid)
         rs = slot_idx[real].long()
         assert bool((valid[rs] == (1 if writes_rc else 0)).all()), f"rc_valid {valid[rs].tolist()}"
         assert torch.equal(valid[self.untouched], self.rc_valid_before[self.untouched])
@@ -357,6 +396,53 @@ def test_advance_h_matches_ring_rule():
                 advance_h_(hd, slot_idx.to(DEV), L, None if forced is None else forced.to(DEV),
                            h_rows=None if h_rows is None else h_rows.to(DEV))
                 assert torch.equal(hd.cpu(), expect), (L, use_rows, with_forced)
+
+
+# ---- ring rows != state slots (issue 5: the ring keyed by request row, ring_idx per batch row) ----
+
+@pytest.mark.parametrize("impl,windows", [("v1", (4, 4, 4, 1)), ("v2", (4, 4, 4, 1)), ("v3", (4, 4, 4, 1)),
+                                          ("auto", (4, 4, 1, 1, 4, 1))], ids=["v1", "v2", "v3", "auto-w1-v3"])
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_ring_idx_rows_differ_from_slots(kind, impl, windows):
+    """ring_idx [B]: the ring has fewer rows than the state pool has slots (B + 1 against B + 3), in another
+    order (batch row i: slot row_slot[i], ring row row_ring[i]); padded rows carry -1 in the slot, in the ring
+    index, or a real slot with ring index -1, and touch nothing. Outputs, h, records and every checkpoint
+    against float64 through flushes, forced flushes, pre-step folds (window switches) and, for "auto", the
+    w1 kernel on rows that still hold records. V split over two programs (BV = 16) so arrivals are counted."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=16, V=32, L=4, seed=61, windows=windows,
+                 p_forced=0.1, p_pad=0.3, block_v=16, impl=impl, ring_idx=True)
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0 and st["staggered"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_ring_idx_h_rows_snapshot(kind):
+    """v3 with the caller's h (h_rows, advance_h=False) and ring_idx: advance_h_ advances h by ring row."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=16, V=16, L=8, seed=62, windows=(8, 8, 3),
+                 p_forced=0.1, p_pad=0.3, impl="v3", h_rows=True, ring_idx=True)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_ring_idx_read_copy(read_dtype):
+    """The read copy lives with the ring (per ring row): rc, rc_scale and rc_valid are addressed by ring_idx,
+    the checkpoint by slot; auto alternates v3 (writes both copies) and w1 (leaves the copy stale)."""
+    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=16, L=6, seed=63, windows=(6, 6, 1, 6), p_forced=0.1,
+                 p_pad=0.3, impl="auto", read_dtype=read_dtype, ring_idx=True)
+    st = hz.run(12)
+    assert st["flushes"] > 0
+
+
+def test_ring_idx_argument_checks():
+    lay = ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=1, K=16, V=16)
+    ring = lay.allocate(4)
+    state = torch.zeros(4, 1, 16, 16)
+    x = R.random_decode_inputs("gdn", 2, 1, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    slot_idx = torch.tensor([0, 1], dtype=torch.int32)
+    for bad in (torch.tensor([0], dtype=torch.int32), torch.tensor([0.0, 1.0])):
+        with pytest.raises(ValueError, match="ring_idx"):
+            replay_decode("gdn", *x, state, ring, slot_idx, ring_idx=bad)
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

@@ -63,6 +63,7 @@ def run_sequence(
     T_choices=None,
     lower_bound=None,
     a_shift=0.0,
+    ring_rows=False,
 ):
     """Drive `steps` verify steps with random acceptance; check every step against the float64
     accepted-stream reference. Returns a dict of statistics."""
@@ -73,7 +74,10 @@ def run_sequence(
     T_max = max(T_choices) if T_choices else T
     lay = R.RingLayout.for_layer(kind, L=L, T_max=T_max, H=H, HV=HV, K=K, V=V)
     n_slots = B + spare_slots
-    ring = lay.allocate(n_slots, device=device, record_dtype=record_dtype)
+    # ring_rows: the ring is keyed by its own rows (SGLang: the request row), B + 1 of them (fewer than the
+    # slots when spare_slots > 1), each real row's ring row a random permutation of its slot; padded rows
+    # carry -1 in the slot, in the ring index, or a real slot with ring index -1
+    ring = lay.allocate(B + 1 if ring_rows else n_slots, device=device, record_dtype=record_dtype)
     A_log, dt_bias = random_params(kind=kind, HV=HV, K=K, gen=gen)
     A_log, dt_bias = A_log.to(device), dt_bias.to(device)
     state = torch.full((n_slots, HV, V, K), 1e30, dtype=state_dtype)
@@ -90,6 +94,23 @@ def run_sequence(
     rows = [rows[i] for i in order]
     slot_idx = torch.tensor(rows, dtype=torch.int32, device=device)
     real_pos = [i for i, s in enumerate(rows) if s >= 0]
+    ring_of_slot = torch.arange(n_slots)  # the ring row of each slot's records
+    ring_idx = None
+    if ring_rows:
+        rperm = torch.randperm(B + 1, generator=gen)
+        ridx = [-1] * len(rows)
+        for j, r in enumerate(real_pos):
+            ridx[r] = int(rperm[j])
+            ring_of_slot[rows[r]] = int(rperm[j])
+        pad_pos = [i for i, s in enumerate(rows) if s < 0]
+        for n, r in enumerate(pad_pos):
+            if n % 3 == 0:
+                ridx[r] = int(rperm[B])  # a (spare) ring row, slot -1
+            elif n % 3 == 1:
+                slot_idx[r] = int(real_slots[0])  # a real slot, ring index -1
+        ring_idx = torch.tensor(ridx, dtype=torch.int32, device=device)
+        ring.u[int(rperm[B])] = 1e30  # the spare ring row must stay untouched
+        spare_before = (ring.u[int(rperm[B])].clone(), ring.k[int(rperm[B])].clone(), ring.h[int(rperm[B])].clone())
     NB = len(rows)
     # the real slots in row order (the reference's rows)
     real_slots = torch.tensor([rows[r] for r in real_pos], dtype=torch.long)
@@ -105,9 +126,10 @@ def run_sequence(
                                     gen=gen, a_shift=a_shift)
         h_before = ring.h.clone()
         ck_before = state[real_slots.to(device)].clone()
-        fold = R.needs_prefold(h_before[real_slots.to(device)].cpu(), Tt, L)
+        fold = R.needs_prefold(h_before[ring_of_slot[real_slots].to(device)].cpu(), Tt, L)
         out = torch.full((NB * Tt, HV, V), float("nan"), dtype=act_dtype, device=device)
-        ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, Tt, out=out, lower_bound=lower_bound)
+        ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, Tt, out=out, lower_bound=lower_bound,
+                    ring_idx=ring_idx)
         assert torch.equal(ring.h, h_before), "the verify kernel must not write h"
         # reference on the real rows only
         rp = torch.tensor(real_pos)
@@ -134,30 +156,36 @@ def run_sequence(
                 stats["non_fold"] += 1
                 assert torch.equal(ck_after[j], ck_before[j]), f"seed={seed} step={step}: non-fold verify wrote the checkpoint"
         acc = torch.randint(1, Tt + 1, (NB,), generator=gen)
-        ring_commit_(ring.h, slot_idx, Tt, L, acc.to(device=device, dtype=torch.int32))
+        ring_commit_(ring.h, slot_idx, Tt, L, acc.to(device=device, dtype=torch.int32), ring_idx=ring_idx)
         ref.commit(acc[real_pos])
         for j, r in enumerate(real_pos):
-            s = rows[r]
+            s = int(ring_of_slot[rows[r]])
             want = R.h_after_verify(h_before[s : s + 1].cpu(), Tt, L, acc[r : r + 1])
             assert int(ring.h[s]) == int(want[0])
     assert torch.equal(state[untouched.to(device)], untouched_before), "untouched slots changed"
+    if ring_rows:
+        spare = int(rperm[B])
+        assert torch.equal(ring.u[spare], spare_before[0]) and torch.equal(ring.k[spare], spare_before[1])
+        assert torch.equal(ring.h[spare], spare_before[2]), "a padded row touched the spare ring row"
     # final: the committed state reconstructed from checkpoint + ring equals the reference
-    stats["final_state"] = final_state_error(ring, state, real_slots.to(device), ref.S)
+    stats["final_state"] = final_state_error(ring, state, real_slots.to(device), ref.S, ring_of_slot)
     assert stats["final_state"] <= tol["state"], f"seed={seed}: final committed state rms ratio {stats['final_state']:.3e}"
     return stats
 
 
-def final_state_error(ring, state, slots, S_ref):
-    """Fold on the host (float64) what the ring holds past the checkpoint, compare with the reference."""
+def final_state_error(ring, state, slots, S_ref, ring_of_slot=None):
+    """Fold on the host (float64) what the ring holds past the checkpoint, compare with the reference.
+    ``ring_of_slot`` [slots]: the ring row holding each slot's records (None: the slot itself)."""
     lay = ring.layout
     worst = 0.0
     for j, s in enumerate(slots.tolist()):
-        h = int(ring.h[s])
+        r = s if ring_of_slot is None else int(ring_of_slot[s])
+        h = int(ring.h[r])
         C = state[s].double().cpu()
         if h > 0:
-            G = ring.g[s, :, :h].double().cpu()  # [HV, h, GK]
-            u = ring.u[s, :, :h].double().cpu()  # [HV, h, V]
-            kk = ring.k[s, :, :h].double().cpu().repeat_interleave(lay.HV // lay.HK, 0)  # [HV, h, K]
+            G = ring.g[r, :, :h].double().cpu()  # [HV, h, GK]
+            u = ring.u[r, :, :h].double().cpu()  # [HV, h, V]
+            kk = ring.k[r, :, :h].double().cpu().repeat_interleave(lay.HV // lay.HK, 0)  # [HV, h, K]
             Gh = G[:, -1]  # [HV, GK]
             C = C * torch.exp(Gh)[:, None, :] + torch.einsum("hjv,hjk->hvk", u, kk * torch.exp(Gh[:, None, :] - G))
         worst = max(worst, rms_ratio(C, S_ref[j]))
@@ -188,6 +216,32 @@ def test_accept_sequence_matches_float64(kind, T, L):
 def test_gqa_groups_and_several_rows_gdn():
     # two value heads per key head (the k record is shared) and three rows in flight
     run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=6, pad_rows=1, spare_slots=2)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_ring_idx_rows_differ_from_slots(kind):
+    """ring_idx (issue 5): prefold, verify and commit address the records and h by ring row, the checkpoint by
+    slot; fewer ring rows than slots, permuted; padded rows (-1 in either index) touch nothing. Against the
+    float64 accepted stream, folds and appends both exercised."""
+    st = run_sequence(kind=kind, B=3, H=1, HV=2 if kind == "gdn" else 1, K=16, V=16, L=8, T=4, steps=10,
+                      pad_rows=3, spare_slots=3, ring_rows=True)
+    assert st["folds"] > 0 and st["non_fold"] > 0, st
+
+
+def test_commit_kernel_with_ring_idx_matches_ring_rule():
+    g = torch.Generator().manual_seed(7)
+    L, T, n_rows, B = 8, 4, 6, 5
+    h = torch.randint(0, L + 1, (n_rows,), generator=g, dtype=torch.int32)
+    slots = torch.tensor([9, -1, 3, 12, 0], dtype=torch.int32)  # state slots >= n_rows: h is not by slot
+    ridx = torch.tensor([4, 1, -1, 0, 2], dtype=torch.int32)
+    acc = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int32)
+    want = h.clone()
+    for i in (0, 3, 4):  # rows 1 and 2 are padding (slot -1 / ring -1)
+        r = int(ridx[i])
+        want[r] = (0 if int(h[r]) + T > L else int(h[r])) + int(acc[i])
+    assert torch.equal(R.commit_verify_(h.clone(), slots.long(), T, L, acc, ring_idx=ridx.long()), want)
+    got = ring_commit_(h.clone().to(DEV), slots.to(DEV), T, L, acc.to(DEV), ring_idx=ridx.to(DEV)).cpu()
+    assert torch.equal(got, want)
 
 
 def test_kda_safe_gate_and_strong_decay():
