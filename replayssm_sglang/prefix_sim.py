@@ -309,7 +309,8 @@ class _Arm:
             from replayssm_sglang.sglang_hooks import decode as hook_decode
             from replayssm_sglang.sglang_hooks import pool as hook_pool
 
-            self.rtp.mamba_pool.replayssm_pool = hook_pool.attach(self.rtp.mamba_pool, params, L)
+            self.rtp.mamba_pool.replayssm_pool = hook_pool.attach(self.rtp.mamba_pool, params, L,
+                                                                  req_rows=self.rtp.req_to_token.shape[0])
             self.rp = self.rtp.mamba_pool.replayssm_pool
             # what MambaAttnBackendBase.__init__ does through patch 0003, on an (uninitialised)
             # instance of the backend class that serves this kind of layer
@@ -374,7 +375,9 @@ class _Arm:
             from replayssm_sglang.sglang_hooks import decode as hook_decode
 
             hook_decode.before_extend(SimpleNamespace(req_to_token_pool=self.rtp),
-                                      SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND), live)
+                                      SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND,
+                                                      req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs])),
+                                      live)
         # the forward: starts from the copied-on-write state, which must hold exactly the prefix
         start = self._count(live)
         for i, r in enumerate(reqs):
@@ -443,10 +446,11 @@ class _Arm:
         else:
             rp = self.rp
             forced = rp.forced_mask(SimpleNamespace(), seq)  # device seq_lens, our flush module
-            h = rp.h[0, live]
+            rows = b.req_pool_indices.to(torch.int64)  # the ring is keyed by request row
+            h = rp.h[0, rows]
             wrote = ringmod.decode_flushes(h, self.L, forced)
-            rp.h[:, live] = ringmod.h_after_decode(h, self.L, forced)
-            pending = rp.h[0, live].to(torch.int64)
+            rp.h[:, rows] = ringmod.h_after_decode(h, self.L, forced)
+            pending = rp.h[0, rows].to(torch.int64)
         self._write(live, seq - pending)
         self.m["checkpoint_writes"] += int(wrote.sum())
         if eb and bool(b.mamba_track_mask.any()):  # extra_buffer's track copy (after the last layer)

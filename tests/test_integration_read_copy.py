@@ -6,9 +6,11 @@ The series is applied to a clone in tmp (as in tests/test_integration_sglang.py)
 * the pool (patch 0002 -> sglang_hooks/pool.attach): the read copy is allocated only when the
   published option asks for it, ``ring(i)`` hands the kernels views of the stacked tensors, and the
   bytes are counted (nbytes, mem_usage, patch 0005's budget through SGLang's own solver);
-* the invalidation rule: every glue path that writes a checkpoint or resets h clears ``rc_valid``
-  for exactly its slots (rc_valid is set to 1 everywhere first, the path runs, the zeros are
-  compared with the expected slot set), and a path that writes no checkpoint leaves it alone.
+* the invalidation rule: every glue path that writes a running request's checkpoint or resets h
+  clears ``rc_valid`` for exactly its ring rows (the copy lives with the ring: one per request row;
+  rc_valid is set to 1 everywhere first, the path runs, the zeros are compared with the expected row
+  set), and a path that writes no running request's checkpoint (slot copies and clears, track slots)
+  leaves it alone.
 
 The decode kernel's use of the copy (reads it, sets rc_valid back to 1) is tested with the kernels
 (tests/test_decode_kernels.py), not here.
@@ -166,7 +168,8 @@ def test_pool_allocates_the_read_copy_from_the_published_option(sg, kind, dt):
     rtp = rc_pool(sg, dt, kind=kind, layers=(3, 7), mamba_size=6)
     mp = rtp.mamba_pool
     rp = mp.replayssm_pool
-    slots = mp.mamba_cache.temporal.shape[1]
+    slots = rtp.req_to_token.shape[0]  # the ring's (and the read copy's) rows: one per request row
+    assert slots < mp.mamba_cache.temporal.shape[1]
     assert rp.read_dtype == dt
     assert rp.rc.dtype == RC_DTYPES[dt] and tuple(rp.rc.shape) == (2, slots, HV, V, K)
     assert rp.rc_valid.dtype == torch.int32 and tuple(rp.rc_valid.shape) == (2, slots)
@@ -188,7 +191,7 @@ def test_pool_allocates_the_read_copy_from_the_published_option(sg, kind, dt):
     rp.rc_valid.fill_(1)
     rp.ring(1).invalidate_read_copy(torch.tensor([2]))
     assert rp.rc_valid[1, 2] == 0 and rp.rc_valid[0, 2] == 1
-    # bytes: nbytes and mem_usage count the copy; ring_bytes_per_slot (patch 0005) grows by exactly
+    # bytes: nbytes and mem_usage count the copy; ring_bytes_per_row (patch 0005) grows by exactly
     # read_copy_bytes + 4 (rc_valid) per layer
     same = hybrid_pool(sg, kind, layers=(3, 7), mamba_size=6).mamba_pool
     extra = rp.nbytes() - same.replayssm_pool.nbytes()
@@ -196,8 +199,8 @@ def test_pool_allocates_the_read_copy_from_the_published_option(sg, kind, dt):
     assert extra == 2 * slots * per_layer
     assert abs((mp.mem_usage - same.mem_usage) * (1 << 30) - extra) < 1
     cp = cache_params(kind, [3, 7])
-    assert P.ring_bytes_per_slot(cp, L, read_dtype=dt) - P.ring_bytes_per_slot(cp, L) == 2 * per_layer
-    assert P.ring_bytes_per_slot(cp, L, read_dtype=dt) * slots == rp.nbytes()
+    assert P.ring_bytes_per_row(cp, L, read_dtype=dt) - P.ring_bytes_per_row(cp, L) == 2 * per_layer
+    assert P.ring_bytes_per_row(cp, L, read_dtype=dt) * slots == rp.nbytes()
 
 
 def test_pool_without_the_option_has_no_read_copy(sg):
@@ -222,80 +225,92 @@ def test_a_bf16_copy_of_a_bf16_state_is_not_kept(sg):
             enable_linear_replayssm=True, linear_replayssm_cache_len=L)
     assert rtp.mamba_pool.replayssm_pool.rc is None
     cp = cache_params("gdn", [0], dtype=torch.bfloat16)
-    assert P.ring_bytes_per_slot(cp, L, read_dtype="bf16") == P.ring_bytes_per_slot(cp, L)
-    assert P.ring_bytes_per_slot(cp, L, read_dtype="fp8_e4m3") > P.ring_bytes_per_slot(cp, L)
+    assert P.ring_bytes_per_row(cp, L, read_dtype="bf16") == P.ring_bytes_per_row(cp, L)
+    assert P.ring_bytes_per_row(cp, L, read_dtype="fp8_e4m3") > P.ring_bytes_per_row(cp, L)
 
 
-def test_ring_bytes_per_slot_refuses_an_unknown_read_dtype():
+def test_ring_bytes_per_row_refuses_an_unknown_read_dtype():
     from replayssm_sglang.sglang_hooks import pool as P
 
     with pytest.raises(ValueError):
-        P.ring_bytes_per_slot(cache_params("gdn", [0]), L, read_dtype="fp16")
+        P.ring_bytes_per_row(cache_params("gdn", [0]), L, read_dtype="fp16")
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp8_e4m3"])
-def test_budget_charges_the_read_copy_per_slot(sg, dt):
-    """Patch 0005 through SGLang's own solver (as test_budget_charges_the_ring_per_slot): with the
-    option the per-slot cost is state + ring + read copy + rc_valid."""
+def test_budget_charges_the_read_copy_per_request_row(sg, dt):
+    """Patch 0005 through SGLang's own solver (as test_budget_charges_the_ring_per_request_row): with the
+    option the per-row cost is ring + read copy + rc_valid, charged once per request row."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.runtime_context import get_schedule
     from replayssm_sglang.sglang_hooks import pool as P
 
     layers = 12
     cp = cache_params("gdn", list(range(layers)))
-    rest_gb, ratio, Lr = 8.0, 0.9, 16
+    rest_gb, mratio, Lr, ratio = 8.0, 0.9, 16, 3
     got = {}
     for read in ("same", dt):
-        with published(enable_linear_replayssm=True, linear_replayssm_cache_len=Lr, mamba_full_memory_ratio=ratio,
+        with published(enable_linear_replayssm=True, linear_replayssm_cache_len=Lr, mamba_full_memory_ratio=mratio,
                        linear_replayssm_read_dtype=read) as sa:
             fake = SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=cp), server_args=sa,
                                    ps=SimpleNamespace(pp_size=1, attn_dp_size=1),
                                    spec_algorithm=SimpleNamespace(is_none=lambda: True),
                                    hybrid_gdn_config=object(),
-                                   model_config=SimpleNamespace(hf_config=None, num_hidden_layers=24))
+                                   model_config=SimpleNamespace(hf_config=None, num_hidden_layers=24),
+                                   _calculate_mamba_ratio=lambda: ratio)
             left = KVCacheConfigurator._handle_max_mamba_cache(fake, rest_gb)
             got[read] = (get_schedule().max_mamba_cache_size, left)
-    budget = rest_gb * ratio / (1 + ratio) * (1 << 30)
-    ring = cp.mamba_cache_per_req + P.ring_bytes_per_slot(cp, Lr)
+    budget = rest_gb * mratio / (1 + mratio) * (1 << 30)
+    per = cp.mamba_cache_per_req
+    ring = P.ring_bytes_per_row(cp, Lr)
     growth = (precision.read_copy_bytes(HV, V, K, dt) + 4) * layers
-    for read, per_slot in (("same", ring), (dt, ring + growth)):
+    assert P.ring_bytes_per_row(cp, Lr, read_dtype=dt) == ring + growth
+    for read, row in (("same", ring), (dt, ring + growth)):
         k, left = got[read]
-        assert k == int((budget - per_slot) // per_slot), read
-        assert abs(left - (rest_gb - (k + 1) * per_slot / (1 << 30))) < 1e-9
+        assert (k + 1) * per + (k // ratio + 1) * row <= budget < (k + 2) * per + ((k + 1) // ratio + 1) * row
+        assert abs(left - (rest_gb - ((k + 1) * per + (k // ratio + 1) * row) / (1 << 30))) < 1e-9
     assert got[dt][0] < got["same"][0]
 
 
 # --- invalidation: each path clears rc_valid for exactly its slots ------------------------------
 
-def test_alloc_clear_slots_and_copy_from_invalidate(sg):
+def test_alloc_invalidates_its_rows_and_slot_copies_do_not(sg):
+    """A request row entering prefill: its copy is cleared. Copying into or clearing a slot (copy-on-write,
+    track copies, clear_slots) writes no running request's checkpoint before its first forward resets the
+    row again (test_extend_and_mixed_forwards_invalidate_their_rows), so it clears nothing."""
     rtp = rc_pool(sg, "bf16", layers=(0, 1), mamba_size=6)
     mp = rtp.mamba_pool
     rp = validate_all(rtp)
     a, b = new_req(1), new_req(2)
     rtp.alloc([a, b])
-    sa, sb = int(a.mamba_pool_idx), int(b.mamba_pool_idx)
-    assert cleared(rp) == only([sa, sb], 2), "a slot entering prefill"
+    sa = int(a.mamba_pool_idx)
+    assert cleared(rp) == only([a.req_pool_idx, b.req_pool_idx], 2), "request rows entering prefill"
     rp.rc_valid.fill_(1)
-    mp.copy_from(torch.tensor([sa]), torch.tensor([sb]))
-    assert cleared(rp) == only([sb], 2), "a copy-on-write destination (not the source)"
-    rp.rc_valid.fill_(1)
-    mp.clear_slots(torch.tensor([sa]))
-    assert cleared(rp) == only([sa], 2), "a cleared slot"
+    spare = rtp.mamba_allocator.alloc(1)
+    mp.copy_from(torch.tensor([sa]), spare.clone())
+    mp.clear_slots(spare.clone())
+    assert cleared(rp) == only([], 2)
 
 
 def test_cpu_backup_and_restore_invalidate(sg):
+    """Req.offload_kv_cache folds the request's row (cleared); Req.load_kv_cache resets the restored
+    request's row (cleared); nothing else."""
+    from sglang.srt.managers.schedule_batch import Req
+    from test_integration_sglang import _kv_allocator
+
     rtp = rc_pool(sg, "fp8_e4m3", layers=(0, 1), mamba_size=6)
-    mp = rtp.mamba_pool
+    kv = _kv_allocator(rtp)
     rp = validate_all(rtp)
     rs = [new_req(i) for i in range(3)]
     rtp.alloc(rs)
-    s0, s1, s2 = (int(r.mamba_pool_idx) for r in rs)
+    for r in rs:
+        r.seqlen = 4
     rp.rc_valid.fill_(1)
-    backup = mp.get_cpu_copy(torch.tensor([s0]))
-    assert cleared(rp) == only([s0], 2), "retraction backup folds the slot"
+    Req.offload_kv_cache(rs[0], rtp, kv)
+    assert cleared(rp) == only([rs[0].req_pool_idx], 2), "retraction backup folds the request's row"
+    rs[2].kv_cache_cpu = rs[0].kv_cache_cpu
     rp.rc_valid.fill_(1)
-    mp.load_cpu_copy(backup, torch.tensor([s2]))
-    assert cleared(rp) == only([s2], 2), "a restored checkpoint"
+    Req.load_kv_cache(rs[2], rtp, kv)
+    assert cleared(rp) == only([rs[2].req_pool_idx], 2), "a restored checkpoint"
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -306,22 +321,22 @@ def test_finish_fold_invalidates(sg, kind):
     rp = validate_all(rtp)
     a, b = new_req(1), new_req(2)
     rtp.alloc([a, b])
-    s = int(a.mamba_pool_idx)
-    rp.h[:, s] = 2  # records pending (zeros): the fold writes the checkpoint
+    row = int(a.req_pool_idx)
+    rp.h[:, row] = 2  # records pending (zeros): the fold writes the checkpoint
     rp.rc_valid.fill_(1)
     comp = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=False, req_to_token_pool=rtp),
                            int8_ckpt_pool=None)
     MambaComponent.prepare_for_caching_req(comp, a, SimpleNamespace(mamba_value=None), 40, True)
-    assert rp.h[:, s].tolist() == [0, 0]
-    assert cleared(rp) == only([s], 2), "only the finished request's slot"
+    assert rp.h[:, row].tolist() == [0, 0]
+    assert cleared(rp) == only([row], 2), "only the finished request's row"
 
 
-def test_fold_slots_invalidates_even_with_no_records(sg):
+def test_fold_requests_invalidates_even_with_no_records(sg):
     from replayssm_sglang.sglang_hooks import pool as P
 
     rtp = rc_pool(sg, "bf16", layers=(0, 1), mamba_size=6)
     rp = validate_all(rtp)
-    P.fold_slots(rtp, torch.tensor([2, 4]))
+    P.fold_requests(rtp, torch.tensor([5, 6]), torch.tensor([2, 4]))
     assert cleared(rp) == only([2, 4], 2)
 
 
@@ -348,17 +363,18 @@ def test_extend_and_mixed_forwards_invalidate_their_rows(sg):
     rs = [new_req(i) for i in range(3)]
     rtp.alloc(rs)
     sl = [int(r.mamba_pool_idx) for r in rs]
+    rw = [int(r.req_pool_idx) for r in rs]
     rp.rc_valid.fill_(1)
     meta = _metadata_forward(rtp, [rs[0].req_pool_idx, rs[1].req_pool_idx], ForwardMode.EXTEND, [7, 3])
     assert meta.mamba_cache_indices.tolist() == sl[:2]
-    assert cleared(rp) == only(sl[:2], 2)
+    assert cleared(rp) == only(rw[:2], 2)
     rp.rc_valid.fill_(1)
     meta = _metadata_forward(rtp, [rs[2].req_pool_idx, rs[1].req_pool_idx], ForwardMode.MIXED, [5, 1])
     assert meta.mamba_cache_indices.tolist() == [sl[2], sl[1]]
     # the prefill row and the decoding row; the hook's reset of prefill rows only sends the other
-    # rows to SGLang's padding slot 0 (never a request's slot), which is cleared too
-    assert 0 not in sl
-    assert cleared(rp) == only([sl[2], sl[1], 0], 2)
+    # rows to SGLang's padding row 0 (never a request's row), which is cleared too
+    assert 0 not in rw
+    assert cleared(rp) == only([rw[2], rw[1], 0], 2)
 
 
 def test_decode_metadata_leaves_the_read_copy_alone(sg):
@@ -395,6 +411,7 @@ def test_verify_hands_the_layers_read_copy_to_the_kernel_and_clears_nothing(sg, 
 
     def fake_ring_verify(mixed, a, b, A_log, dt_bias, ssm, idx, ring, T_, **kw):
         seen.append((idx.clone(), ring))
+        assert kw["ring_idx"].tolist() == [r.req_pool_idx for r in rs] + [0], "the request rows"
         return torch.zeros(mixed.shape[0], HV, V)
 
     monkeypatch.setattr(kverify, "ring_verify", fake_ring_verify)
@@ -402,7 +419,8 @@ def test_verify_hands_the_layers_read_copy_to_the_kernel_and_clears_nothing(sg, 
     idx = torch.tensor(sl + [-1], dtype=torch.int32)
     Bp = idx.numel()
     backend = SimpleNamespace(req_to_token_pool=rtp, forward_metadata=SimpleNamespace(retrieve_parent_token=None))
-    fb = SimpleNamespace(spec_info=SimpleNamespace(draft_token_num=T, ragged_verify_layout=None))
+    fb = SimpleNamespace(spec_info=SimpleNamespace(draft_token_num=T, ragged_verify_layout=None),
+                         req_pool_indices=torch.tensor([r.req_pool_idx for r in rs] + [0]))
     layer = SimpleNamespace(layer_id=1, A_log=None, dt_bias=None, head_k_dim=K, num_v_heads=HV, head_v_dim=V)
     N = Bp * T
     out = verify.forward_target_verify(backend, layer, fb, torch.zeros(N, 2 * H * K + HV * V),
@@ -416,23 +434,22 @@ def test_verify_hands_the_layers_read_copy_to_the_kernel_and_clears_nothing(sg, 
     assert cleared(rp) == {li_: [] for li_ in range(2)}
 
 
-def test_materialize_invalidates_the_track_slot_and_commit_does_not(sg):
-    """extra_buffer under verify: materialize_ writes the track slot's checkpoint (cleared); the
-    commit only moves h (rc_valid untouched)."""
+def test_materialize_and_commit_clear_nothing(sg):
+    """extra_buffer under verify: materialize_ writes a track slot's checkpoint, which no running request
+    reads (a track slot has no ring row, so no read copy); the commit only moves h: rc_valid untouched."""
     rtp = rc_pool(sg, "bf16", spec=True, kind="gdn", layers=(0, 1), mamba_size=10, extra_buffer=True)
     rp = validate_all(rtp)
     rs = [new_req(i) for i in range(2)]
     rtp.alloc(rs)
     sl = [int(r.mamba_pool_idx) for r in rs]
+    rows = torch.tensor([r.req_pool_idx for r in rs])
     track = [int(r.mamba_ping_pong_track_buffer[r.mamba_next_track_idx]) for r in rs]
     assert not set(track) & set(sl)
     rp.rc_valid.fill_(1)
     temporal = rtp.mamba_pool.mamba_cache.temporal
-    rp.materialize_(temporal, torch.tensor(sl), torch.tensor(track), torch.tensor([1, -1]))
-    # the crossing row's track slot; the row without a boundary maps to SGLang's padding slot 0 (sync-free)
-    assert cleared(rp) == only([track[0], 0], 2), "only the crossing row's track slot"
-    rp.rc_valid.fill_(1)
-    rp.commit_verify(torch.tensor(sl, dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32))
+    rp.materialize_(temporal, torch.tensor(sl), torch.tensor(track), torch.tensor([1, -1]), ring_idx=rows)
+    assert cleared(rp) == only([], 2)
+    rp.commit_verify(torch.tensor(sl, dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32), ring_idx=rows)
     assert cleared(rp) == only([], 2)
 
 
@@ -455,15 +472,15 @@ def test_serving_decode_reads_the_copy_and_keeps_the_recurrence_exact(sg, kind, 
     m = Model(kind, rtp, seed=7)
     r = new_req(1)
     rtp.alloc([r])
-    s = int(r.mamba_pool_idx)
+    s, row = int(r.mamba_pool_idx), int(r.req_pool_idx)
     m.write_prefill_state(s)
-    rp.reset_([s])  # what the extend hook does after a prefill
-    assert int(rp.rc_valid[:, s].sum()) == 0
+    rp.reset_([row])  # what the extend hook does after a prefill
+    assert int(rp.rc_valid[:, row].sum()) == 0
     out_tol = 2e-2 if dt == "bf16" else 1.5e-1  # one rounding of C per element (fp8: 3 mantissa bits)
     state_tol = out_tol / 20
     assert m.step([s]) < TOL  # stale copy: forced flush, reads the fp32 checkpoint
     assert h_of(rtp, s) == [0] and m.state_err(s) < TOL
-    assert bool((rp.rc_valid[:, s] == 1).all())
+    assert bool((rp.rc_valid[:, row] == 1).all())
     errs = []
     for i in range(2 * L):
         errs.append(m.step([s]))
@@ -473,7 +490,7 @@ def test_serving_decode_reads_the_copy_and_keeps_the_recurrence_exact(sg, kind, 
     m.ref[:, s] = rtp.mamba_pool.mamba_cache.temporal[:, s].to(torch.float64)  # resync the conventional side
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "1")  # a small batch: v1, the copy goes stale
     assert m.step([s]) < TOL
-    assert bool((rp.rc_valid[:, s] == 0).all()) and m.state_err(s) < TOL
+    assert bool((rp.rc_valid[:, row] == 0).all()) and m.state_err(s) < TOL
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(L))
     assert m.step([s]) < TOL  # stale again: this step reads the fp32 checkpoint (exact)
-    assert bool((rp.rc_valid[:, s] == 1).all())
+    assert bool((rp.rc_valid[:, row] == 1).all())

@@ -50,12 +50,29 @@ def cache_params(kind: str, layers: list[int], dtype=torch.float32):
     return KimiLinearCacheParams(shape=shape, layers=layers, dtype=dt)
 
 
-def hybrid_pool(sg, kind="gdn", *, layers=(0,), size=4, mamba_size=6, extra_buffer=False, flag=True, L_=L):
-    return sg.memory_pool.HybridReqToTokenPool(
-        size=size, mamba_size=mamba_size, mamba_spec_state_size=size, max_context_len=64, device="cpu",
+def hybrid_pool(sg, kind="gdn", *, layers=(0,), size=4, mamba_size=6, extra_buffer=False, flag=True, L_=L,
+                burn=1):
+    """SGLang's HybridReqToTokenPool. ``burn`` mamba slots are taken first (and never used) so that a
+    request's mamba slot differs from its request row, which keys our ring: a ring indexed by slot by
+    mistake then reads and writes other requests' records (or none) and the checks fail."""
+    rtp = sg.memory_pool.HybridReqToTokenPool(
+        size=size, mamba_size=mamba_size + burn, mamba_spec_state_size=size, max_context_len=64, device="cpu",
         enable_memory_saver=False, cache_params=cache_params(kind, list(layers)), mamba_layer_ids=list(layers),
         enable_mamba_extra_buffer=extra_buffer, enable_overlap_schedule=True,
         enable_linear_replayssm=flag, linear_replayssm_cache_len=L_)
+    if burn:
+        rtp.mamba_allocator.alloc(burn)
+    return rtp
+
+
+def row_of(rtp, slot: int) -> int:
+    """The request row (ring row) of the running request whose live slot is ``slot`` (0: padding)."""
+    if slot < 0:
+        return 0
+    used = set(range(1, rtp.req_to_token.shape[0])) - set(rtp.free_slots)
+    rows = [r for r in sorted(used) if int(rtp.req_index_to_mamba_index_mapping[r]) == slot]
+    assert len(rows) == 1, f"slot {slot}: running request rows {rows}"
+    return rows[0]
 
 
 def new_req(rid=0):
@@ -81,26 +98,35 @@ class Model:
         T = mp.mamba_cache.temporal
         self.ref = T.to(F64).clone()  # [layers, slots, HV, V, K]
 
-    def write_prefill_state(self, slot: int):
-        """What a prefill leaves in the slot: some state (random), on both sides."""
+    def write_prefill_state(self, slot: int, extend: bool = True):
+        """What a prefill leaves in the slot: some state (random), on both sides. ``extend``: the slot's
+        running request had its prefill forward (the metadata hook's first-extend reset, which clears the
+        row's fresh flag); False: a state written without a forward (a copy, a load-back)."""
         T = self.rtp.mamba_pool.mamba_cache.temporal
         s = torch.randn(T.shape[0], HV, V, K, generator=self.gen) * 0.3
         T[:, slot] = s.to(T.dtype)
         self.ref[:, slot] = T[:, slot].to(F64)
+        if extend:
+            self.rtp.mamba_pool.replayssm_pool.first_extend_([row_of(self.rtp, slot)])
 
-    def step(self, slots, seq_lens=None, mode=None):
+    def step(self, slots, seq_lens=None, mode=None, rows=None):
         """One decode forward over rows with these slots (-1 = padded row) through the patched
-        backend hook; returns the max RMS ratio of the outputs against the conventional path."""
+        backend hook; returns the max RMS ratio of the outputs against the conventional path.
+        ``rows``: the request rows (ring rows) of the batch rows; default: the running request of each
+        slot (``row_of``), 0 for a padded row."""
         from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from replayssm_sglang.sglang_hooks import decode
 
         idx = torch.tensor(slots, dtype=torch.int32)
         B = len(slots)
+        if rows is None:
+            rows = [row_of(self.rtp, int(x)) for x in slots]
         seq_lens = torch.tensor(seq_lens if seq_lens is not None else [1] * B, dtype=torch.int64)
         backend = SimpleNamespace(req_to_token_pool=self.rtp,
                                   forward_metadata=ForwardMetadata(query_start_loc=None, mamba_cache_indices=idx))
-        fb = SimpleNamespace(seq_lens=seq_lens, forward_mode=mode or ForwardMode.DECODE)
+        fb = SimpleNamespace(seq_lens=seq_lens, forward_mode=mode or ForwardMode.DECODE,
+                             req_pool_indices=torch.tensor(rows, dtype=torch.int64))
         worst = 0.0
         for lid, layer in self.layers.items():
             li = self.rtp.mamba_map[lid]
@@ -138,19 +164,27 @@ TOL = 2e-5  # fp32 kernel and fold against the float64 recurrence
 
 
 def h_of(rtp, slot):
-    return rtp.mamba_pool.replayssm_pool.h[:, slot].tolist()
+    """h (per layer) of the running request whose live slot is ``slot``."""
+    return rtp.mamba_pool.replayssm_pool.h[:, row_of(rtp, slot)].tolist()
+
+
+def h_row(rtp, row):
+    """h (per layer) of ring row ``row`` (a request row)."""
+    return rtp.mamba_pool.replayssm_pool.h[:, int(row)].tolist()
 
 
 # --- allocation and budget -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
+    """The ring has one row per request row (SGLang's req_to_token rows: size + the padding row), not
+    one per mamba slot; allocation, the per-row charge and mem_usage agree."""
     from replayssm_sglang.sglang_hooks import pool as P
 
-    rtp = hybrid_pool(sg, kind, layers=(3, 7), mamba_size=6)
+    rtp = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12)
     mp = rtp.mamba_pool
     rp = mp.replayssm_pool
-    assert rp is not None and rp.kind == kind
+    assert rp is not None and rp.kind == kind and rp.keyed_by == "request"
     # upstream's decode ring is neither allocated nor driven
     assert mp.enable_linear_replayssm is False and mp.replayssm_write_pos is None
     assert mp.mamba_cache.replayssm_d is None and mp.mamba_cache.replayssm_g is None
@@ -158,17 +192,61 @@ def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
     GK = 1 if kind == "gdn" else K
     HK = H if kind == "gdn" else HV
     assert (lay.HV, lay.V, lay.K, lay.HK, lay.GK, lay.L) == (HV, V, K, HK, GK, L)
-    assert tuple(rp.u.shape) == (2, 7, HV, L, V) and tuple(rp.k.shape) == (2, 7, HK, L, K)
-    assert tuple(rp.g.shape) == (2, 7, HV, L, GK) and tuple(rp.h.shape) == (2, 7)
-    # budget: what patch 0005 charges per slot is exactly what is allocated per slot
-    per_slot = P.ring_bytes_per_slot(cache_params(kind, [3, 7]), L)
-    assert per_slot * 7 == rp.nbytes()
-    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8)
-    assert per_slot == by_hand
+    rows = rtp.req_to_token.shape[0]
+    assert rows == 5 and mp.mamba_cache.temporal.shape[1] == 14, "request rows, not mamba slots"
+    assert tuple(rp.u.shape) == (2, rows, HV, L, V) and tuple(rp.k.shape) == (2, rows, HK, L, K)
+    assert tuple(rp.g.shape) == (2, rows, HV, L, GK) and tuple(rp.h.shape) == (2, rows)
+    # budget: what patch 0005 charges per request row is exactly what is allocated per row
+    per_row = P.ring_bytes_per_row(cache_params(kind, [3, 7]), L)
+    assert per_row * rows == rp.nbytes()
+    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8) + 4  # + the row's fresh flag
+    assert per_row == by_hand
     # and counted in the pool's reported usage
-    off = hybrid_pool(sg, kind, layers=(3, 7), mamba_size=6, flag=False).mamba_pool
+    off = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12, flag=False).mamba_pool
     assert getattr(off, "replayssm_pool", "missing") is None
     assert abs((mp.mem_usage - off.mem_usage) * (1 << 30) - rp.nbytes()) < 1
+
+
+def test_ring_rows_must_match_the_request_pool(sg):
+    """attach sizes the ring from the request pool size SGLang hands the mamba pool; a mismatch with
+    the request pool is refused at start-up (HybridReqToTokenPool checks it)."""
+    from replayssm_sglang.sglang_hooks import pool as P
+
+    rtp = hybrid_pool(sg)
+    P.check_req_rows(rtp.mamba_pool, rtp.req_to_token.shape[0])
+    with pytest.raises(RuntimeError, match="keyed by request row"):
+        P.check_req_rows(rtp.mamba_pool, rtp.req_to_token.shape[0] + 1)
+    with pytest.raises(RuntimeError, match="keyed by request row"):
+        sg.memory_pool.HybridReqToTokenPool(
+            size=4, mamba_size=6, mamba_spec_state_size=3, max_context_len=64, device="cpu",
+            enable_memory_saver=False, cache_params=cache_params("gdn", [0]), mamba_layer_ids=[0],
+            enable_mamba_extra_buffer=False, enable_overlap_schedule=True, enable_linear_replayssm=True,
+            linear_replayssm_cache_len=L)
+
+
+def test_ring_rows_are_request_rows_and_slot_events_touch_no_row(sg):
+    """A running request's records live in its request row; copying into or clearing other slots
+    (copy-on-write, track copies, clear_slots) and freeing or reusing slots never touch them."""
+    rtp = hybrid_pool(sg, mamba_size=6)
+    m = Model("gdn", rtp)
+    a = new_req(1)
+    rtp.alloc([a])
+    s = int(a.mamba_pool_idx)
+    assert s != a.req_pool_idx, "the test needs a slot that differs from the request row"
+    m.write_prefill_state(s)
+    for _ in range(L + 2):
+        assert m.step([s]) < TOL
+    rp = rtp.mamba_pool.replayssm_pool
+    assert h_row(rtp, a.req_pool_idx) == [2] and int(rp.h[0].sum()) == 2
+    h_before, u_before = rp.h.clone(), rp.u.clone()
+    other = rtp.mamba_allocator.alloc(2)
+    rtp.mamba_pool.copy_from(torch.tensor([s]), other[:1].clone())  # e.g. a track copy of the live slot
+    rtp.mamba_pool.clear_slots(other[1:].clone())
+    rtp.mamba_allocator.free(other)
+    assert torch.equal(rp.h, h_before) and torch.equal(rp.u, u_before)
+    for _ in range(3):
+        assert m.step([s]) < TOL
+    assert m.state_err(s) > 1e-3  # records pending: exactness above came from checkpoint + row
 
 
 def test_flag_off_pool_is_upstreams(sg):
@@ -180,22 +258,25 @@ def test_flag_off_pool_is_upstreams(sg):
 
 def test_fresh_alloc_free_and_reuse_mid_window(sg):
     """A request decodes into the middle of a window and is freed (finish without caching, abort);
-    the next owner of the slot starts from its own prefill state with no records."""
-    rtp = hybrid_pool(sg, mamba_size=1)  # one slot: the second request must reuse it
+    the next owner of its request row and slot starts from its own prefill state with no records."""
+    rtp = hybrid_pool(sg, size=1, mamba_size=1)  # one row and one slot: the second request reuses both
     m = Model("gdn", rtp)
     r1 = new_req(1)
     rtp.alloc([r1])
-    s = int(r1.mamba_pool_idx)
+    s, row = int(r1.mamba_pool_idx), int(r1.req_pool_idx)
+    assert s != row
     m.write_prefill_state(s)
     assert h_of(rtp, s) == [0]
     for _ in range(L + 2):  # one natural flush, then 2 records pending
         assert m.step([s]) < TOL
     assert h_of(rtp, s) == [2]
     rtp.free_mamba_cache(r1)
+    rtp.free(r1)
+    assert h_row(rtp, row) == [2], "nothing runs at free"
     r2 = new_req(2)
     rtp.alloc([r2])
-    assert int(r2.mamba_pool_idx) == s
-    assert h_of(rtp, s) == [0], "a slot entering prefill must start with no records"
+    assert int(r2.mamba_pool_idx) == s and int(r2.req_pool_idx) == row
+    assert h_of(rtp, s) == [0], "a request row entering prefill must start with no records"
     m.write_prefill_state(s)
     for _ in range(3):
         assert m.step([s]) < TOL
@@ -261,21 +342,28 @@ def test_abort_mid_window_then_extend_resets_on_the_forward_stream(sg):
 
 
 def test_prefix_hit_copy_on_write(sg):
-    """A radix node's state (h == 0 by construction) is copied into a new request's slot whose
-    previous owner left records behind; the destination starts with none and decodes exactly."""
-    rtp = hybrid_pool(sg, mamba_size=4)
+    """A radix node's state (exact: no running request owns it) is copied into a new request's slot;
+    the request's row was reset at allocation (its previous owner left records there) and the copy
+    touches no ring row, so the request decodes exactly from the copied checkpoint."""
+    rtp = hybrid_pool(sg, size=2, mamba_size=4)
     m = Model("gdn", rtp)
     a, b = new_req(1), new_req(2)
     rtp.alloc([a, b])
-    node, dst = int(a.mamba_pool_idx), int(b.mamba_pool_idx)
+    node, sb = int(a.mamba_pool_idx), int(b.mamba_pool_idx)
     m.write_prefill_state(node)
-    m.write_prefill_state(dst)
-    m.step([dst])
-    m.step([dst])  # stale records in dst
-    assert h_of(rtp, dst) == [2]
+    m.write_prefill_state(sb)
+    m.step([sb])
+    m.step([sb])  # records in b's row
+    row_b = int(b.req_pool_idx)
+    assert h_row(rtp, row_b) == [2]
+    rtp.free_mamba_cache(b)
+    rtp.free(b)  # b aborted: its row keeps stale records until reused
+    c = new_req(3)
+    rtp.alloc([c])
+    assert int(c.req_pool_idx) == row_b and h_row(rtp, row_b) == [0]
+    dst = int(c.mamba_pool_idx)
     rtp.mamba_pool.copy_from(torch.tensor([node]), torch.tensor([dst]))
     m.ref[:, dst] = m.ref[:, node]
-    assert h_of(rtp, dst) == [0]
     assert m.state_err(dst) == 0.0
     for _ in range(L + 1):
         assert m.step([dst]) < TOL
@@ -315,13 +403,26 @@ def test_legacy_mamba_radix_cache_finish_also_folds(sg):
     src = (sg.tree / "sglang/srt/mem_cache/mamba_radix_cache.py").read_text()
     i = src.index("def cache_finished_req")
     body = src[i: src.index("def cache_unfinished_req")]
-    assert body.index("fold_slots") < body.index("replayssm_write_pos"), "fold before the upstream cap"
+    assert body.index("fold_req") < body.index("replayssm_write_pos"), "fold before the upstream cap"
+
+
+def _kv_allocator(rtp):
+    """The token-to-KV allocator's CPU copy calls as Req.offload_kv_cache / load_kv_cache make them:
+    the mamba part goes to MambaPool.get_cpu_copy / load_cpu_copy (the KV part is not ours)."""
+    mp = rtp.mamba_pool
+    return SimpleNamespace(
+        get_cpu_copy=lambda idx, mamba_indices: mp.get_cpu_copy(mamba_indices.view(-1)),
+        load_cpu_copy=lambda cpu, idx, mamba_indices: mp.load_cpu_copy(cpu, mamba_indices.view(-1)))
 
 
 def test_retraction_cpu_backup_keeps_accepted_updates(sg):
-    """Retraction with CPU backup (upstream #38485): get_cpu_copy folds first, so the backup holds
-    every decoded token; load_cpu_copy restores a slot with no records."""
+    """Retraction with CPU backup (upstream #38485): the patched Req.offload_kv_cache folds the
+    request's ring row into its slot before the copy, so the backup holds every decoded token;
+    Req.load_kv_cache restores into the re-admitted request's slot and drops its row's records."""
+    from sglang.srt.managers.schedule_batch import Req
+
     rtp = hybrid_pool(sg, layers=(0, 1))
+    kv = _kv_allocator(rtp)
     m = Model("gdn", rtp)
     r = new_req()
     rtp.alloc([r])
@@ -330,43 +431,53 @@ def test_retraction_cpu_backup_keeps_accepted_updates(sg):
     for _ in range(L + 3):
         m.step([s])
     assert h_of(rtp, s) == [3, 3]
-    conv_cpu, temporal_cpu = rtp.mamba_pool.get_cpu_copy(torch.tensor([s]))
+    r.seqlen = 9
+    Req.offload_kv_cache(r, rtp, kv)
+    conv_cpu, temporal_cpu = r.kv_cache_cpu
     assert temporal_cpu.device.type == "cpu"
     assert m.state_err(s, temporal_cpu[:, 0]) < TOL, "the backup must hold every accepted update"
-    # restore into another slot (re-admission) whose previous owner left records
-    r2 = new_req(2)
-    rtp.alloc([r2])
-    s2 = int(r2.mamba_pool_idx)
+    assert h_row(rtp, r.req_pool_idx) == [0, 0]
+    ref_state = m.ref[:, s].clone()
+    rtp.free_mamba_cache(r)
+    rtp.free(r)
+    # re-admission: a new request row and slot; the row's previous owner left records behind that
+    # land after the allocation-time reset (an in-flight decode under the overlap scheduler)
+    busy = new_req(5)
+    rtp.alloc([busy])  # take the next row and slot so that r gets fresh ones
+    rtp.alloc([r])
+    s2 = int(r.mamba_pool_idx)
     m.write_prefill_state(s2)
     m.step([s2])
-    assert h_of(rtp, s2) == [1, 1]
-    rtp.mamba_pool.load_cpu_copy((conv_cpu, temporal_cpu), torch.tensor([s2]))
-    m.ref[:, s2] = m.ref[:, s]
-    assert h_of(rtp, s2) == [0, 0]
+    assert h_row(rtp, r.req_pool_idx) == [1, 1]
+    Req.load_kv_cache(r, rtp, kv)
+    m.ref[:, s2] = ref_state
+    assert h_row(rtp, r.req_pool_idx) == [0, 0]
+    assert m.state_err(s2) < TOL
     for _ in range(3):
         assert m.step([s2]) < TOL
 
 
 def test_hicache_load_back_into_a_slot_with_stale_records(sg):
-    """HiCache load-back allocates the request's slot straight from the allocator (no reset) and
-    writes the host state into it; the request then enters HybridReqToTokenPool.alloc with its slot
-    set, which resets the records."""
-    rtp = hybrid_pool(sg, mamba_size=1)  # the load-back gets the stale slot
+    """HiCache load-back allocates the request's slot straight from the allocator and writes the
+    host state into it; the request then enters HybridReqToTokenPool.alloc with its slot set, which
+    resets its request row (stale records of the row's previous owner are dropped)."""
+    rtp = hybrid_pool(sg, size=1, mamba_size=1)  # the load-back gets the stale row and slot
     m = Model("gdn", rtp)
     old = new_req(1)
     rtp.alloc([old])
-    s = int(old.mamba_pool_idx)
+    s, row = int(old.mamba_pool_idx), int(old.req_pool_idx)
     m.write_prefill_state(s)
     m.step([s])
     m.step([s])
-    rtp.free_mamba_cache(old)  # finishes without caching: h stays stale
+    rtp.free_mamba_cache(old)  # finishes without caching
+    rtp.free(old)
     r = new_req(2)
     slot = rtp.mamba_allocator.alloc(1)  # MambaComponent.prepare_load_back
     r.mamba_pool_idx = slot[0]
-    assert int(slot[0]) == s and h_of(rtp, s) == [2], "the slot arrives with stale records"
-    m.write_prefill_state(s)  # the H->D copy of the cached state
+    assert int(slot[0]) == s and h_row(rtp, row) == [2], "the row still holds stale records"
+    m.write_prefill_state(s, extend=False)  # the H->D copy of the cached state
     rtp.alloc([r])
-    assert h_of(rtp, s) == [0]
+    assert int(r.req_pool_idx) == row and h_row(rtp, row) == [0]
     for _ in range(L + 1):
         assert m.step([s]) < TOL
 
@@ -410,25 +521,27 @@ def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
 
 
 def test_cuda_graph_padding_rows_touch_nothing(sg):
-    """Padded rows (slot -1, seq_len fill 1) get zero output and leave every other slot, record
-    and h bit-identical (untouched slots poisoned with 1e30)."""
+    """Padded rows (slot -1, request row 0, seq_len fill 1, as SGLang's _replay_metadata builds them)
+    get zero output and leave every other slot, ring row, record and h bit-identical (poisoned with
+    1e30)."""
     rtp = hybrid_pool(sg, mamba_size=4)
     m = Model("gdn", rtp)
     r = new_req()
     rtp.alloc([r])
-    s = int(r.mamba_pool_idx)
+    s, row = int(r.mamba_pool_idx), int(r.req_pool_idx)
     T = rtp.mamba_pool.mamba_cache.temporal
     rp = rtp.mamba_pool.replayssm_pool
     others = [i for i in range(T.shape[1]) if i != s]
+    other_rows = [i for i in range(rp.rows) if i != row]
     T[:, others] = 1e30
-    rp.u[:, others] = 1e30
+    rp.u[:, other_rows] = 1e30
     m.ref[:, others] = 1e30
     m.write_prefill_state(s)
-    snap = (T[:, others].clone(), rp.u[:, others].clone(), rp.h[:, others].clone())
+    snap = (T[:, others].clone(), rp.u[:, other_rows].clone(), rp.h[:, other_rows].clone())
     for _ in range(L + 1):
-        assert m.step([s, -1, -1], seq_lens=[5, 1, 1]) < TOL
-    assert torch.equal(T[:, others], snap[0]) and torch.equal(rp.u[:, others], snap[1])
-    assert torch.equal(rp.h[:, others], snap[2])
+        assert m.step([s, -1, -1], seq_lens=[5, 1, 1], rows=[row, 0, 0]) < TOL
+    assert torch.equal(T[:, others], snap[0]) and torch.equal(rp.u[:, other_rows], snap[1])
+    assert torch.equal(rp.h[:, other_rows], snap[2])
 
 
 # --- forced flush at radix block boundaries (issue 6) --------------------------------------------
@@ -654,7 +767,8 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
         backend.forward_metadata = ForwardMetadata(query_start_loc=torch.arange(3, dtype=torch.int32),
                                                    mamba_cache_indices=idx, mamba_track_indices=track)
         fb = SimpleNamespace(seq_lens=torch.tensor(seqs), mamba_track_mask=mask, batch_size=2,
-                             forward_mode=ForwardMode.DECODE)
+                             forward_mode=ForwardMode.DECODE,
+                             req_pool_indices=torch.tensor([a.req_pool_idx, b.req_pool_idx]))
         for lid, layer in m.layers.items():
             li = rtp.mamba_map[lid]
             mixed, aa, bb, _, _ = ref.random_decode_inputs(kind, 2, m.H, HV, K, V, generator=m.gen)
@@ -676,35 +790,88 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
 
 
 def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
-    """Overlap scheduler + mixed chunk: a new request's slot was just freed by a request whose
-    last decode is still in flight and bumps h after the allocation-time reset. SGLang clears the
-    fresh slot on the forward stream (clear_slots), which also resets h, so the mixed batch's fold
-    is the identity on it: its prefill starts from a zero state."""
+    """Overlap scheduler + mixed chunk: a new request's row and slot were just freed by a request whose
+    last decode is still in flight and bumps h of the row after the allocation-time reset. The mixed
+    batch's metadata hook resets prefill rows (extending more than one token) on the forward stream
+    before folding, so the fold is the identity on it: its prefill starts from SGLang's cleared state."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    rtp = hybrid_pool(sg, mamba_size=1)
+    rtp = hybrid_pool(sg, size=1, mamba_size=1)
     m = Model("gdn", rtp)
     old = new_req(1)
     rtp.alloc([old])
-    s = int(old.mamba_pool_idx)
+    s, row = int(old.mamba_pool_idx), int(old.req_pool_idx)
     m.write_prefill_state(s)
     rtp.free_mamba_cache(old)
+    rtp.free(old)
     new = new_req(2)
     rtp.alloc([new])
-    assert int(new.mamba_pool_idx) == s and new.mamba_needs_clear
-    m.step([s])
-    m.step([s])  # the old owner's in-flight decode lands after the reset
-    assert h_of(rtp, s) == [2]
+    assert int(new.mamba_pool_idx) == s and int(new.req_pool_idx) == row and new.mamba_needs_clear
+    m.step([s], rows=[row])
+    m.step([s], rows=[row])  # the old owner's in-flight decode lands after the reset
+    assert h_row(rtp, row) == [2]
     rtp.mamba_pool.clear_slots(torch.tensor([s]))  # ModelRunner._maybe_execute_deferred_mamba_cow_and_clear
-    assert h_of(rtp, s) == [0]
     backend = object.__new__(MambaAttnBackendBase)
     backend.req_to_token_pool, backend.device = rtp, "cpu"
     fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.tensor([new.req_pool_idx]), mamba_track_indices=None,
                          mamba_track_mask=None, _original_batch_size=None, forward_mode=ForwardMode.MIXED,
                          extend_start_loc=torch.tensor([0]), extend_seq_lens=torch.tensor([6]))
     MambaAttnBackendBase._forward_metadata(backend, fb)
+    assert h_row(rtp, row) == [0]
     assert torch.count_nonzero(rtp.mamba_pool.mamba_cache.temporal[:, s]) == 0
+
+
+def test_mixed_chunk_new_request_extending_one_token_drops_racing_stale_records(sg):
+    """Overlap scheduler + mixed chunk, the corner the extend length cannot tell: a new request whose
+    first forward extends exactly one token (a prefix hit up to its last token, copied into its slot),
+    in a MIXED batch beside a decoding row. Its request row was just freed by a request whose last
+    decode lands after the allocation-time reset. The row is flagged fresh at allocation, so the
+    metadata hook resets it (not folds the stale records into the copied state); the decoding row is
+    folded as usual, and both decode exactly afterwards."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    rtp = hybrid_pool(sg, size=2, mamba_size=4)
+    m = Model("gdn", rtp)
+    d, old = new_req(1), new_req(2)
+    rtp.alloc([d, old])
+    sd, s_old, row = int(d.mamba_pool_idx), int(old.mamba_pool_idx), int(old.req_pool_idx)
+    m.write_prefill_state(sd)
+    m.write_prefill_state(s_old)
+    for _ in range(2):
+        m.step([sd])
+    rtp.free_mamba_cache(old)
+    rtp.free(old)
+    new = new_req(3)
+    rtp.alloc([new])
+    s_new = int(new.mamba_pool_idx)
+    assert int(new.req_pool_idx) == row
+    m.write_prefill_state(s_new, extend=False)  # the copied prefix state; its first forward is the mixed one
+    m.step([s_old], rows=[row])  # the old owner's in-flight decode lands after the reset
+    m.step([s_old], rows=[row])
+    m.ref[:, s_old] = rtp.mamba_pool.mamba_cache.temporal[:, s_old].to(F64)
+    assert h_row(rtp, row) == [2] and h_of(rtp, sd) == [2]
+    before = rtp.mamba_pool.mamba_cache.temporal[:, s_new].clone()
+    backend = object.__new__(MambaAttnBackendBase)
+    backend.req_to_token_pool, backend.device = rtp, "cpu"
+    fb = SimpleNamespace(batch_size=2, req_pool_indices=torch.tensor([new.req_pool_idx, d.req_pool_idx]),
+                         mamba_track_indices=None, mamba_track_mask=None, _original_batch_size=None,
+                         forward_mode=ForwardMode.MIXED, extend_start_loc=torch.tensor([0, 1]),
+                         extend_seq_lens=torch.tensor([1, 1]))
+    meta = MambaAttnBackendBase._forward_metadata(backend, fb)
+    assert meta.mamba_cache_indices.tolist() == [s_new, sd]
+    assert h_row(rtp, row) == [0], "the fresh row is reset, not folded"
+    assert torch.equal(rtp.mamba_pool.mamba_cache.temporal[:, s_new], before)
+    assert h_of(rtp, sd) == [0] and m.state_err(sd) < TOL, "the decoding row is folded"
+    for _ in range(L + 1):
+        assert m.step([s_new, sd]) < TOL
+    # the flag is cleared by the first extend: a later mixed batch folds the row like any decoding row
+    assert h_of(rtp, s_new) != [0]
+    fb.req_pool_indices = torch.tensor([new.req_pool_idx])
+    fb.batch_size, fb.extend_start_loc, fb.extend_seq_lens = 1, torch.tensor([0]), torch.tensor([1])
+    MambaAttnBackendBase._forward_metadata(backend, fb)
+    assert h_of(rtp, s_new) == [0] and m.state_err(s_new) < TOL
 
 
 def test_forced_mask_computed_once_per_forward_and_recomputed_for_new_lengths(sg):
@@ -726,34 +893,47 @@ def test_forced_mask_computed_once_per_forward_and_recomputed_for_new_lengths(sg
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_budget_charges_the_ring_per_slot(sg, kind):
+@pytest.mark.parametrize("max_running", [None, 40])
+def test_budget_charges_the_ring_per_request_row(sg, kind, max_running):
     """Patch 0005 through SGLang's own solver (KVCacheConfigurator._handle_max_mamba_cache, ratio
-    path): with the flag the per-slot cost is state + ring, so fewer slots fit the same budget and
-    the memory left for KV is what the budget minus (slots + 1) * (state + ring) leaves."""
+    path): with the flag the ring is charged per request row, once: K mamba slots and
+    R + 1 = min(K // ratio, max running requests) + 1 ring rows fit the budget, one more slot would
+    not, and the memory left for KV is the budget minus both. Fewer slots than without the flag, more
+    than with the ring charged per slot (the old charge)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.runtime_context import get_context, get_schedule
     from replayssm_sglang.sglang_hooks import pool as P
 
     cp = cache_params(kind, list(range(12)))
-    rest_gb, ratio, Lr = 8.0, 0.9, 16
+    rest_gb, mratio, Lr, ratio = 8.0, 0.9, 16, 3
     got = {}
     for flag in (False, True):
         with get_context().override_server_args(enable_linear_replayssm=flag, linear_replayssm_cache_len=Lr,
-                                                mamba_full_memory_ratio=ratio) as sa:
+                                                mamba_full_memory_ratio=mratio,
+                                                max_running_requests=max_running) as sa:
             fake = SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=cp), server_args=sa,
                                    ps=SimpleNamespace(pp_size=1, attn_dp_size=1),
                                    spec_algorithm=SimpleNamespace(is_none=lambda: True),
                                    hybrid_gdn_config=object() if kind == "gdn" else None,
-                                   model_config=SimpleNamespace(hf_config=None, num_hidden_layers=24))
+                                   model_config=SimpleNamespace(hf_config=None, num_hidden_layers=24),
+                                   _calculate_mamba_ratio=lambda: ratio)
             left = KVCacheConfigurator._handle_max_mamba_cache(fake, rest_gb)
             got[flag] = (get_schedule().max_mamba_cache_size, left)
-    budget = rest_gb * ratio / (1 + ratio) * (1 << 30)
-    for flag, per_slot in ((False, cp.mamba_cache_per_req),
-                           (True, cp.mamba_cache_per_req + P.ring_bytes_per_slot(cp, Lr))):
-        k, left = got[flag]
-        assert k == int((budget - per_slot) // per_slot)
-        assert abs(left - (rest_gb - (k + 1) * per_slot / (1 << 30))) < 1e-9
-    assert got[True][0] < got[False][0]
+    budget = rest_gb * mratio / (1 + mratio) * (1 << 30)
+    per, ring = cp.mamba_cache_per_req, P.ring_bytes_per_row(cp, Lr)
+    k_off, left_off = got[False]
+    assert k_off == int((budget - per) // per)
+    assert abs(left_off - (rest_gb - (k_off + 1) * per / (1 << 30))) < 1e-9
+    k, left = got[True]
+
+    def rows(kk):
+        r = kk // ratio
+        return (r if max_running is None else min(r, max_running)) + 1
+
+    assert (k + 1) * per + rows(k) * ring <= budget < (k + 2) * per + rows(k + 1) * ring
+    assert abs(left - (rest_gb - ((k + 1) * per + rows(k) * ring) / (1 << 30))) < 1e-9
+    per_slot_k = int((budget - per - ring) // (per + ring))  # the ring charged per slot, as before
+    assert per_slot_k < k < k_off
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

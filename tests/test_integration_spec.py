@@ -55,12 +55,14 @@ def spec_pool(sg, kind, *, layers=(0, 1), size=4, mamba_size=8, extra_buffer=Fal
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(sg.memory_pool, "torch", _CpuTorch())
-        return sg.memory_pool.HybridReqToTokenPool(
+        rtp = sg.memory_pool.HybridReqToTokenPool(
             size=size, mamba_size=mamba_size, mamba_spec_state_size=size, max_context_len=64, device="cpu",
             enable_memory_saver=False, cache_params=cache_params(kind, list(layers)), mamba_layer_ids=list(layers),
             enable_mamba_extra_buffer=extra_buffer, enable_overlap_schedule=True,
             enable_linear_replayssm=flag, linear_replayssm_cache_len=L_,
             speculative_num_draft_tokens=T_, speculative_eagle_topk=1)
+        rtp.mamba_allocator.alloc(1)  # burn a slot: requests' slots then differ from their (ring) rows
+        return rtp
     finally:
         mp.undo()
 
@@ -128,6 +130,10 @@ class Stream:
         self.lower_bound = lower_bound
         self.temporal = self.mp.mamba_cache.temporal
         self.ref = self.temporal.to(F64).clone()
+        self.row = {}  # live slot -> request row (the ring row)
+
+    def rows(self, slots, pad=0):
+        return torch.tensor([self.row[x] for x in slots] + [0] * pad, dtype=torch.int64)
 
     # conv is not ours: identity, and the per-draft windows get fresh random values
     def _conv(self, x, conv_state, *a, intermediate_conv_window=None, intermediate_state_indices=None, **k):
@@ -148,6 +154,8 @@ class Stream:
         reqs = [new_req(i) for i in range(n)]
         self.rtp.alloc(reqs)
         slots = [int(r.mamba_pool_idx) for r in reqs]
+        self.row.update({int(r.mamba_pool_idx): int(r.req_pool_idx) for r in reqs})
+        assert all(s != self.row[s] for s in slots), "slots must differ from the ring rows"
         for s in slots:
             st = torch.randn(self.temporal.shape[0], HV, V, K, generator=self.gen) * 0.3
             self.temporal[:, s] = st.to(self.temporal.dtype)
@@ -167,7 +175,7 @@ class Stream:
         B = len(slots)
         self.backend.forward_metadata = self._metadata(idx)
         fb = SimpleNamespace(seq_lens=torch.tensor(seq_lens), mamba_track_mask=None,
-                             batch_size=B, forward_mode=ForwardMode.DECODE)
+                             batch_size=B, forward_mode=ForwardMode.DECODE, req_pool_indices=self.rows(slots))
         for lid, layer in self.layers.items():
             li = self.rtp.mamba_map[lid]
             mixed, a, b, _, _ = ref.random_decode_inputs(self.kind, B, self.Hk, HV, K, V, generator=self.gen)
@@ -189,7 +197,8 @@ class Stream:
         Bp = B + pad
         self.backend.forward_metadata = self._metadata(idx, track)
         fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY,
-                             spec_info=SimpleNamespace(draft_token_num=T, ragged_verify_layout=None))
+                             spec_info=SimpleNamespace(draft_token_num=T, ragged_verify_layout=None),
+                             req_pool_indices=self.rows(slots, pad))
         drafts = {}
         for lid, layer in self.layers.items():
             li = self.rtp.mamba_map[lid]
@@ -232,14 +241,14 @@ class Stream:
                 j = torch.arange(T)
                 accept_index = torch.where(j[None, :] < acc[:, None], torch.arange(B)[:, None] * T + j[None, :], -1)
                 batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, mamba_track_indices=None,
-                                        seq_lens=torch.tensor([64] * B), req_pool_indices=torch.arange(B))
+                                        seq_lens=torch.tensor([64] * B), req_pool_indices=self.rows(slots))
                 spec_utils.commit_mamba_states_after_verify(worker, batch, acc, accept_index, T)
             finally:
                 mp.undo()
         else:
             HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(
                 fake, last_correct_step_indices=last, mamba_track_indices=track,
-                mamba_steps_to_track=steps_to_track, model=None, req_pool_indices=None)
+                mamba_steps_to_track=steps_to_track, model=None, req_pool_indices=self.rows(slots, pad))
         # the commit never writes a live checkpoint (only track slots, if any)
         assert torch.equal(self.temporal[:, idx[:B].long()], live_before)
         # SGLang's conv rollback ran on the state slots (and the track slots when tracking)
@@ -254,13 +263,13 @@ class Stream:
     def exact_state(self, slot):
         """The state the ring holds for ``slot`` (checkpoint + committed records), all layers,
         computed without touching the ring."""
-        s = torch.tensor([slot])
-        return torch.stack([self.rp._state_after(self.temporal, li, s, self.rp.h[li, s])[0]
+        s, r = torch.tensor([slot]), torch.tensor([self.row[slot]])
+        return torch.stack([self.rp._state_after(self.temporal, li, s, self.rp.h[li, r], r)[0]
                             for li in range(self.rp.num_layers)])
 
     def check_committed(self, slots):
         for s in slots:
-            assert len(set(self.rp.h[:, s].tolist())) == 1, "all layers hold the same h"
+            assert len(set(self.rp.h[:, self.row[s]].tolist())) == 1, "all layers hold the same h"
             assert rms_ratio(self.exact_state(s).to(F64), self.ref[:, s]) < TOL, f"slot {s}"
 
 
@@ -278,7 +287,7 @@ def test_verify_and_decode_steps_mix_in_one_request(sg, kind, lower_bound, monke
     kinds = ["verify", "verify", "decode", "verify", "decode", "decode", "verify", "verify"]
     prefolds = full_decodes = 0
     for i, step in enumerate(kinds):
-        h = s.rp.h[0, slots].clone()
+        h = s.rp.h[0, s.rows(slots)].clone()
         if step == "decode":
             full_decodes += int((h == L).sum())  # a decode that must fold first (only after a verify)
             seq = [x + 1 for x in seq]
@@ -298,10 +307,10 @@ def test_verify_and_decode_steps_mix_in_one_request(sg, kind, lower_bound, monke
     # finish (no_buffer) / retraction backup: the fold makes the checkpoint itself exact
     from replayssm_sglang.sglang_hooks import pool as P
 
-    P.fold_slots(s.rtp, torch.tensor(slots))
+    P.fold_requests(s.rtp, torch.tensor(slots), s.rows(slots))
     for x in slots:
         assert rms_ratio(s.temporal[:, x].to(F64), s.ref[:, x]) < TOL
-        assert s.rp.h[:, x].tolist() == [0, 0]
+        assert s.rp.h[:, s.row[x]].tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -318,7 +327,7 @@ def test_boundary_inside_an_accepted_run_goes_exactly_to_the_track_slot(sg, kind
     track = torch.tensor([int(r.mamba_ping_pong_track_buffer[r.mamba_next_track_idx]) for r in reqs])
     sentinel = torch.full_like(s.temporal[:, track[1]], 1e30)
     s.temporal[:, track[1]] = sentinel
-    h_before = s.rp.h[0, slots].tolist()
+    h_before = s.rp.h[0, s.rows(slots)].tolist()
     steps = torch.tensor([1, -1])  # row 0 crosses a boundary after its draft 1
     drafts = s.verify(slots, [3, 2], track=track, steps_to_track=steps)
     assert h_before[0] + T > L, "the boundary step also pre-folds"
@@ -354,6 +363,21 @@ def test_backend_setup_checks_the_resolved_draft_shape(sg):
         decode.setup(be, runner(speculative_eagle_topk=4))
     with pytest.raises(RuntimeError, match="sized for 3 draft tokens, the server verifies 2"):
         decode.setup(be, runner(speculative_num_draft_tokens=2))
+
+
+def test_commit_without_request_rows_is_refused(sg, monkeypatch):
+    """The ring is keyed by request row: a commit caller that passes no req_pool_indices (the DSPARK /
+    DFLASH direct callers, refused at start-up anyway) gets an error, not a commit into wrong rows."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+    s = Stream(sg, "gdn", monkeypatch)
+    _, slots = s.admit(1)
+    s.backend.forward_metadata = s._metadata(torch.tensor(slots, dtype=torch.int32))
+    fake = SimpleNamespace(linear_attn_backend=s.backend)
+    with pytest.raises(RuntimeError, match="needs the batch's request rows"):
+        HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(
+            fake, last_correct_step_indices=torch.tensor([0]), mamba_track_indices=None,
+            mamba_steps_to_track=None, model=None)
 
 
 def test_ragged_verify_layout_is_refused(sg, monkeypatch):

@@ -54,7 +54,18 @@ def forward_decode(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: torc
     return rp.decode(layer_idx=layer_idx, mixed_qkv=mixed_qkv, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
                      scale=layer.head_k_dim ** -0.5, ssm_states=ssm_states, cache_indices=cache_indices,
                      forced=forced, num_v_heads=layer.num_v_heads, head_v_dim=layer.head_v_dim,
-                     lower_bound=lower_bound)
+                     lower_bound=lower_bound, ring_idx=ring_rows(forward_batch, cache_indices))
+
+
+def ring_rows(forward_batch: Any, cache_indices: torch.Tensor) -> torch.Tensor:
+    """The ring row of each batch row: the request rows (``forward_batch.req_pool_indices``, a static
+    buffer under CUDA graphs; padded rows hold SGLang's padding row 0 and slot -1, so they are skipped)."""
+    rows = forward_batch.req_pool_indices
+    n = cache_indices.shape[0]
+    if rows is None or rows.shape[0] < n:
+        raise RuntimeError("--enable-linear-replayssm: the ring is keyed by request row and this forward has "
+                           f"no req_pool_indices for its {n} rows")
+    return rows[:n]
 
 
 def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.Tensor) -> None:
@@ -64,22 +75,27 @@ def before_extend(backend: Any, forward_batch: Any, mamba_cache_indices: torch.T
       extends, with no records (h := 0);
     * ForwardMode.MIXED (--enable-mixed-chunk): decoding rows are read by the chunk kernel, so
       their records are folded into the checkpoint first; prefill rows (extending more than one
-      token) are reset, so stale records of a slot's previous owner never reach their state.
+      token) are reset, so stale records of a request row's previous owner never reach their state.
+    The ring rows are the request rows (``forward_batch.req_pool_indices``), the slots the checkpoints.
     A target-verify forward (speculative decoding, patch 0006) changes nothing here: its rows are
     decoding rows whose records the verify kernel reads.
-    Padded rows (-1) map to SGLang's padding slot 0, which never holds records."""
+    Padded rows (slot -1) map to SGLang's padding slot 0 and padding request row 0, which never
+    holds records."""
     rp = pool.of(backend.req_to_token_pool)
     if rp is None:
         return
     slots = mamba_cache_indices.clamp(min=0)
     mode = forward_batch.forward_mode
     if mode.is_mixed():
-        # rows extending more than one token are prefill chunks: reset (a decoding row extends
-        # exactly one); the rest are folded (the identity for a 1-token prefill row with h = 0)
+        rows = ring_rows(forward_batch, slots).to(slots.device)
+        rows = torch.where(mamba_cache_indices >= 0, rows, torch.zeros_like(rows))
+        # rows extending more than one token are prefill chunks, and rows in their first forward since
+        # allocation (``fresh``) are new requests: reset (a decoding row extends exactly one, and so may
+        # a new request after a long prefix hit); the rest are folded
         ext = getattr(forward_batch, "extend_seq_lens", None)
-        if ext is not None:
-            ext = ext.to(slots.device)
-            rp.reset_(torch.where(ext > 1, slots, torch.zeros_like(slots)))
-        pool.fold_slots(backend.req_to_token_pool, slots)
+        rp.first_extend_(rows, None if ext is None else ext.to(slots.device) > 1)
+        pool.fold_requests(backend.req_to_token_pool, slots, rows)
     elif mode.is_extend() and not mode.is_target_verify():
-        rp.reset_(slots)
+        rows = ring_rows(forward_batch, slots).to(slots.device)
+        rp.first_extend_(torch.where(mamba_cache_indices >= 0, rows, torch.zeros_like(rows)),
+                         torch.ones_like(rows, dtype=torch.bool))

@@ -1,16 +1,28 @@
 """Our ReplaySSM ring inside SGLang's mamba pool: allocation, budget and the lifecycle hooks.
 
-Patch 0002 calls ``attach`` at the end of ``MambaPool.__init__`` (flag on, spec flag off) and the
-lifecycle hooks from ``HybridReqToTokenPool.alloc`` (reset), ``MambaPool.copy_from`` (reset the
-destination), ``MambaPool.get_cpu_copy`` (fold) / ``load_cpu_copy`` (reset); patch 0004 folds
-where the radix cache keeps a live slot; patch 0003 runs ``ReplayPool.decode`` from the GDN/KDA
-decode paths and resets/folds the rows of an extend batch on the forward stream; patch 0006 runs
-``ReplayPool.verify`` from the target-verify paths and ``materialize_`` / ``commit_verify`` from
-SGLang's post-acceptance commit (sglang_hooks/verify.py).
+The ring is keyed by **request row** (SGLang's ``req_pool_idx``, docs/integration.md "Memory"): a
+request's exact state is the checkpoint in its mamba slot (``req.mamba_pool_idx``) plus the
+committed records of its ring row (``req.req_pool_idx``). Only running requests decode, so only
+request rows own ring storage: ``rows`` = the request pool's rows (``max_running_requests + 1``,
+row 0 being SGLang's padding row), not the mamba pool's slots (about 3x as many with the radix
+cache: radix-node and track slots never decode). Every kernel launch takes the slot per batch row
+(the checkpoint) and the ring row per batch row (``ring_idx`` = ``forward_batch.req_pool_indices``).
 
-Invariant: only *live* slots (a running request's ``mamba_pool_idx``) are ever folded. A slot in
-any other role (radix node, extra_buffer track slot, free) may carry a stale h from an earlier
-life; nobody reads it, and every path that makes a slot live resets it.
+Patch 0002 calls ``attach`` at the end of ``MambaPool.__init__`` (flag on, spec flag off; the ring's
+rows are the request pool's, checked by ``check_req_rows`` from ``HybridReqToTokenPool``), resets
+the ring rows of requests entering prefill (``HybridReqToTokenPool.alloc``), folds a retracted
+request's row into its slot before the CPU backup (``Req.offload_kv_cache``) and resets it after the
+restore (``Req.load_kv_cache``); patch 0004 folds where the radix cache keeps a finished request's
+live slot; patch 0003 runs ``ReplayPool.decode`` from the GDN/KDA decode paths and resets/folds the
+rows of an extend batch on the forward stream; patch 0006 runs ``ReplayPool.verify`` from the
+target-verify paths and ``materialize_`` / ``commit_verify`` from SGLang's post-acceptance commit
+(sglang_hooks/verify.py).
+
+Invariant: a ring row holds records only while its request is running; it is reset whenever a
+request row is allocated (and again at the request's first extend, on the forward stream), and a
+fold writes the records into the request's own slot. Slot-level events (copy-on-write, clearing,
+track copies, donation to the radix tree, eviction) touch no ring row: a slot without a running
+request has no records anywhere, so its checkpoint is its exact state.
 
 The protocol (h, flush rule, record layout) is ring.py's; this module only owns *where* the ring
 lives and *when* SGLang's slot lifecycle forces a fold or a reset:
@@ -116,19 +128,55 @@ def effective_read_dtype(read_dtype: str, state_dtype: torch.dtype) -> str:
     return read_dtype
 
 
-def ring_bytes_per_slot(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1,
-                        read_dtype: str = "same") -> int:
-    """Bytes our ring adds per ring slot, over all linear layers of this rank. This is the number
-    patch 0005 charges in SGLang's mamba memory budget next to ``mamba_cache_per_req``; with a read
-    copy (``read_dtype`` bf16/fp8_e4m3) it includes the copy, its scales and ``rc_valid``."""
+def ring_bytes_per_row(cache_params: Any, L: int, num_layers: int | None = None, T_max: int = 1,
+                       read_dtype: str = "same") -> int:
+    """Bytes our ring adds per ring row (one per request row), over all linear layers of this rank.
+    Patch 0005 charges it in SGLang's mamba memory budget per request row (``budget_mamba_slots``);
+    with a read copy (``read_dtype`` bf16/fp8_e4m3) it includes the copy, its scales and ``rc_valid``."""
     lay = layout_from_cache_params(cache_params, L, T_max)
     n = len(cache_params.layers) if num_layers is None else int(num_layers)
     rec = record_dtype_for(cache_params.dtype.temporal)
     rc = 0
     if effective_read_dtype(read_dtype, cache_params.dtype.temporal) != "same":
         rc = precision.read_copy_bytes(lay.HV, lay.V, lay.K, read_dtype) + 4  # + rc_valid (int32)
-    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid]
-    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc)
+    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid]; per row: ``fresh``
+    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc) + 4
+
+
+ring_bytes_per_slot = ring_bytes_per_row  # the name patch 0005 used while the ring was per slot
+
+
+def budget_mamba_slots(mamba_budget_bytes: float, per_slot: int, ring_per_row: int, ratio: int,
+                       max_reqs: int | None = None) -> int:
+    """Patch 0005's joint solve with the ring charged per request row: the largest K (mamba slots,
+    padding slot excluded) with ``(K + 1) * per_slot + (R + 1) * ring_per_row <= budget`` where R, the
+    request rows SGLang can then admit, is ``K // ratio`` (``resolve_max_num_reqs`` caps the running
+    requests at ``max_mamba_cache_size // ratio``), or ``max_reqs`` when that is smaller."""
+    budget = int(mamba_budget_bytes)
+    if ring_per_row <= 0:
+        return (budget - per_slot) // per_slot
+    # R = K // ratio <= K / ratio: solve the relaxed equation (a feasible K), then step to the largest
+    K = int((budget - per_slot - ring_per_row) // (per_slot + ring_per_row / ratio))
+    if max_reqs is not None:
+        K = max(K, int((budget - per_slot - (max_reqs + 1) * ring_per_row) // per_slot))
+
+    def cost(k: int) -> int:
+        r = k // ratio if max_reqs is None else min(k // ratio, max_reqs)
+        return (k + 1) * per_slot + (r + 1) * ring_per_row
+
+    while K > 0 and cost(K) > budget:
+        K -= 1
+    while cost(K + 1) <= budget:  # the relaxed bound may sit a few slots below the largest K (floors)
+        K += 1
+    return K
+
+
+def ring_rows_for(max_mamba_cache_size: int, ratio: int, max_reqs: int | None = None) -> int:
+    """Request rows (padding row included) the budget charges the ring for: ``min(K // ratio, max_reqs) + 1``."""
+    r = int(max_mamba_cache_size) // int(ratio)
+    if max_reqs is not None:
+        r = min(r, int(max_reqs))
+    return r + 1
 
 
 @dataclass
@@ -157,9 +205,17 @@ class ReplayPool:
     rc: torch.Tensor | None = None  # read copy of the checkpoint (--linear-replayssm-read-dtype)
     rc_scale: torch.Tensor | None = None  # fp8: one fp32 scale per (layer, slot, head, V-row)
     rc_valid: torch.Tensor | None = None  # 1 while rc == round(checkpoint)
-    # every slot index of the mamba pool has a ring row (attach: rows == the pool's slots), so a slot
-    # index never needs mapping to the padding row; False (the safe default) keeps the mapping
-    covers_all_slots: bool = False
+    # every ring index the lifecycle hooks pass has a row (attach: rows == the request pool's rows), so
+    # an index never needs mapping to the padding row; False (the safe default) keeps the mapping
+    covers_all_rows: bool = False
+    # "request": ring row = SGLang request row (attach); every launch and fold names the ring rows.
+    # "slot": ring row = state slot (a pool built directly, as in kernel tests): rows may be omitted.
+    keyed_by: str = "slot"
+    # [rows] int32: 1 from a request row's allocation (``admit_``) to its first extend forward
+    # (``before_extend``), which then resets the row on the forward stream whatever the batch mode.
+    # Under the overlap scheduler the previous owner's last (discarded) decode may still be in flight
+    # when the row is allocated and bump h after the allocation-time reset; this flag survives that.
+    fresh: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
@@ -197,7 +253,7 @@ class ReplayPool:
         return "fp8_e4m3" if self.rc.dtype == torch.float8_e4m3fn else "bf16"
 
     def nbytes(self) -> int:
-        ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid)
+        ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid, self.fresh)
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def ring(self, layer_idx: int) -> ringmod.Ring:
@@ -208,22 +264,29 @@ class ReplayPool:
                             rc_valid=pick(self.rc_valid))
 
     # --- lifecycle -----------------------------------------------------------------------------
-    def _rows_of(self, slots) -> torch.Tensor:
-        """Slots as a long tensor on the ring's device; a slot without ring storage maps to row 0
-        (SGLang's padding slot: never decoded, h always 0), so no host sync is needed to drop it.
-        When every slot has a row (``covers_all_slots``) that mapping is the identity and is skipped:
+    def _rows_of(self, rows) -> torch.Tensor:
+        """Ring rows as a long tensor on the ring's device; an index without ring storage maps to row 0
+        (SGLang's padding row: never decoded, h always 0), so no host sync is needed to drop it.
+        When every index has a row (``covers_all_rows``) that mapping is the identity and is skipped:
         these run on every extend batch (several lifecycle resets), so each launch saved counts."""
-        s = torch.as_tensor(slots, device=self.h.device).reshape(-1).to(torch.long)
-        if self.covers_all_slots:
+        s = torch.as_tensor(rows, device=self.h.device).reshape(-1).to(torch.long)
+        if self.covers_all_rows:
             return s
         return torch.where(s < self.rows, s, torch.zeros_like(s))
 
+    def _ring_idx(self, ring_idx, what: str):
+        """The ring rows a launch uses: ``ring_idx`` as given; None is only valid for a slot-keyed pool."""
+        if ring_idx is None and self.keyed_by == "request":
+            raise RuntimeError(f"--enable-linear-replayssm: {what} on a ring keyed by request row needs the "
+                               "request rows (forward_batch.req_pool_indices) as ring_idx")
+        return ring_idx
+
     def invalidate_read_copy_(self, slots, layer_idx: int | None = None) -> None:
-        """The checkpoints of these slots were (or are about to be) written without their read copy:
-        clear ``rc_valid`` in every layer (or in ``layer_idx`` only), so their next decode step is a
+        """The checkpoints behind these ring rows were (or are about to be) written without their read
+        copy: clear ``rc_valid`` in every layer (or in ``layer_idx`` only), so their next decode step is a
         forced flush. A no-op without a read copy. Device ops only (no host sync, graph-capturable);
-        a slot < 0 or without ring storage maps to SGLang's padding slot 0, whose copy is never read
-        by a real request (clearing it costs nothing)."""
+        a row < 0 or without ring storage maps to SGLang's padding row 0, whose copy is never read
+        by a real request (clearing it costs nothing). (The read copy lives with the ring: per ring row.)"""
         if self.rc_valid is None:
             return
         s = torch.as_tensor(slots, device=self.rc_valid.device).reshape(-1).to(torch.long)
@@ -236,49 +299,87 @@ class ReplayPool:
             self.rc_valid[int(layer_idx)].index_fill_(0, s, 0)
 
     def reset_(self, slots) -> None:
-        """Forget the records of these slots in every layer (their checkpoint is exact as it is, and
-        was written by someone else: the read copy is invalidated too). Slots must be real (>= 0)."""
+        """Forget the records of these ring rows in every layer (their request's checkpoint is exact as it
+        is, and was written by someone else: the read copy is invalidated too). Rows must be real (>= 0);
+        for a request-keyed pool these are request rows (``req_pool_idx``)."""
         s = self._rows_of(slots)
         if s.numel():
             self.h.index_fill_(1, s, 0)  # one launch (h[:, s] = 0 is an index_put over a broadcast index)
             self.invalidate_read_copy_(s)
 
-    def _state_after(self, temporal: torch.Tensor, li: int, s: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        """The exact state of slots ``s`` after their first ``n`` records (per row, 0 <= n <= cap) in
-        layer ``li``: checkpoint decayed to record n-1 plus the rank-1 terms of records 0..n-1.
-        Returned in float32 (float64 when the state is float64); nothing is written."""
+    def admit_(self, rows) -> None:
+        """Request rows allocated to requests entering prefill (``HybridReqToTokenPool.alloc``): reset
+        them and flag them fresh until their first extend forward (``before_extend``)."""
+        r = self._rows_of(rows)
+        if r.numel():
+            self.reset_(r)
+            if self.fresh is not None:
+                self.fresh.index_fill_(0, r, 1)
+
+    def first_extend_(self, rows, reset_mask: torch.Tensor | None = None) -> None:
+        """An extend forward over request rows (``before_extend``, forward stream): reset the rows in
+        ``reset_mask`` (None: all) and every row still flagged fresh, then clear the flag. Padded rows
+        map to row 0. Device ops only."""
+        r = self._rows_of(rows)
+        if r.numel() == 0:
+            return
+        if self.fresh is not None:
+            fresh = self.fresh.index_select(0, r) != 0
+            reset_mask = fresh if reset_mask is None else (reset_mask.to(r.device) | fresh)
+        if reset_mask is None:
+            self.reset_(r)
+        else:
+            self.reset_(torch.where(reset_mask.to(r.device), r, torch.zeros_like(r)))
+        if self.fresh is not None:
+            self.fresh.index_fill_(0, r, 0)
+
+    def _state_after(self, temporal: torch.Tensor, li: int, s: torch.Tensor, n: torch.Tensor,
+                     r: torch.Tensor | None = None) -> torch.Tensor:
+        """The exact state of slots ``s`` after the first ``n`` records (per row, 0 <= n <= cap) of ring
+        rows ``r`` (None: ``s``) in layer ``li``: checkpoint decayed to record n-1 plus the rank-1 terms
+        of records 0..n-1. Returned in float32 (float64 when the state is float64); nothing is written."""
+        if r is None:
+            r = s
         lay = self.layout
         acc = torch.float64 if temporal.dtype == torch.float64 else torch.float32
         grp = torch.arange(lay.HV, device=temporal.device) // (lay.HV // lay.HK)
         j = torch.arange(lay.cap, device=temporal.device)
         n = n.to(torch.long)
         valid = j[None, :] < n[:, None]  # [m, cap]
-        G = self.g[li, s].to(acc)  # [m, HV, cap, GK]
+        G = self.g[li, r].to(acc)  # [m, HV, cap, GK]
         last = (n - 1).clamp(min=0)
         G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
         G_ref = torch.where((n > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [m, HV, GK]
         w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
-        kk = self.k[li, s][:, grp].to(acc)  # [m, HV, cap, K]
-        uu = torch.where(valid[:, None, :, None], self.u[li, s].to(acc), torch.zeros((), dtype=acc, device=G.device))
+        kk = self.k[li, r][:, grp].to(acc)  # [m, HV, cap, K]
+        uu = torch.where(valid[:, None, :, None], self.u[li, r].to(acc), torch.zeros((), dtype=acc, device=G.device))
         C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
         return C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
 
-    def fold_(self, temporal: torch.Tensor, slots) -> None:
-        """Fold every committed record of these slots into their checkpoints, all layers, and set
-        h := 0. ``temporal`` is SGLang's state pool ``[layers, slots, HV, V, K]``. Afterwards
-        ``temporal[:, s]`` is the exact state after every token the slot has decoded (the
-        identity for h == 0). Computed in float32 (float64 when the state is float64).
-        The read copy of these slots is invalidated (also where h == 0: a fold precedes someone
+    def fold_(self, temporal: torch.Tensor, slots, rows=None) -> None:
+        """Fold every committed record of ring rows ``rows`` into the checkpoints of ``slots`` (pairwise:
+        a request's row into its own slot), all layers, and set h := 0. ``temporal`` is SGLang's state
+        pool ``[layers, slots, HV, V, K]``. Afterwards ``temporal[:, s]`` is the exact state after every
+        token the request has decoded (the identity for h == 0). Computed in float32 (float64 when the
+        state is float64). ``rows`` None: the ring row is the slot (slot-keyed pools only).
+        The read copy of these rows is invalidated (also where h == 0: a fold precedes someone
         else reading -- and possibly writing -- the checkpoint)."""
-        s = self._rows_of(slots)
+        if rows is None and self.keyed_by == "request":
+            raise RuntimeError("fold_ on a ring keyed by request row needs the request rows")
+        s = torch.as_tensor(slots, device=self.h.device).reshape(-1).to(torch.long)
+        r = self._rows_of(s if rows is None else rows)
+        if rows is None:
+            s = r
+        if s.numel() != r.numel():
+            raise ValueError(f"fold_: {s.numel()} slots but {r.numel()} ring rows")
         if s.numel() == 0:
             return
-        self.invalidate_read_copy_(s)
+        self.invalidate_read_copy_(r)
         for li in range(self.num_layers):
-            h = self.h[li, s].to(torch.long)  # [n]
-            C = self._state_after(temporal, li, s, h)
+            h = self.h[li, r].to(torch.long)  # [n]
+            C = self._state_after(temporal, li, s, h, r)
             temporal[li, s] = torch.where((h > 0).view(-1, 1, 1, 1), C.to(temporal.dtype), temporal[li, s])
-            self.h[li, s] = 0
+            self.h[li, r] = 0
 
     # --- decode --------------------------------------------------------------------------------
     def forced_mask(self, forward_metadata: Any, seq_lens: torch.Tensor) -> torch.Tensor | None:
@@ -303,9 +404,11 @@ class ReplayPool:
 
     def decode(self, *, layer_idx: int, mixed_qkv, a, b, A_log, dt_bias, scale: float, ssm_states: torch.Tensor,
                cache_indices: torch.Tensor, forced: torch.Tensor | None, num_v_heads: int, head_v_dim: int,
-               lower_bound: float | None = None) -> torch.Tensor:
+               lower_bound: float | None = None, ring_idx: torch.Tensor | None = None) -> torch.Tensor:
         """One buffered decode step of one layer (our kernel); returns [1, B, HV, V] like SGLang's
-        packed decode. Rows with cache index -1 (padding) get zeros and touch nothing."""
+        packed decode. ``ring_idx`` [B]: the ring row of each batch row (the request rows). Rows with
+        cache index -1 (padding) get zeros and touch nothing."""
+        ring_idx = self._ring_idx(ring_idx, "decode")
         from replayssm_sglang.kernels.decode import replay_decode
 
         B = mixed_qkv.shape[0]
@@ -314,7 +417,8 @@ class ReplayPool:
         # window measured not slower than conventional decode; every window keeps the ring exact,
         # so CUDA graphs of different batch sizes may use different windows.
         replay_decode(self.kind, mixed_qkv, a, b, A_log, dt_bias, ssm_states, self.ring(layer_idx),
-                      cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound, L="auto")
+                      cache_indices, out=out, forced=forced, scale=scale, lower_bound=lower_bound, L="auto",
+                      ring_idx=ring_idx)
         diag_perturb_(out)  # no-op unless REPLAYSSM_DIAG_PERTURB is set (diagnostics)
         return out.transpose(0, 1)
 
@@ -322,7 +426,7 @@ class ReplayPool:
     # --- speculative verify (T draft tokens per row, patch 0006) ------------------------------
     def verify(self, *, layer_idx: int, mixed_qkv, a, b, A_log, dt_bias, scale: float, ssm_states: torch.Tensor,
                cache_indices: torch.Tensor, T: int, num_v_heads: int, head_v_dim: int,
-               lower_bound: float | None = None) -> torch.Tensor:
+               lower_bound: float | None = None, ring_idx: torch.Tensor | None = None) -> torch.Tensor:
         """One layer's target verify of T drafts per row in the ring (kernels/verify.py): outputs of
         all T drafts from the checkpoint and the committed records; the T records are appended past
         h; h is not moved (``commit_verify`` does that after acceptance); the checkpoint is written
@@ -335,26 +439,30 @@ class ReplayPool:
                 f"{self.spec_T} (--speculative-num-draft-tokens); the draft count must be fixed "
                 "(adaptive speculative decoding is refused)"
             )
+        ring_idx = self._ring_idx(ring_idx, "verify")
         N = mixed_qkv.shape[0]
         B = N // T
         out = ring_verify(mixed_qkv, a.reshape(N, -1), b.reshape(N, -1), A_log, dt_bias, ssm_states,
-                          cache_indices[:B], self.ring(layer_idx), T, scale=scale, lower_bound=lower_bound)
+                          cache_indices[:B], self.ring(layer_idx), T, scale=scale, lower_bound=lower_bound,
+                          ring_idx=None if ring_idx is None else ring_idx[:B])
         # the verify kernels keep the read copy themselves: a row that folds first writes both copies
         # (and sets its rc_valid), every other row reads the copy when it is current; nothing to clear
         return out.view(1, N, num_v_heads, head_v_dim)
 
     def materialize_(self, temporal: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
-                     steps: torch.Tensor) -> None:
+                     steps: torch.Tensor, ring_idx: torch.Tensor | None = None) -> None:
         """extra_buffer tracking under verify (issue 6): for rows with ``steps >= 0``, write into
         ``temporal[:, dst]`` the exact state of live slot ``src`` after draft ``steps`` of the verify
         step just run (records r[0 .. verify_start(h) + steps]); the live checkpoint, records and h
-        are untouched. Call before ``commit_verify`` (it reads the pre-commit h).
+        are untouched. Call before ``commit_verify`` (it reads the pre-commit h). ``ring_idx`` [B]: the
+        ring rows of the live requests (request-keyed pools).
 
         Exact (the fold's math on a prefix of the records), in one kernel launch over every row and
         layer (kernels/verify.py: ring_materialize_): no host sync, so it can sit in the overlap
         scheduler's path; rows without a boundary return at once."""
         from replayssm_sglang.kernels.verify import ring_materialize_
 
+        ring_idx = self._ring_idx(ring_idx, "materialize_")
         T = self.spec_T
         dev = self.h.device
         src = src_slots.to(dev).reshape(-1).to(torch.int64)
@@ -362,21 +470,30 @@ class ReplayPool:
         st = steps.to(dev).reshape(-1).to(torch.int64)
         if src.numel() == 0:
             return
-        wrote = (st >= 0) & (src >= 0) & (dst >= 0)
-        # the track slots' checkpoints are written without their read copy (rows without one: slot -1)
-        self.invalidate_read_copy_(torch.where(wrote, dst, torch.full_like(dst, -1)))
-        ring_materialize_(temporal, self.u, self.k, self.g, self.h, self.layout, src, dst, st, T)
+        ri = None if ring_idx is None else ring_idx.to(dev).reshape(-1).to(torch.int64)
+        if self.keyed_by == "slot":
+            # the track slots' checkpoints are written without their read copy (rows without one: slot -1);
+            # keyed by request, a track slot has no ring row (and no read copy) to invalidate
+            wrote = (st >= 0) & (src >= 0) & (dst >= 0)
+            self.invalidate_read_copy_(torch.where(wrote, dst, torch.full_like(dst, -1)))
+        ring_materialize_(temporal, self.u, self.k, self.g, self.h, self.layout, src, dst, st, T, ring_idx=ri)
 
-    def commit_verify(self, state_indices: torch.Tensor, accepted: torch.Tensor) -> None:
+    def commit_verify(self, state_indices: torch.Tensor, accepted: torch.Tensor,
+                      ring_idx: torch.Tensor | None = None) -> None:
         """After acceptance: h := verify_start(h) + accepted in every layer (ring.commit_verify_'s
         rule, one launch of kernels/verify.ring_commit_ over all layers). ``accepted`` counts the
         kept drafts including the bonus token (0 for a row that keeps nothing); rows with slot -1 are
         untouched. Rejected records stay past h and are overwritten by the next step. No checkpoint is
-        written here: the read copy keeps its validity (``verify`` already cleared it)."""
+        written here: the read copy keeps its validity (``verify`` already cleared it). ``ring_idx`` [B]:
+        the ring rows of the rows (request-keyed pools); h is moved there."""
+        from replayssm_sglang.kernels.decode import ring_rows
         from replayssm_sglang.kernels.verify import ring_commit_
 
+        ring_idx = self._ring_idx(ring_idx, "commit_verify")
         T, L = self.spec_T, self.layout.L
         s = state_indices.to(self.h.device).reshape(-1).to(torch.int64)
+        if ring_idx is not None:
+            s = ring_rows(s, ring_idx.to(self.h.device).reshape(-1).to(torch.int64))
         s = torch.where(s < self.rows, s, torch.zeros_like(s))  # no ring storage: padding row 0
         off = torch.arange(self.num_layers, device=s.device, dtype=torch.int64)[:, None] * self.rows
         flat = torch.where(s[None, :] >= 0, s[None, :] + off, torch.full_like(s[None, :] + off, -1)).reshape(-1)
@@ -384,11 +501,15 @@ class ReplayPool:
         ring_commit_(self.h.view(-1), flat.contiguous(), T, L, acc.contiguous())
 
 
-def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | None = None,
+def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_interval: int | None = None,
            spec_T: int | None = None, spec_state_size: int | None = None,
            read_dtype: str | None = None) -> ReplayPool:
     """Allocate our ring for ``mamba_pool`` (called at the end of ``MambaPool.__init__``), add its
     bytes to ``mamba_pool.mem_usage`` (GB), and return it (stored as ``mamba_pool.replayssm_pool``).
+
+    ``req_rows``: the ring's rows, one per request row of SGLang's request pool (its size + the padding
+    row 0; patch 0002 passes ``spec_state_size + 1``, the request pool size SGLang gives the mamba pool,
+    and ``HybridReqToTokenPool`` checks it with ``check_req_rows``).
 
     With speculative decoding (``spec_T`` = draft tokens per verify step) the ring is sized for
     T <= L (ring.ring_capacity raises with the fix otherwise) and SGLang's per-draft SSM snapshots
@@ -409,10 +530,14 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, track_interval: int | 
     if read_dtype is None:
         read_dtype = read_dtype_option()
     read_dtype = effective_read_dtype(read_dtype, temporal.dtype)
-    pool = ReplayPool.allocate(lay, layers, slots, device=temporal.device,
+    if int(req_rows) < 1:
+        raise ValueError(f"req_rows must be >= 1 (the request pool's rows), got {req_rows}")
+    pool = ReplayPool.allocate(lay, layers, int(req_rows), device=temporal.device,
                                record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval,
                                read_dtype=read_dtype)
-    pool.covers_all_slots = True  # rows == the pool's slots (padding slot 0 included)
+    pool.keyed_by = "request"
+    pool.covers_all_rows = True  # rows == the request pool's rows (padding row 0 included)
+    pool.fresh = torch.zeros(int(req_rows), dtype=torch.int32, device=temporal.device)
     if spec_T:
         pool.spec_T = int(spec_T)
         per_draft = lay.HV * lay.V * lay.K * temporal.element_size()
@@ -428,10 +553,37 @@ def of(obj: Any) -> ReplayPool | None:
     return getattr(mp, "replayssm_pool", None)
 
 
-def fold_slots(pool_or_req_pool: Any, slots) -> None:
-    """Fold these live slots (any path that reads or keeps a live slot's state)."""
+def check_req_rows(mamba_pool: Any, req_rows: int) -> None:
+    """``HybridReqToTokenPool._init_mamba_pool``: the ring has exactly one row per request row."""
+    rp = of(mamba_pool)
+    if rp is not None and rp.rows != int(req_rows):
+        raise RuntimeError(
+            f"--enable-linear-replayssm: the ring has {rp.rows} rows but the request pool {req_rows}; the "
+            "ring is keyed by request row (req_pool_idx), so the two must match"
+        )
+
+
+def fold_requests(pool_or_req_pool: Any, slots, rows) -> None:
+    """Fold running requests: the records of ring rows ``rows`` (their ``req_pool_idx``) into their
+    live slots ``slots`` (``mamba_pool_idx``), pairwise (any path that reads or keeps a live state)."""
     rp = of(pool_or_req_pool)
     if rp is None:
         return
     mp = getattr(pool_or_req_pool, "mamba_pool", pool_or_req_pool)
-    rp.fold_(mp.mamba_cache.temporal, slots)
+    rp.fold_(mp.mamba_cache.temporal, slots, rows)
+
+
+def fold_req(pool_or_req_pool: Any, req: Any) -> None:
+    """Fold one request (``req.mamba_pool_idx``, ``req.req_pool_idx``): the finish fold (patch 0004) and
+    the retraction backup (patch 0002, ``Req.offload_kv_cache``)."""
+    if of(pool_or_req_pool) is None or req.mamba_pool_idx is None or req.req_pool_idx is None:
+        return
+    fold_requests(pool_or_req_pool, torch.as_tensor(req.mamba_pool_idx).view(-1),
+                  torch.as_tensor([int(req.req_pool_idx)]))
+
+
+def reset_rows(pool_or_req_pool: Any, rows) -> None:
+    """Forget the records of these request rows (a request row allocated, a state restored)."""
+    rp = of(pool_or_req_pool)
+    if rp is not None:
+        rp.reset_(rows)

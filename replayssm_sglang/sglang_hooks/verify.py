@@ -64,33 +64,49 @@ def forward_target_verify(backend: Any, layer: Any, forward_batch: Any, mixed_qk
             "--enable-linear-replayssm verifies linear draft chains only; this batch is an EAGLE "
             "tree (retrieve_parent_token set). Fix: --speculative-eagle-topk 1."
         )
+    from replayssm_sglang.sglang_hooks.decode import ring_rows
+
     rtp = backend.req_to_token_pool
     rp = pool.of(rtp)
+    T = int(spec.draft_token_num)
+    B = mixed_qkv.shape[0] // T
     return rp.verify(layer_idx=rtp.mamba_map[layer.layer_id], mixed_qkv=mixed_qkv, a=a, b=b, A_log=layer.A_log,
                      dt_bias=layer.dt_bias, scale=layer.head_k_dim ** -0.5, ssm_states=ssm_states,
-                     cache_indices=cache_indices, T=int(spec.draft_token_num), num_v_heads=layer.num_v_heads,
-                     head_v_dim=layer.head_v_dim, lower_bound=lower_bound)
+                     cache_indices=cache_indices, T=T, num_v_heads=layer.num_v_heads,
+                     head_v_dim=layer.head_v_dim, lower_bound=lower_bound,
+                     ring_idx=ring_rows(forward_batch, cache_indices[:B]))
 
 
 def commit_after_verify(mamba_pool: Any, mamba_caches: Any, state_indices: torch.Tensor,
                         last_correct_step_indices: torch.Tensor, mamba_track_indices: torch.Tensor | None,
-                        mamba_steps_to_track: torch.Tensor | None) -> None:
+                        mamba_steps_to_track: torch.Tensor | None,
+                        req_pool_indices: torch.Tensor | None = None) -> None:
     """SGLang's post-acceptance commit with our ring (replaces the SSM part of
     ``scatter_mamba_states_after_mtp_verify``; its conv part runs unchanged).
 
     ``last_correct_step_indices`` [B]: index of the last accepted draft of each row (chain: accepted
     count including the bonus token minus one; < 0 keeps nothing). ``mamba_steps_to_track`` [B]:
-    the draft whose state SGLang snapshots into the track slot (-1: none)."""
+    the draft whose state SGLang snapshots into the track slot (-1: none). ``req_pool_indices`` [B]: the
+    request rows of the batch (``spec_utils.commit_mamba_states_after_verify`` passes
+    ``batch.req_pool_indices``): the ring rows whose h the commit moves."""
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 
     rp = mamba_pool.replayssm_pool
     temporal = mamba_caches.temporal
     steps = last_correct_step_indices
+    if req_pool_indices is None:
+        raise RuntimeError(
+            "--enable-linear-replayssm: the commit after verify needs the batch's request rows "
+            "(req_pool_indices): the ring is keyed by request row. This caller does not pass them "
+            "(only spec_utils.commit_mamba_states_after_verify, used by EAGLE/EAGLE3/NEXTN, does)."
+        )
+    B = state_indices.shape[0]
+    ring_idx = req_pool_indices.to(state_indices.device).reshape(-1)[:B]
     if mamba_track_indices is not None:
         assert mamba_steps_to_track is not None
-        rp.materialize_(temporal, state_indices, mamba_track_indices, mamba_steps_to_track)
+        rp.materialize_(temporal, state_indices, mamba_track_indices, mamba_steps_to_track, ring_idx=ring_idx)
     accepted = torch.clamp(steps.to(torch.int32) + 1, min=0)
-    rp.commit_verify(state_indices, accepted)
+    rp.commit_verify(state_indices, accepted, ring_idx=ring_idx)
     for conv, window in zip(mamba_caches.conv, mamba_caches.intermediate_conv_window):
         scatter.fused_conv_window_scatter_with_mask(conv, window, state_indices, steps)
     if mamba_track_indices is not None:
