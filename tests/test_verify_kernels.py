@@ -24,12 +24,15 @@ DEV = "cuda" if CUDA else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def rms_ratio(x, ref):
+def rms_ratio(x, ref, floor=0.0):
+    """rms(x - ref) / max(rms(ref), floor): the relative error, with a floor for the denominator (an output
+    near zero, e.g. after strong decay, is the difference of much larger fp32 terms: its own size is no scale
+    for their rounding)."""
     x = x.double()
     ref = ref.double()
     if not torch.isfinite(x).all():
         return math.inf  # NaN/inf never passes
-    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(max(floor, 1e-30)))
 
 
 # per-dtype tolerances (RMS ratio against float64)
@@ -137,8 +140,11 @@ def run_sequence(
         o_ref = ref.verify(mixed.cpu()[tok], a.cpu()[tok], b.cpu()[tok], Tt).reshape(B, Tt, HV, V)
         o = out.cpu().reshape(NB, Tt, HV, V)
         for j, r in enumerate(real_pos):
-            for t in range(Tt):  # token by token
-                e = rms_ratio(o[r, t], o_ref[j, t])
+            # token by token, relative to the token's own size but never to less than 1% of the row's outputs
+            # this step (seed 472028943: a token at 9e-5 of a strongly decayed KDA row, absolute error 3e-9)
+            row_rms = float(o_ref[j].double().pow(2).mean().sqrt())
+            for t in range(Tt):
+                e = rms_ratio(o[r, t], o_ref[j, t], floor=1e-2 * row_rms)
                 stats["max_out"] = max(stats["max_out"], e)
                 assert e <= tol["out"], f"seed={seed} step={step} T={Tt} row={r} token={t}: output rms ratio {e:.3e}"
         pad = [i for i, s in enumerate(rows) if s < 0]
