@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from replayssm_sglang.kernels.decode import _load_gate, _slot_row, ring_rows
+from replayssm_sglang.kernels.decode_v2 import _fold_records
 
 
 @triton.jit
@@ -86,18 +87,9 @@ def replay_decode_w1_kernel(
         base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         if IS_KDA:
             G_ref = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k, other=0)
-            b_h = b_h * tl.exp(G_ref)[None, :]
         else:
             G_ref = tl.load(base_g + (h_old - 1))
-            b_h = b_h * tl.exp(G_ref)
-        for j in range(h_old):  # rank-1 updates, one record at a time
-            u_j = tl.load(base_u + j * V + o_v, mask=mask_v, other=0).to(tl.float32)
-            k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0).to(tl.float32)
-            if IS_KDA:
-                k_j = k_j * tl.exp(G_ref - tl.load(base_g + j * GK + o_k, mask=mask_k, other=0))
-            else:
-                k_j = k_j * tl.exp(G_ref - tl.load(base_g + j))
-            b_h += u_j[:, None] * k_j[None, :]
+        b_h = _fold_records(b_h, G_ref, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA)
         # h = 0 once every program of the row has read it: count arrivals (the increment depends on h_old, so
         # it is performed after this program's read of h); the last to arrive writes h and resets the counter
         cnt = tl.atomic_add(arrive + rrow, (h_old >= 0).to(tl.int32), sem="relaxed")
