@@ -749,3 +749,18 @@ def test_policy_windows(monkeypatch):
     assert policy.decode_window("kda", 512, torch.float32, 16) == 8
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "99")
     assert policy.decode_window("gdn", 1, torch.float32, 16) == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_gpu_real_shapes_ring_idx(kind, state_dtype):
+    """The ring keyed by its own rows (request rows in SGLang; ring_idx per batch row, fewer ring rows than state
+    slots, in another order, padding by slot -1 or ring index -1) at real head sizes with the server's kernels
+    (impl "auto": w1 for window 1, v3 with its tuned options, PDL included, for the buffered windows), fp32
+    records as the server stores them, window switching, against float64."""
+    hz = _real_harness(kind, state_dtype=DTYPES[state_dtype], seed=6, impl="auto", ring_idx=True, p_forced=0.1,
+                       p_pad=0.2)
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
