@@ -329,14 +329,19 @@ def replay_decode_v3_kernel(
     if HAS_RC:
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
+        # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
+        # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
         if from_rc:
-            p_tile = rc + (rrow * HV + i_hv) * V * K
+            Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
+                                i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
         else:
-            p_tile = state + slot * stride_slot + i_hv * V * K
+            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
+                                A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
+                                USE_LOWER_BOUND)
     else:
-        p_tile = state + slot * stride_slot + i_hv * V * K
-    Cq, Ck = _tile_dots(p_tile, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale,
-                        lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
+        Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
+                            A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
+                            USE_LOWER_BOUND)
     if USE_PDL:
         gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
