@@ -581,6 +581,12 @@ def main() -> None:
         if _t.cuda.device_count() < args.tp:
             raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs, this machine has {_t.cuda.device_count()}")
         COMMON.extend(["--tp-size", str(args.tp)])
+        # 2026-11-30 04:37 on the nvidia-h200-x2 machine: with SGLang's defaults the TP = 2 server (conventional,
+        # flag off) never became ready: its log stops after the symmetric-memory setup (300 s), past the line
+        # where SGLang auto-enables FlashInfer's all-reduce fusion for Qwen3-Next on SM90 (the suspect: a JIT
+        # module the offline image may lack; custom all-reduce off too, to rule it out). Both arms
+        # get the plain NCCL all-reduce, so the comparison stays fair.
+        COMMON.extend(["--enforce-disable-flashinfer-allreduce-fusion", "--disable-custom-all-reduce"])
     if args.fast_start:
         COMMON.append("--disable-prefill-cuda-graph")
 
