@@ -1,5 +1,6 @@
 #!/bin/bash
-# One-command GPU run for the decode kernels (run on the GPU machine from the repo root, carrying .gpu/kwhl):
+# One-command GPU run for the decode kernels (run on the GPU machine from the repo root, carrying .gpu/kwhl, or
+# .bundle for the KDA CUDA baseline conv_cuda as well):
 #   bash scripts/gpu_kernels.sh [bench args]
 # .gpu/kwhl (filled by `bash scripts/gpu-kernel-wheels` on a machine with PyPI) holds cp312 wheels: sglang 0.5.17 (its fla kernels are the baselines; loaded by path, see
 # kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
@@ -15,11 +16,20 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/kwhl/*.whl \
-  || { echo "wheel install failed"; exit 2; }
+if ls .gpu/kwhl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/kwhl/*.whl \
+    || { echo "wheel install failed"; exit 2; }
+elif ls .bundle/*.tar.xz >/dev/null 2>&1; then
+  # the end-to-end bundle instead (carry .bundle, not .gpu/kwhl: both exceed the 64 MiB a call carries): all of
+  # SGLang's imports, so the KDA CUDA row-streaming baseline (conv_cuda; SGLang's own server uses it for fp32
+  # states at B >= 8) loads; the kwhl set stops at `starlette` in its import chain
+  . scripts/gpu-env.sh || exit 2
+else
+  echo "neither .gpu/kwhl/*.whl nor .bundle/*.tar.xz: carry one of them"; exit 2
+fi
 # the source tree as the installed layout: kernels/ is replayssm_sglang.kernels
 [ -e replayssm_sglang/kernels ] || ln -s ../kernels replayssm_sglang/kernels
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
