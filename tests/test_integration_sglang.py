@@ -997,14 +997,16 @@ CONFIGS = Path(__file__).parent / "data" / "configs"
 
 @pytest.fixture
 def real_args(sg, tmp_path, monkeypatch):
-    """ServerArgs(...) as launch_server builds it, for a GDN (Qwen3-Next) or KDA (Kimi-Linear)
-    config, with the CUDA probes answered as on an H100 (this machine has no GPU)."""
+    """ServerArgs(...) as launch_server builds it, for a GDN (Qwen3-Next: "gdn"; Qwen3.5-MoE, a
+    multimodal config with a nested text_config: "qwen3_5") or KDA (Kimi-Linear: "kda") config, with
+    the CUDA probes answered as on an H100 (this machine has no GPU)."""
     import sglang.srt.server_args as S
 
     monkeypatch.setattr(S, "is_cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     dirs = {}
-    for kind, name in (("gdn", "qwen3-next-80b-a3b.json"), ("kda", "kimi-linear-48b-a3b.json")):
+    for kind, name in (("gdn", "qwen3-next-80b-a3b.json"), ("kda", "kimi-linear-48b-a3b.json"),
+                       ("qwen3_5", "qwen3.5-moe-like.json")):
         d = tmp_path / kind
         d.mkdir()
         shutil.copy(CONFIGS / name, d / "config.json")
@@ -1016,7 +1018,7 @@ def real_args(sg, tmp_path, monkeypatch):
     return make
 
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("kind", ["gdn", "kda", "qwen3_5"])
 @pytest.mark.parametrize("kw,strategy,overlap_off,extra_buffer", [
     (dict(), "extra_buffer", False, True),  # SGLang's defaults: auto -> extra_buffer, overlap on
     (dict(page_size=64), "extra_buffer", False, True),
@@ -1044,7 +1046,44 @@ def test_real_server_args_accept_one_flag_under_defaults(real_args, kind, kw, st
     (dict(disaggregation_mode="decode"), REFUSED[5][2]),
     (dict(linear_replayssm_cache_len=0), REFUSED[2][2]),
 ])
-def test_real_server_args_refuse_with_exact_message(real_args, kw, msg):
+@pytest.mark.parametrize("kind", ["gdn", "qwen3_5"])
+def test_real_server_args_refuse_with_exact_message(real_args, kind, kw, msg):
     with pytest.raises(ValueError) as e:
-        real_args("gdn", enable_linear_replayssm=True, **kw)
+        real_args(kind, enable_linear_replayssm=True, **kw)
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+@pytest.mark.parametrize("kind,layers,linear", [("gdn", 48, 36), ("qwen3_5", 40, 30)])
+def test_real_config_cache_params_shape_the_ring_per_rank(sg, real_args, kind, layers, linear, tp):
+    """The ring's shapes come from the cache params SGLang itself derives from the model's config
+    (Qwen3-Next's flat config; Qwen3.5's nested text_config) on each TP rank: the per-rank heads
+    (H/tp key heads, HV/tp value heads, K = V = 128) and one ring layer per GDN layer, in SGLang's
+    HybridReqToTokenPool built from those params."""
+    from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
+    from sglang.srt.runtime_context import get_parallel
+    from replayssm_sglang.sglang_hooks import pool as P
+
+    a = real_args(kind, enable_linear_replayssm=True, tp_size=tp)
+    mc = a.get_model_config()
+    cfg = hybrid_gdn_config(mc)
+    assert cfg is not None and mambaish_config(mc) is cfg  # served as GDN layers, not Mamba2
+    with get_parallel().override(attn_tp_size=tp):
+        cp = cfg.mamba2_cache_params
+    assert list(cp.layers) == [i for i in range(layers) if (i + 1) % 4]
+    assert len(cp.layers) == linear and cp.dtype.temporal == torch.float32
+    lay = P.layout_from_cache_params(cp, a.linear_replayssm_cache_len)
+    assert (lay.kind, lay.HK, lay.HV, lay.K, lay.V) == ("gdn", 16 // tp, 32 // tp, 128, 128)
+
+    rtp = sg.memory_pool.HybridReqToTokenPool(
+        size=2, mamba_size=2, mamba_spec_state_size=2, max_context_len=8, device="cpu",
+        enable_memory_saver=False, cache_params=cp, mamba_layer_ids=list(cp.layers),
+        enable_mamba_extra_buffer=True, enable_overlap_schedule=True,
+        enable_linear_replayssm=True, linear_replayssm_cache_len=a.linear_replayssm_cache_len)
+    rp = rtp.mamba_pool.replayssm_pool
+    rows, cap = rtp.req_to_token.shape[0], lay.cap
+    assert rp.rows == rows and rp.num_layers == linear
+    assert tuple(rp.u.shape) == (linear, rows, 32 // tp, cap, 128)
+    assert tuple(rp.k.shape) == (linear, rows, 16 // tp, cap, 128)
+    assert tuple(rp.g.shape) == (linear, rows, 32 // tp, cap, 1)
+    assert rp.nbytes() == rows * P.ring_bytes_per_row(cp, a.linear_replayssm_cache_len)
