@@ -70,6 +70,20 @@ def section(res: dict, tag: str) -> str:
                                               for b in bs)
                          + f" | {fmt(a.get('startup_s'), '.0f')} |")
             L.append("")
+        prof = [(an, a["profile"]) for an, a in arms.items() if a.get("profile")]
+        if prof:
+            L += ["Profiled decode step (task `profile`: torch profiler via SGLang's /start_profile, CUDA graphs on; "
+                  "state update = the GDN/KDA recurrent decode kernels, scripts/trace_share.py):", "",
+                  "| arm | B | steps | GPU step ms | busy ms | state update ms | share of busy | share of step | "
+                  "note |", "|---|---|---|---|---|---|---|---|---|"]
+            for an, p in prof:
+                ps = p.get("per_step") or {}
+                ms = (lambda k: fmt(ps[k] / 1000, ".3f") if ps.get(k) is not None else "-")
+                note = p.get("error") or p.get("reason") or ("queued" if p.get("queued") else "")
+                L.append(f"| {an} | {p.get('batch', '-')} | {p.get('steps') or '-'} | {ms('span_us')} | "
+                         f"{ms('busy_us')} | {ms('state_update_us')} | {fmt(p.get('share'), '.1%')} | "
+                         f"{fmt(p.get('share_of_span'), '.1%')} | {str(note)[:100]} |")
+            L.append("")
         rows = []
         for an, a in arms.items():
             v = a.get("vs_reference")

@@ -6,6 +6,7 @@ calls this). One call:
 
     python scripts/gpu_e2e.py --model gdn=/tmp/models/gdn --arms conventional,upstream_replayssm \
         --tasks correctness,spec,throughput,prefix,ssm_share --out $OUT
+    (add `profile` to --tasks for the profiled state-update share at B = 256, e.g. --tasks throughput,profile)
 
 Arms (extra server flags on top of the common launch line; SGLang's defaults otherwise: radix cache on,
 `auto` mamba cache strategy, overlap scheduler on, CUDA graphs on):
@@ -41,6 +42,15 @@ Tasks:
                  after one warm-up per length), a 16-token prompt the same way (the fixed per-request cost),
                  and 8 uncached 2113-token prompts in one call (three 8192-token chunked-prefill batches;
                  median wall of 3, plus the server's logged input throughput of those batches).
+  profile     -- the state update's share of a decode step from a profile of the real server (runs last on
+                 each server): B = 256 requests (--profile-batch) of 32 tokens decode with ignore_eos; once the
+                 server logs a decode batch of 256 running requests, POST /start_profile with SGLang's ProfileReq
+                 {activities: [GPU], num_steps: --profile-steps (64), no stacks/shapes}; the scheduler stops the
+                 torch profiler by itself and writes $OUT/profiles/<server>/<id>-TP-<rank>.trace.json.gz.
+                 scripts/trace_share.py reads it: steps = CUDA-graph replay periods (cudaGraphLaunch correlation
+                 ids), state-update kernels by name (trace_share.STATE_UPDATE_SUBSTRINGS), share = their time /
+                 GPU busy time over whole steps, the top 10 kernels; share None with a reason when the trace holds
+                 no state-update kernel events (e.g. graph kernels not recorded individually). CUDA graphs stay on.
   ssm_share   -- after the servers stop: the conventional packed GDN/KDA decode kernel alone at B=256
                  (fp32 state, slots permuted over a pool larger than L2), times the model's linear-layer
                  count, divided by the conventional arm's measured decode step at B=256.
@@ -443,6 +453,128 @@ def prefill_latency(srv: Server, vocab: int, lens=(2113, 4000), repeats: int = 5
     return out
 
 
+# ------------------------------------------------------------------------------------------------ profile
+
+PROFILE_DONE = "Profiling done"  # profiler_manager.py _stop_profile: logged after the export and the TP barrier
+
+
+def profile_payload(output_dir: str, num_steps: int) -> dict:
+    """The body of POST /start_profile: SGLang 0.5.17's ProfileReq (srt/managers/io_struct.py). Without
+    profile_by_stage or start_step the scheduler starts the torch profiler at once and stops it by itself after
+    num_steps forward steps (scheduler_components/profiler_manager.py _init_profile/_profile_batch_predicate),
+    writing <profile_id>-TP-<rank>.trace.json.gz into output_dir. GPU activity only (CUDA kernels, copies and
+    the CUDA runtime calls, whose cudaGraphLaunch correlation ids the step count uses); no Python stacks or
+    shapes (SGLang turns both on unless they are false)."""
+    return {"output_dir": output_dir, "num_steps": num_steps, "activities": ["GPU"], "profile_by_stage": False,
+            "with_stack": False, "record_shapes": False}
+
+
+def _new_traces(out_dir: Path, before: set) -> list[Path]:
+    return sorted(p for p in out_dir.glob("*.trace.json*") if p not in before)
+
+
+def profile_decode(srv: Server, vocab: int, linear_layers: int, out_dir: Path, B: int = 256, num_steps: int = 64,
+                   tp: int = 1, steady_timeout: float = 90, trace_timeout: float = 180) -> dict:
+    """Profile of a steady B-row decode on the running server: B requests of 32 random tokens, ignore_eos, long
+    enough to outlast the profile; once the server logs a decode batch of B running requests, POST
+    /start_profile (num_steps steps, stops by itself), wait for the trace files, and measure the state update's
+    share of the decode step with scripts/trace_share.py (its docstring: how steps are counted)."""
+    import threading
+
+    import trace_share
+
+    rng = random.Random(2024)
+
+    def body(n_new: int) -> dict:
+        return {"input_ids": [[rng.randrange(10, vocab - 10) for _ in range(32)] for _ in range(B)],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}}
+
+    srv.generate(body(16))  # warm-up: this batch size's graph and kernels
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.glob("*.trace.json*"))
+    _, mark = server_gen_throughput(srv, 0)
+    # long enough for: the first decode log line (every 20 steps), the start request, the profiled steps and the
+    # pause the profiler's start and export cause (the scheduler blocks; decode resumes after)
+    out_len = max(512, 4 * num_steps + 128)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = srv.generate(body(out_len), timeout=900)
+        except Exception as e:  # reported below
+            box["error"] = repr(e)[:300]
+
+    th = threading.Thread(target=run, daemon=True)
+    t0 = time.time()
+    th.start()
+    res: dict = {"batch": B, "num_steps_requested": num_steps, "max_new_tokens": out_len,
+                 "payload": profile_payload(str(out_dir), num_steps)}
+    steady = False
+    while time.time() < t0 + steady_timeout and th.is_alive():
+        by_b, _ = server_gen_throughput(srv, mark)
+        if B in by_b:
+            steady = True
+            break
+        if sum(len(v) for v in by_b.values()) >= 3:  # 60 decode steps below B rows (a pool cap): go on, flagged
+            break
+        time.sleep(0.1)
+    res["steady_before_start"] = steady
+    res["running_logged_before_start"] = sorted(server_gen_throughput(srv, mark)[0])
+    if not th.is_alive():
+        res["error"] = f"the decode batch finished before the profile started {box.get('error', '')}"
+        return res
+    r = requests.post(srv.url + "/start_profile", json=res["payload"], timeout=120)
+    r.raise_for_status()
+    t_start = time.time()
+    traces: list[Path] = []
+    sizes: dict = {}
+    stable = 0
+    stopped = "num_steps"
+    end = t_start + trace_timeout
+    while time.time() < end:
+        traces = _new_traces(out_dir, before)
+        done = PROFILE_DONE in "\n".join(srv.logpath.read_text(errors="replace").splitlines()[mark:])
+        now = {p: p.stat().st_size for p in traces}
+        stable = stable + 1 if now and now == sizes else 0
+        sizes = now
+        if len(traces) >= tp and (done or stable >= 6):
+            break
+        if not th.is_alive() and stopped == "num_steps" and not traces:
+            # the decode ended before num_steps steps: the profiler waits for more steps; stop it explicitly
+            stopped = "stop_profile"
+            try:
+                requests.post(srv.url + "/stop_profile", timeout=120)
+            except requests.RequestException as e:
+                res["stop_error"] = repr(e)[:200]
+        time.sleep(0.5)
+    res["stopped_by"] = stopped
+    res["trace_wait_s"] = time.time() - t_start
+    th.join(timeout=max(1.0, 900 - (time.time() - t0)))
+    if "error" in box:
+        res["generate_error"] = box["error"]
+    logged, _ = server_gen_throughput(srv, mark)
+    res["running_logged"] = sorted(logged)
+    res["queued"] = bool(logged) and max(logged) < B
+    if not traces:
+        res["error"] = f"no trace file in {out_dir} after {trace_timeout:.0f} s"
+        res["share"] = None
+        return res
+    res["traces"] = [str(p) for p in traces]
+    ranks = []
+    for p in traces:
+        a = trace_share.analyze(p, linear_layers)
+        a["trace_bytes"] = p.stat().st_size
+        ranks.append(a)
+    # the headline is TP rank 0 (the file name ends in -TP-0); every rank is kept
+    head = next((a for a in ranks if "-TP-0" in Path(a["trace"]).name), ranks[0])
+    res["ranks"] = ranks
+    res.update({k: head[k] for k in ("share", "share_of_span", "reason", "steps", "steps_method", "per_step",
+                                     "top_kernels", "warnings")})
+    log(f"{srv.name}: profile B={B}: {trace_share.summary(head)}"
+        + (f" [WARNING at most {max(logged)} requests ran at once]" if res["queued"] else ""))
+    return res
+
+
 # ---------------------------------------------------------------------------------------------- SSM share
 
 def ssm_kernel_us(kind: str, B: int = 256) -> dict:
@@ -547,11 +679,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", required=True, help="label=path (label gdn or kda)")
     ap.add_argument("--arms", default="conventional,upstream_replayssm")
-    ap.add_argument("--tasks", default="correctness,spec,throughput,prefill,prefix,ssm_share")
+    ap.add_argument("--tasks", default="correctness,spec,throughput,prefill,prefix,ssm_share",
+                    help="comma-separated, of correctness, spec, throughput, prefill, prefix, ssm_share, profile "
+                         "(profile is not in the default; see the module docstring)")
     ap.add_argument("--prefix-repeats", type=int, default=1,
                     help="run the prefix workload this many times per arm, /flush_cache in between")
     ap.add_argument("--spec-arms", default="", help="the spec task only for these arms (comma-separated; "
                     "default: every arm)")
+    ap.add_argument("--profile-batch", type=int, default=256, help="the profile task's decode batch size")
+    ap.add_argument("--profile-steps", type=int, default=64,
+                    help="the profile task's num_steps for SGLang's /start_profile (forward steps profiled)")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/e2e-out")))
@@ -675,6 +812,19 @@ def main() -> None:
                             allr = [r["prefix"]] + reps
                             r["prefix"]["mean_ttft_s_all"] = [x["mean_ttft_s"] for x in allr]
                             r["prefix"]["wall_s_all"] = [x["wall_s"] for x in allr]
+                    # last on the server: the torch profiler may leave CUPTI attached after it stops, which could
+                    # slow the launches of a task measured after it
+                    if "profile" in tasks and time.time() < deadline:
+                        pdir = args.out / "profiles" / srv.name.replace(":", "_")
+                        try:
+                            r["profile"] = profile_decode(srv, vocab, n_lin, pdir, B=args.profile_batch,
+                                                          num_steps=args.profile_steps, tp=args.tp)
+                        except Exception as e:
+                            r["profile"] = {"error": repr(e)[:500], "share": None}
+                            log(f"{srv.name}: profile ERROR {e!r}")
+                        t_b = (r.get("throughput") or {}).get(str(args.profile_batch))
+                        if t_b:  # the unprofiled step from the throughput task, for comparison
+                            r["profile"]["throughput_step_ms"] = t_b["step_ms"]
                 except Deadline:
                     results["skipped"].append(f"{mname}:{arm}: rest of the tasks (time budget)")
                 except Exception as e:
