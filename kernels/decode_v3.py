@@ -326,18 +326,15 @@ def replay_decode_v3_kernel(
     p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
     has = h_old > 0
+    from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
     if HAS_RC:
         pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
-        # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
-        # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-        if from_rc:
-            Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
-                                i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-        else:
-            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
-                                A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
-                                USE_LOWER_BOUND)
+    # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
+    # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
+    if from_rc:
+        Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
+                            i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
