@@ -173,6 +173,23 @@ def h_row(rtp, row):
     return rtp.mamba_pool.replayssm_pool.h[:, int(row)].tolist()
 
 
+def extend_metadata(rtp, req_rows, extend_lens, mode="MIXED", original_batch_size=None):
+    """SGLang's own (patched) metadata builder, ``MambaAttnBackendBase._forward_metadata``, for an extend-type
+    forward (``mode``: EXTEND or MIXED) over request rows ``req_rows`` extending ``extend_lens`` tokens each
+    (contiguous in the batch). Returns (backend, forward batch, metadata) so a test can build the next forward."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend = object.__new__(MambaAttnBackendBase)
+    backend.req_to_token_pool, backend.device = rtp, "cpu"
+    lens = torch.tensor(extend_lens)
+    fb = SimpleNamespace(batch_size=len(req_rows), req_pool_indices=torch.tensor(req_rows), mamba_track_indices=None,
+                         mamba_track_mask=None, _original_batch_size=original_batch_size,
+                         forward_mode=getattr(ForwardMode, mode), extend_start_loc=torch.cumsum(lens, 0) - lens,
+                         extend_seq_lens=lens)
+    return backend, fb, MambaAttnBackendBase._forward_metadata(backend, fb)
+
+
 # --- allocation and budget -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -312,8 +329,6 @@ def test_serving_decode_uses_the_small_batch_policy_and_stays_exact(sg, kind, mo
 def test_abort_mid_window_then_extend_resets_on_the_forward_stream(sg):
     """Abort frees a slot with records pending; the next owner's extend forward resets h even if
     the allocation-time reset raced with the old owner's in-flight decode (overlap scheduler)."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     rtp = hybrid_pool(sg, mamba_size=2)
     m = Model("gdn", rtp)
     r = new_req()
@@ -326,15 +341,7 @@ def test_abort_mid_window_then_extend_resets_on_the_forward_stream(sg):
     assert h_of(rtp, s) == [2]
     # the next owner's prefill forward: SGLang's own (patched) metadata builder, one real row
     # and one padded row
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-
-    backend = object.__new__(MambaAttnBackendBase)
-    backend.req_to_token_pool, backend.device = rtp, "cpu"
-    fb = SimpleNamespace(batch_size=2, req_pool_indices=torch.tensor([r.req_pool_idx, r.req_pool_idx]),
-                         mamba_track_indices=None, mamba_track_mask=None, _original_batch_size=1,
-                         forward_mode=ForwardMode.EXTEND, extend_start_loc=torch.tensor([0, 7]),
-                         extend_seq_lens=torch.tensor([7, 1]))
-    meta = MambaAttnBackendBase._forward_metadata(backend, fb)
+    _, _, meta = extend_metadata(rtp, [r.req_pool_idx, r.req_pool_idx], [7, 1], mode="EXTEND", original_batch_size=1)
     assert meta.mamba_cache_indices.tolist() == [s, -1]
     assert h_of(rtp, s) == [0]
     m.write_prefill_state(s)
@@ -486,8 +493,6 @@ def test_hicache_load_back_into_a_slot_with_stale_records(sg):
 def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
     """--enable-mixed-chunk: an extend batch carries decoding rows; the chunk kernel reads their
     checkpoints, which the metadata hook folds first (exact), and decode continues exactly."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     rtp = hybrid_pool(sg, kind)
     m = Model(kind, rtp)
     a, b = new_req(1), new_req(2)
@@ -503,15 +508,7 @@ def test_mixed_chunk_folds_decoding_rows_before_the_extend(sg, kind):
     assert h_of(rtp, sb) == [1]
     before_b = rtp.mamba_pool.mamba_cache.temporal[:, sb].clone()
     # SGLang's own (patched) metadata builder for the mixed batch: prefill row b, decode row a
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-
-    backend = object.__new__(MambaAttnBackendBase)
-    backend.req_to_token_pool, backend.device = rtp, "cpu"
-    fb = SimpleNamespace(batch_size=2, req_pool_indices=torch.tensor([b.req_pool_idx, a.req_pool_idx]),
-                         mamba_track_indices=None, mamba_track_mask=None, _original_batch_size=None,
-                         forward_mode=ForwardMode.MIXED, extend_start_loc=torch.tensor([0, 5]),
-                         extend_seq_lens=torch.tensor([5, 1]))
-    meta = MambaAttnBackendBase._forward_metadata(backend, fb)
+    _, _, meta = extend_metadata(rtp, [b.req_pool_idx, a.req_pool_idx], [5, 1])
     assert meta.mamba_cache_indices.tolist() == [sb, sa]
     assert h_of(rtp, sa) == [0] and m.state_err(sa) < TOL
     assert h_of(rtp, sb) == [0], "a prefill row drops stale records"
@@ -794,9 +791,6 @@ def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
     last decode is still in flight and bumps h of the row after the allocation-time reset. The mixed
     batch's metadata hook resets prefill rows (extending more than one token) on the forward stream
     before folding, so the fold is the identity on it: its prefill starts from SGLang's cleared state."""
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     rtp = hybrid_pool(sg, size=1, mamba_size=1)
     m = Model("gdn", rtp)
     old = new_req(1)
@@ -812,12 +806,7 @@ def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
     m.step([s], rows=[row])  # the old owner's in-flight decode lands after the reset
     assert h_row(rtp, row) == [2]
     rtp.mamba_pool.clear_slots(torch.tensor([s]))  # ModelRunner._maybe_execute_deferred_mamba_cow_and_clear
-    backend = object.__new__(MambaAttnBackendBase)
-    backend.req_to_token_pool, backend.device = rtp, "cpu"
-    fb = SimpleNamespace(batch_size=1, req_pool_indices=torch.tensor([new.req_pool_idx]), mamba_track_indices=None,
-                         mamba_track_mask=None, _original_batch_size=None, forward_mode=ForwardMode.MIXED,
-                         extend_start_loc=torch.tensor([0]), extend_seq_lens=torch.tensor([6]))
-    MambaAttnBackendBase._forward_metadata(backend, fb)
+    extend_metadata(rtp, [new.req_pool_idx], [6])
     assert h_row(rtp, row) == [0]
     assert torch.count_nonzero(rtp.mamba_pool.mamba_cache.temporal[:, s]) == 0
 
@@ -830,7 +819,6 @@ def test_mixed_chunk_new_request_extending_one_token_drops_racing_stale_records(
     metadata hook resets it (not folds the stale records into the copied state); the decoding row is
     folded as usual, and both decode exactly afterwards."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     rtp = hybrid_pool(sg, size=2, mamba_size=4)
     m = Model("gdn", rtp)
@@ -853,13 +841,7 @@ def test_mixed_chunk_new_request_extending_one_token_drops_racing_stale_records(
     m.ref[:, s_old] = rtp.mamba_pool.mamba_cache.temporal[:, s_old].to(F64)
     assert h_row(rtp, row) == [2] and h_of(rtp, sd) == [2]
     before = rtp.mamba_pool.mamba_cache.temporal[:, s_new].clone()
-    backend = object.__new__(MambaAttnBackendBase)
-    backend.req_to_token_pool, backend.device = rtp, "cpu"
-    fb = SimpleNamespace(batch_size=2, req_pool_indices=torch.tensor([new.req_pool_idx, d.req_pool_idx]),
-                         mamba_track_indices=None, mamba_track_mask=None, _original_batch_size=None,
-                         forward_mode=ForwardMode.MIXED, extend_start_loc=torch.tensor([0, 1]),
-                         extend_seq_lens=torch.tensor([1, 1]))
-    meta = MambaAttnBackendBase._forward_metadata(backend, fb)
+    backend, fb, meta = extend_metadata(rtp, [new.req_pool_idx, d.req_pool_idx], [1, 1])
     assert meta.mamba_cache_indices.tolist() == [s_new, sd]
     assert h_row(rtp, row) == [0], "the fresh row is reset, not folded"
     assert torch.equal(rtp.mamba_pool.mamba_cache.temporal[:, s_new], before)
