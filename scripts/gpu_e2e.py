@@ -92,7 +92,12 @@ ARMS = {
     "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
     "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
+# The read-copy arms force window 16 too: at the policy's window 1 (B <= 64 for fp32 states) no read copy is read,
+# so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
+# the buffered path's, not the policy's).
 ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
+           "ours_rc_bf16": {"REPLAYSSM_DECODE_WINDOW": "16"},
+           "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
@@ -687,6 +692,8 @@ def main() -> None:
     ap.add_argument("--spec-arms", default="", help="the spec task only for these arms (comma-separated; "
                     "default: every arm)")
     ap.add_argument("--profile-batch", type=int, default=256, help="the profile task's decode batch size")
+    ap.add_argument("--profile-arms", default="",
+                    help="comma-separated arms the profile task runs on (default: every arm)")
     ap.add_argument("--profile-steps", type=int, default=64,
                     help="the profile task's num_steps for SGLang's /start_profile (forward steps profiled)")
     ap.add_argument("--batches", default="1,64,256")
@@ -814,7 +821,8 @@ def main() -> None:
                             r["prefix"]["wall_s_all"] = [x["wall_s"] for x in allr]
                     # last on the server: the torch profiler may leave CUPTI attached after it stops, which could
                     # slow the launches of a task measured after it
-                    if "profile" in tasks and time.time() < deadline:
+                    if "profile" in tasks and time.time() < deadline and (
+                            not args.profile_arms or arm in args.profile_arms.split(",")):
                         pdir = args.out / "profiles" / srv.name.replace(":", "_")
                         try:
                             r["profile"] = profile_decode(srv, vocab, n_lin, pdir, B=args.profile_batch,

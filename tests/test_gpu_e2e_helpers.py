@@ -139,6 +139,20 @@ def test_diag_perturb_is_off_by_default_and_relative_when_on(monkeypatch):
     assert "ours_perturbed" in g.ARMS and g.ARM_ENV["ours_perturbed"]["REPLAYSSM_DECODE_WINDOW"] == "1"
 
 
+def test_read_copy_arms_force_the_buffered_window():
+    """At the correctness batch (16) the policy runs window 1 for fp32 states, which never reads the read copy:
+    the read-copy arms must force the buffered window or their logprob check compares the conventional update."""
+    import torch
+
+    from replayssm_sglang import policy
+
+    for arm in ("ours_rc_bf16", "ours_rc_fp8"):
+        assert "--linear-replayssm-read-dtype" in g.ARMS[arm]
+        w = int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"])
+        assert w > 1
+    assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
+
+
 def test_prefill_task_and_prefill_log_parsing(fake):
     """The prefill task (uncached prompts one at a time, max_new_tokens 1; one burst of 8) against the fake
     server, and the parsing of SGLang's "Prefill batch" lines it reports for the burst."""
