@@ -266,6 +266,66 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
+def _tile_dots_fold(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
+                    base_u, base_k, base_g, h_old,
+                    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
+                    IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, V: tl.constexpr, GK: tl.constexpr,
+                    BCD: tl.constexpr, DOT_PREC: tl.constexpr):
+    """_tile_dots (PIPE > 0) of a row that pre-folds without folding its own token (h == L, not forced: the
+    common checkpoint write, ring.py's rule): as each K chunk of the old checkpoint C lands it gives its part
+    of C q~ and C k~ AND its part of the new checkpoint, written at once:
+        S_c = C_c e^{G_f} + sum_{j < h} u_j (k_j,c e^{G_f - G_j})^T,   G_f = G of the last record,
+    one tl.dot of [BV, BCD] decayed corrections by [BCD, BKT] keys per chunk (KDA: the per-K decays in the
+    keys). One pass over the tile, where folding after the loop re-reads every chunk: with all rows of a
+    batch on the same cursor that second pass made the pre-fold step 3.4x a plain step (H200, 2026-11-30
+    06:56 profile of the GDN server, 503 vs 146 us). The output still comes from the old C and the h records
+    (the caller's coefficients), which equals the new checkpoint's with none. p_tile is the checkpoint (never a
+    read copy); the records' reads here precede the caller's rewrite of record 0 (it puts a barrier between)."""
+    o_k = tl.arange(0, BK)
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    NC: tl.constexpr = BK // BKT
+    o_ch = tl.arange(0, NC)
+    offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]
+    Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                       H, K, IS_KDA, USE_LOWER_BOUND)
+    o_cd = tl.arange(0, BCD)
+    valid_d = o_cd < h_old
+    Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
+                 other=0).to(tl.float32)  # [BV, BCD]
+    if not IS_KDA:
+        G_f = tl.load(base_g + (h_old - 1))
+        g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
+        Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
+        e_f = tl.exp(G_f)
+    dq = tl.zeros(o_v.shape, dtype=tl.float32)
+    dk = tl.zeros(o_v.shape, dtype=tl.float32)
+    for c in tl.range(0, NC, num_stages=PIPE):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        mk = o_kc < K
+        m_c = mask_v[:, None] & mk[None, :]
+        p_c = p_tile + o_v[:, None] * K + o_kc[None, :]
+        C_c = tl.where(m_c, tl.load(p_c, mask=m_c).to(tl.float32), 0.0)
+        sel = o_ch[:, None] == c
+        dq += tl.sum(C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :], 1)
+        dk += tl.sum(C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :], 1)
+        m_d = valid_d[:, None] & mk[None, :]
+        Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)  # [BCD, BKT]
+        if IS_KDA:
+            G_fc = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk, other=0)
+            g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
+            Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
+            S_c = C_c * tl.exp(G_fc)[None, :]
+        else:
+            S_c = C_c * e_f
+        S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
+        tl.store(p_c, S_c.to(p_tile.dtype.element_ty), mask=m_c)
+    return dq * s_q, dk * s_k
+
+
+@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -280,10 +340,11 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, FOLD_IN_READ: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
+    tl.static_assert(not FOLD_IN_READ or (PIPE > 0 and FOLD_DOT and not HAS_RC), "FOLD_IN_READ: pipelined dot fold")
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -327,14 +388,26 @@ def replay_decode_v3_kernel(
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
     has = h_old > 0
     from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
+    pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     if HAS_RC:
-        pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
+    # a pre-fold that does not fold this step's token (h == L, not forced) folds each chunk as it is read
+    # (_tile_dots_fold); a forced flush, and every fold with a read copy or without the pipelined dot fold,
+    # folds after the output below
+    fold_in_read = False
+    if FOLD_IN_READ:
+        fold_in_read = pf0 & (fl0 == 0)
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
     if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
+    elif fold_in_read:
+        Cq, Ck = _tile_dots_fold(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a,
+                                 dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound, base_u,
+                                 ring_k + (rrow * HK + i_hk) * CAP * K, ring_g + (rrow * HV + i_hv) * CAP * GK,
+                                 h_old, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND, V, GK, BCD, DOT_PREC)
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
@@ -364,14 +437,15 @@ def replay_decode_v3_kernel(
 
     prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     valid = o_c < h_old
-    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                  other=0).to(tl.float32)  # [BC, BV]
     u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
-    if (flush | prefold) & FOLD_CHUNKED:
+    if fold_in_read:
+        tl.debug_barrier()  # the fold's reads of record 0 (other threads' layouts) precede its rewrite below
+    if (flush | (prefold & (fold_in_read == 0))) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -449,7 +523,7 @@ def replay_decode_v3_kernel(
                                      m_c, True)
                 tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
-    if (flush | prefold) & (not FOLD_CHUNKED):
+    if (flush | (prefold & (fold_in_read == 0))) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -511,7 +585,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None):
+           ring_idx=None, fold_in_read=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -522,7 +596,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     checkpoint read starts while the pre launch still runs and waits (griddepcontrol.wait) only before it uses
     the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
     pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
-    be resident at once, for PDL's overlap)."""
+    be resident at once, for PDL's overlap).
+    fold_in_read: a row that pre-folds without its own token (h == L, not forced: every checkpoint write of plain
+    decode) folds each checkpoint chunk as the pipelined read brings it in (_tile_dots_fold) instead of re-reading
+    the tile after the output. None (default): wherever it applies (pipe_stages > 0, a dot fold, no read copy);
+    False: fold after the output, as before 2026-11-30 (for comparison)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -585,6 +663,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
+    fir_ok = int(pipe_stages) > 0 and fold in ("dot", "dot3") and not has_rc
+    if fold_in_read and not fir_ok:
+        raise ValueError("fold_in_read needs pipe_stages > 0, fold 'dot' or 'dot3' and no read copy")
+    fold_in_read = fir_ok if fold_in_read is None else bool(fold_in_read)
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
@@ -604,7 +686,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
             V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
+            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read,
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
         )

@@ -17,6 +17,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
+  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold folded as the tile is read (fir, the default)
+              or after the output (nofir), 128- / 64-byte chunks (c64), staggered or aligned cursors (_aligned)
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
@@ -165,7 +167,7 @@ def _kda_cuda_module():
     return mod
 
 
-def arm_upstream(c: Case):
+def arm_upstream(c: Case, aligned=False):
     from replayssm_sglang.kernels import upstream
 
     m = upstream.load("fused_recurrent_linear_replayssm")
@@ -180,7 +182,7 @@ def arm_upstream(c: Case):
         rings.append((d, k, g))
     # per-row cursors staggered (row + step) % L; upstream's caller owns them (host-side tensors here)
     rows = torch.arange(B, device=dev, dtype=torch.int32)
-    wpos = [((rows + s) % L).to(torch.int32) for s in range(c.NSTEPS)]
+    wpos = [((rows * (not aligned) + s) % L).to(torch.int32) for s in range(c.NSTEPS)]
 
     def run(step):
         mixed, a, b, A_log, dt_bias = c.x(step)
@@ -195,7 +197,7 @@ def arm_upstream(c: Case):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None):
+             records="masked", read_dtype="same", v3_opts=None, aligned=False):
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -214,10 +216,12 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             else:
                 r.rc.copy_(pool.to(torch.bfloat16))
             r.rc_valid.fill_(1)
-        # staggered cursors: slot s starts at (row of s) % L; zero records are valid records
+        # staggered cursors: slot s starts at (row of s) % L; zero records are valid records. aligned: every
+        # row on the same cursor (a batch that started together, as in the server's throughput runs: all rows
+        # write their checkpoints in the same step, one step in L)
         row_of_slot = torch.empty(c.B, dtype=torch.int32, device=c.dev)
         row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
-        r.h.copy_(row_of_slot % c.L)
+        r.h.copy_(torch.zeros_like(row_of_slot) if aligned else row_of_slot % c.L)
         rings.append(r)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
@@ -460,6 +464,22 @@ def main():
                                 arms[f"v3p_{rn}_pdl_{bv}x{nw}"] = arm_ours(
                                     c, rdt, cfg=(bv, nw), impl="v3", fold="dot3",
                                     v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
+                if v3 and "fir" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
+                    # the pre-fold of a full ring folded as the tile is read (fold_in_read, default) or after the
+                    # output (the old second pass), 128- and 64-byte chunks, staggered and aligned cursors (with one
+                    # pool and NSTEPS = L = 16 every graph replay holds exactly one pre-fold step per row)
+                    P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+                    arms["upstream_aligned"] = arm_upstream(c, aligned=True)
+                    for al in (False, True):
+                        sfx = "_aligned" if al else ""
+                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
+                            arms[f"v3f_{rn}_fir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                                                 v3_opts=dict(P3, fold_in_read=True), aligned=al)
+                            arms[f"v3f_{rn}_nofir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                                                   v3_opts=dict(P3, fold_in_read=False), aligned=al)
+                        arms[f"v3f_r32_fir_c64{sfx}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                                                v3_opts=dict(P3, chunk_bytes=64, fold_in_read=True),
+                                                                aligned=al)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):
