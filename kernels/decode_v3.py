@@ -52,12 +52,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _slot_row, ring_rows
-from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
+from replayssm_sglang.kernels.decode_v2 import _fold_records
 
 
 @triton.jit
 def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-             coef, scal, scale, lower_bound, L, stride_qkv, stride_a,
+             coef, scal, hsnap, scale, lower_bound, L, stride_qkv, stride_a,
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr):
@@ -74,6 +74,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
+        if i_hk == 0:
+            tl.store(hsnap + i_n, h_old)  # for the post launch, whose programs must not read h as one writes it
 
         o_k = tl.arange(0, BK)
         o_c = tl.arange(0, BC)
@@ -134,7 +136,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
 @triton.jit
 def replay_decode_v3_pre_kernel(
     mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-    coef, scal,
+    coef, scal, hsnap,
     scale, lower_bound, L, stride_qkv, stride_a, B,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
@@ -153,8 +155,56 @@ def replay_decode_v3_pre_kernel(
         i_n = tl.program_id(0) * ROWS + r
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-                     ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
+                     ring_idx, coef, scal, hsnap, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP,
+                     BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX)
+
+
+@triton.jit
+def replay_decode_v3_post_kernel(
+    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, hsnap, h_dst, slot_idx, forced, ring_idx,
+    lower_bound, L, stride_qkv, stride_a,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
+    CAP: tl.constexpr, BK: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    WRITE_H: tl.constexpr, USE_PDL: tl.constexpr = False, HAS_RING_IDX: tl.constexpr = False,
+):
+    """One program per (row, key head), after the main launch: h_dst[ring row] = ring.h_after_decode(h) (key
+    head 0, WRITE_H) and, for a row that pre-folded and appended (a full ring: one row in L every step), record
+    0's parts shared by the row's programs: this key head's l2-normalised key and G_0 = g_t of its value heads.
+    decode v2's post launch does the same with one program per row, a loop over every head: since a full ring
+    is folded by the next step (pre-fold), that loop ran for 1/L of the rows at every step, and its serial
+    48 (GDN) / 64 (KDA) heads per program were the launch's tail. h_old comes from the pre launch's snapshot
+    (hsnap: the row's h, or h_rows), not from ring.h, which key head 0's program rewrites while the others run.
+    USE_PDL: waits for the main launch first."""
+    if USE_PDL:
+        gdc_wait()
+    i_n = tl.program_id(0)
+    i_hk = tl.program_id(1)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
+    if slot >= 0:
+        h_old = tl.load(hsnap + i_n)
+        prefold, h_eff, flush, h_new = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+        if WRITE_H:
+            if i_hk == 0:
+                tl.store(h_dst + rrow, h_new)
+        if prefold & (flush == 0):
+            o_k = tl.arange(0, BK)
+            mask_k = o_k < K
+            p_x = mixed_qkv + i_n * stride_qkv
+            i_h = i_hk if not IS_KDA else i_hk // (HV // H)  # the q/k head of this key head's record
+            kk = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+            kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
+            tl.store(ring_k + (rrow * HK + i_hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
+            G_PER: tl.constexpr = HV // HK  # value heads per key head (GDN: GQA group; KDA: 1)
+            for j in tl.static_range(G_PER):
+                hv = i_hk * G_PER + j
+                gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
+                                IS_KDA, USE_LOWER_BOUND)
+                if IS_KDA:
+                    tl.store(ring_g + (rrow * HV + hv) * CAP * GK + o_k, gg, mask=mask_k)
+                else:
+                    tl.store(ring_g + (rrow * HV + hv) * CAP, gg)
 
 
 @triton.jit
@@ -340,7 +390,7 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, FOLD_IN_READ: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, FOLD_IN_READ: tl.constexpr = False, FOLD_STAGES: tl.constexpr = 1,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -472,7 +522,7 @@ def replay_decode_v3_kernel(
                 g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
                 Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-        for c in tl.static_range(BK // BKF):
+        for c in tl.range(0, BK // BKF, num_stages=FOLD_STAGES):
             o_kc = c * BKF + tl.arange(0, BKF)
             mk = o_kc < K
             m_c = mask_v[:, None] & mk[None, :]
@@ -585,7 +635,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, fold_in_read=None):
+           ring_idx=None, fold_in_read=None, fold_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -599,8 +649,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     be resident at once, for PDL's overlap).
     fold_in_read: a row that pre-folds without its own token (h == L, not forced: every checkpoint write of plain
     decode) folds each checkpoint chunk as the pipelined read brings it in (_tile_dots_fold) instead of re-reading
-    the tile after the output. None (default): wherever it applies (pipe_stages > 0, a dot fold, no read copy);
-    False: fold after the output, as before 2026-11-30 (for comparison)."""
+    the tile after the output. Off by default: the fused loop needs ~250 registers (ptxas sm_90; 103 without),
+    which cut the occupancy of every program, and measured slower on the H200 (run 2026-11-30 07:19, GDN fp32
+    B = 256, fp32 records: 228.6 vs 198.4 us staggered, 199.9 vs 183.9 aligned). It needs pipe_stages > 0, a
+    dot fold and no read copy.
+    fold_stages: the software-pipelining depth of the K-chunk loop of a fold after the output (1: each chunk's
+    checkpoint and key loads wait for the previous chunk's store; 2-3: loaded ahead as asynchronous copies)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -610,6 +664,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
+    fold_stages = int(fold_stages if fold_stages is not None else tuned.get("fold_stages", 1))
+    if not 1 <= fold_stages <= 4:
+        raise ValueError(f"fold_stages must be 1..4, got {fold_stages}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if _diag_parts not in ("all", "pre", "main", "post"):
@@ -634,6 +691,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # scratch (graph-safe: the caching allocator serves captured launches from the graph's pool)
     coef = torch.empty(B, HV, 2, BC, dtype=torch.float32, device=dev)
     scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
+    hsnap = torch.empty(B, dtype=torch.int32, device=dev)  # h before the step, per row (pre -> post)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
                   HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
                   USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None)
@@ -666,14 +724,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fir_ok = int(pipe_stages) > 0 and fold in ("dot", "dot3") and not has_rc
     if fold_in_read and not fir_ok:
         raise ValueError("fold_in_read needs pipe_stages > 0, fold 'dot' or 'dot3' and no read copy")
-    fold_in_read = fir_ok if fold_in_read is None else bool(fold_in_read)
+    fold_in_read = bool(fold_in_read)
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal, hsnap,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, **common,
         )
@@ -686,16 +744,16 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
             V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read,
+            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read, FOLD_STAGES=fold_stages,
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
-        replay_decode_v2_post_kernel[(B,)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
+        post_common = {k: v for k, v in common.items() if k != "HAS_H_ROWS"}
+        replay_decode_v3_post_kernel[(B, lay.HK)](
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, hsnap, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
-            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
-            **_pdl_kw(pdl),
+            WRITE_H=bool(advance_h), num_warps=1, num_stages=1, USE_PDL=pdl, **post_common, **_pdl_kw(pdl),
         )
     if has_rc:
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # every real row now holds round(checkpoint) in its read copy

@@ -17,8 +17,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
-  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold folded as the tile is read (fir, the default)
-              or after the output (nofir), 128- / 64-byte chunks (c64), staggered or aligned cursors (_aligned)
+  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold folded as the tile is read (fir) or after the
+              output (nofir) with its K-chunk loop pipelined over 1-3 stages (_sN), staggered or aligned cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
@@ -227,12 +227,13 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
     if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
         rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
-        h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
+        # the caller's h: the staggered cycle 1..L (h = L: the row's ring is full and this step folds it)
+        h_rows = [((rows_t + s) % c.L + 1).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
 
         def run(step):
             if rows:
-                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
+                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=True)
             vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
@@ -472,14 +473,15 @@ def main():
                     arms["upstream_aligned"] = arm_upstream(c, aligned=True)
                     for al in (False, True):
                         sfx = "_aligned" if al else ""
-                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
-                            arms[f"v3f_{rn}_fir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
-                                                                 v3_opts=dict(P3, fold_in_read=True), aligned=al)
-                            arms[f"v3f_{rn}_nofir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
-                                                                   v3_opts=dict(P3, fold_in_read=False), aligned=al)
-                        arms[f"v3f_r32_fir_c64{sfx}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
-                                                                v3_opts=dict(P3, chunk_bytes=64, fold_in_read=True),
-                                                                aligned=al)
+                        for fs in (1, 2, 3):
+                            arms[f"v3f_r32_nofir_s{fs}{sfx}"] = arm_ours(
+                                c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                v3_opts=dict(P3, fold_in_read=False, fold_stages=fs), aligned=al)
+                        arms[f"v3f_r32_fir{sfx}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
+                                                            v3_opts=dict(P3, fold_in_read=True), aligned=al)
+                        arms[f"v3f_r16_nofir_s3{sfx}"] = arm_ours(
+                            c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3",
+                            v3_opts=dict(P3, fold_in_read=False, fold_stages=3), aligned=al)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):

@@ -522,15 +522,18 @@ def test_v3_pipelined_tile_read(kind, read_dtype):
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "staggered"])
-def test_v3_fold_in_read(kind, aligned):
-    """A full ring (h == L) is folded by the next step as its pipelined read brings each checkpoint chunk in
-    (kernels/decode_v3.py _tile_dots_fold), against the float64 reference: aligned = every row on the same
-    cursor, no padding or forced flushes (all rows pre-fold in the same step, as a batch that started together
-    does in the server); staggered = padded rows, forced flushes (folded after the output) and window switches
-    mixed in. fold_in_read=True raises unless the path applies, so the path is known to run here."""
+@pytest.mark.parametrize("fold", ["in_read", "after_s3"])
+def test_v3_fold_in_read(kind, aligned, fold):
+    """A full ring (h == L) folded by the next step, against the float64 reference: in_read = as the pipelined
+    read brings each checkpoint chunk in (kernels/decode_v3.py _tile_dots_fold; fold_in_read=True raises
+    unless the path applies, so it is known to run here); after_s3 = after the output, the fold's K-chunk loop
+    pipelined over 3 stages (fold_stages). aligned = every row on the same cursor, no padding or forced
+    flushes (all rows pre-fold in the same step, as a batch that started together does in the server);
+    staggered = padded rows, forced flushes (folded after the output) and window switches mixed in."""
     kw = dict(p_pad=0.0, p_forced=0.0) if aligned else dict(p_forced=0.15, windows=(6, 6, 3))
+    fo = dict(fold_in_read=True) if fold == "in_read" else dict(fold_in_read=False, fold_stages=3)
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=53, impl="v3", fold="dot3",
-                 v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_in_read=True), **kw)
+                 v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, **fo), **kw)
     st = hz.run(14)
     assert st["prefold_appends"] >= (6 if aligned else 1)
     if aligned:
@@ -738,9 +741,10 @@ def test_gpu_real_shapes_fold_in_read(kind, aligned):
     """The server's fp32 configuration (fp32 state and records, pipelined read, tf32x3 dot fold, PDL) with the
     pre-fold folded as the tile is read, compiled, real head sizes, B = 96: aligned = every row pre-folds in the
     same step (no padding, no forced flushes); staggered = padding, forced flushes, window switching."""
-    kw = dict(p_pad=0.0, p_forced=0.0) if aligned else dict(windows=(16, 16, 16, 4))
+    kw = dict(p_pad=0.0, p_forced=0.0, windows=(16,)) if aligned else dict(windows=(16, 16, 16, 4))
     hz = _real_harness(kind, B=96, seed=6, impl="v3", fold="dot3",
-                       v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_in_read=True), **kw)
+                       v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_in_read=True,
+                                    fold_stages=3), **kw)
     st = hz.run(34)
     assert st["prefold_appends"] > 0
 
