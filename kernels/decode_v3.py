@@ -391,10 +391,18 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, FOLD_IN_READ: tl.constexpr = False, FOLD_STAGES: tl.constexpr = 1,
+    ROLE: tl.constexpr = 0,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(not FOLD_IN_READ or (PIPE > 0 and FOLD_DOT and not HAS_RC), "FOLD_IN_READ: pipelined dot fold")
+    # ROLE (fold_in_read="split"): 0 = every row in this launch; 1 = every row but those that fold as they read
+    # (their programs return at once; this launch never compiles that path, so it keeps its registers); 2 = only
+    # those rows (the others return): a second launch, a PDL dependent of role 1 that starts in its last wave
+    tl.static_assert(ROLE == 0 or FOLD_IN_READ, "ROLE 1 / 2 split the rows by fold_in_read")
+    if ROLE == 1:
+        if USE_PDL:
+            gdc_launch_dependents()  # the fold launch may start: its rows are not this launch's
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -415,8 +423,15 @@ def replay_decode_v3_kernel(
     if HAS_H_ROWS:
         h_old = tl.load(h_rows + i_n).to(tl.int32)
     p_o = out + (i_n * HV + i_hv) * V + o_v
+    # Under PDL a split launch completes only after its primary (role 1: pre; role 2: role 1): every program
+    # waits (griddepcontrol.wait) before it returns, those that do no work too, so that the post launch, which
+    # waits for role 2, runs after all of them
     if slot < 0:
-        tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+        if ROLE != 0:
+            if USE_PDL:
+                gdc_wait()
+        if ROLE != 2:
+            tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
         return
 
     # C q~ and C k~ over the [BV, K] checkpoint tile, q~ = scale q / |q|, k~ = k / |k| (KDA: both times e^{G_t}
@@ -444,9 +459,24 @@ def replay_decode_v3_kernel(
     # a pre-fold that does not fold this step's token (h == L, not forced) folds each chunk as it is read
     # (_tile_dots_fold); a forced flush, and every fold with a read copy or without the pipelined dot fold,
     # folds after the output below
-    fold_in_read = False
+    fir_row = False
     if FOLD_IN_READ:
-        fold_in_read = pf0 & (fl0 == 0)
+        fir_row = pf0 & (fl0 == 0)
+    if ROLE == 1:
+        if fir_row:  # the fold launch (role 2) does this row
+            if USE_PDL:
+                gdc_wait()
+            return
+    if ROLE == 2:
+        if fir_row == 0:
+            if USE_PDL:
+                gdc_wait()
+            return
+    fold_in_read = False
+    if ROLE == 2:
+        fold_in_read = True  # constexpr: role 2 compiles only the fold-as-read path
+    elif ROLE == 0:
+        fold_in_read = fir_row
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
@@ -722,8 +752,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     fir_ok = int(pipe_stages) > 0 and fold in ("dot", "dot3") and not has_rc
+    if fold_in_read not in (None, False, True, "fused", "split"):
+        raise ValueError(f"fold_in_read must be False, 'fused' (or True) or 'split', got {fold_in_read!r}")
     if fold_in_read and not fir_ok:
         raise ValueError("fold_in_read needs pipe_stages > 0, fold 'dot' or 'dot3' and no read copy")
+    split = fold_in_read == "split"
     fold_in_read = bool(fold_in_read)
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
@@ -736,18 +769,21 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             USE_PDL=pdl, ROWS=pre_rows, **common,
         )
     if run_main:
-        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
-            mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
-            ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
-            float(scale), lb, L,
-            mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
-            DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read, FOLD_STAGES=fold_stages,
-            BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
-        )
+        # fold_in_read="split": role 1 (every row but those that fold as they read) then role 2 (only those), a
+        # PDL dependent of role 1; otherwise one launch (role 0)
+        for role in ((1, 2) if split else (0,)):
+            _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
+                mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+                ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
+                ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
+                float(scale), lb, L,
+                mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+                V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
+                DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
+                HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read,
+                FOLD_STAGES=fold_stages, ROLE=role, BKF=min(BK, max(16, fold_bytes // state.element_size())),
+                num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
+            )
     if run_post and (advance_h or may_prefold):
         post_common = {k: v for k, v in common.items() if k != "HAS_H_ROWS"}
         replay_decode_v3_post_kernel[(B, lay.HK)](

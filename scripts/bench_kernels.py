@@ -17,8 +17,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
-  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold folded as the tile is read (fir) or after the
-              output (nofir) with its K-chunk loop pipelined over 1-3 stages (_sN), staggered or aligned cursors
+  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold of a full ring folded after the output (nofir) or
+              as the tile is read in a second launch of those rows only (split; _s3: forced flushes' fold pipelined
+              over 3 stages), staggered or aligned cursors (_aligned)
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
@@ -473,15 +474,14 @@ def main():
                     arms["upstream_aligned"] = arm_upstream(c, aligned=True)
                     for al in (False, True):
                         sfx = "_aligned" if al else ""
-                        for fs in (1, 2, 3):
-                            arms[f"v3f_r32_nofir_s{fs}{sfx}"] = arm_ours(
-                                c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
-                                v3_opts=dict(P3, fold_in_read=False, fold_stages=fs), aligned=al)
-                        arms[f"v3f_r32_fir{sfx}"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", fold="dot3",
-                                                            v3_opts=dict(P3, fold_in_read=True), aligned=al)
-                        arms[f"v3f_r16_nofir_s3{sfx}"] = arm_ours(
-                            c, torch.bfloat16, cfg=cfg3, impl="v3", fold="dot3",
-                            v3_opts=dict(P3, fold_in_read=False, fold_stages=3), aligned=al)
+                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
+                            arms[f"v3f_{rn}_nofir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                                                   v3_opts=dict(P3, fold_in_read=False), aligned=al)
+                            arms[f"v3f_{rn}_split{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                                                   v3_opts=dict(P3, fold_in_read="split"), aligned=al)
+                            arms[f"v3f_{rn}_split_s3{sfx}"] = arm_ours(
+                                c, rdt, cfg=cfg3, impl="v3", fold="dot3",
+                                v3_opts=dict(P3, fold_in_read="split", fold_stages=3), aligned=al)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):

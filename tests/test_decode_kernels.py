@@ -522,16 +522,18 @@ def test_v3_pipelined_tile_read(kind, read_dtype):
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "staggered"])
-@pytest.mark.parametrize("fold", ["in_read", "after_s3"])
+@pytest.mark.parametrize("fold", ["in_read", "split", "after_s3"])
 def test_v3_fold_in_read(kind, aligned, fold):
     """A full ring (h == L) folded by the next step, against the float64 reference: in_read = as the pipelined
     read brings each checkpoint chunk in (kernels/decode_v3.py _tile_dots_fold; fold_in_read=True raises
-    unless the path applies, so it is known to run here); after_s3 = after the output, the fold's K-chunk loop
+    unless the path applies, so it is known to run here); split = the same in a second launch that does only
+    those rows (role 2), the first launch (role 1) every other row; after_s3 = after the output, the fold's K-chunk loop
     pipelined over 3 stages (fold_stages). aligned = every row on the same cursor, no padding or forced
     flushes (all rows pre-fold in the same step, as a batch that started together does in the server);
     staggered = padded rows, forced flushes (folded after the output) and window switches mixed in."""
     kw = dict(p_pad=0.0, p_forced=0.0) if aligned else dict(p_forced=0.15, windows=(6, 6, 3))
-    fo = dict(fold_in_read=True) if fold == "in_read" else dict(fold_in_read=False, fold_stages=3)
+    fo = {"in_read": dict(fold_in_read=True), "split": dict(fold_in_read="split"),
+          "after_s3": dict(fold_in_read=False, fold_stages=3)}[fold]
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=53, impl="v3", fold="dot3",
                  v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, **fo), **kw)
     st = hz.run(14)
@@ -737,13 +739,14 @@ def test_gpu_real_shapes_v3_pdl(kind, state_dtype, B):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "staggered"])
-def test_gpu_real_shapes_fold_in_read(kind, aligned):
+@pytest.mark.parametrize("mode", [True, "split"], ids=["fused", "split"])
+def test_gpu_real_shapes_fold_in_read(kind, aligned, mode):
     """The server's fp32 configuration (fp32 state and records, pipelined read, tf32x3 dot fold, PDL) with the
     pre-fold folded as the tile is read, compiled, real head sizes, B = 96: aligned = every row pre-folds in the
     same step (no padding, no forced flushes); staggered = padding, forced flushes, window switching."""
     kw = dict(p_pad=0.0, p_forced=0.0, windows=(16,)) if aligned else dict(windows=(16, 16, 16, 4))
     hz = _real_harness(kind, B=96, seed=6, impl="v3", fold="dot3",
-                       v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_in_read=True,
+                       v3_opts=dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_in_read=mode,
                                     fold_stages=3), **kw)
     st = hz.run(34)
     assert st["prefold_appends"] > 0
