@@ -13,15 +13,13 @@ decided per row on the device:
     loads, NK chunks) plus dot products against the h cached keys; a non-flush step appends its
     record, a flush step re-reads the checkpoint chunks (cache hits) and folds the records (rank-1
     updates, one record at a time) and this token into it;
-  * a pre-step fold (h >= L: the ring filled on an earlier step, decode or verify, or a shorter window
-    from the policy) folds the records into the checkpoint first and writes it; decode v3 folds each
-    checkpoint chunk as its pipelined read brings it in (one pass over the state).
+  * a pre-step fold (h >= L: after a verify step, or a shorter window from the policy) folds the
+    records into the checkpoint first and writes it.
 
-Per row (ring.py's rule; since 2026-11-30 a full ring waits for the next step's pre-fold instead of
-folding the token that fills it, unless L = 1):
+Per row:
   prefold  = h >= L             (h + T > L with T = 1)
   h_eff    = 0 if prefold else h
-  flush    = L == 1 or forced   (the step folds its own token too)
+  flush    = h_eff + 1 >= L or forced
   h_new    = 0 if flush else h_eff + 1
 The kernel writes h itself, on the device: every program of a row reads h first; the row's
 programs count their arrival on a per-slot counter (``arrive``, always 0 between launches) and the
@@ -94,7 +92,7 @@ def _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX: tl.constexpr):
 @triton.jit
 def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
     """ring.py's rule for a T = 1 decode step of row i_n, in Triton (the one copy every decode
-    kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = L == 1 or forced;
+    kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = h_eff + 1 >= L or forced;
     h_new = 0 if flush else h_eff + 1."""
     if HAS_FORCED:
         is_forced = tl.load(forced + i_n) != 0
@@ -102,7 +100,7 @@ def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
         is_forced = h_old < 0  # h >= 0: never
     prefold = h_old >= L
     h_eff = tl.where(prefold, 0, h_old)
-    flush = ((h_eff + 1) >= L) & (L <= 1) | is_forced  # a full ring waits for the next step's pre-fold
+    flush = ((h_eff + 1) >= L) | is_forced
     h_new = tl.where(flush, 0, h_eff + 1)
     return prefold, h_eff, flush, h_new
 
@@ -438,8 +436,7 @@ def replay_decode(
     step, given by the caller (e.g. a model-wide h gathered once per forward), so the kernel does not
     load ring.h; ``advance_h=False`` leaves h alone (the caller advances it, e.g. once per forward with
     ``decode_v2.advance_h_``); ``may_prefold=False`` (only with advance_h=False) also skips the post
-    launch, a promise by the caller that every row has h < L (no pre-step fold can happen; a ring that
-    filled on the previous step has h == L and needs it).
+    launch, a promise by the caller that every row has h < L (no pre-step fold can happen).
     v2 ignores ``k_chunks`` and ``dot_precision``; its ``fold`` is "loop" (default) or "unroll" (the record
     loop unrolled over the ring capacity, masked by h); its ``records`` is "masked" (load the h committed
     records) or "all" (load every ring position without waiting for h, zero those past h with a select);

@@ -52,12 +52,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _slot_row, ring_rows
-from replayssm_sglang.kernels.decode_v2 import _fold_records
+from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
 @triton.jit
 def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-             coef, scal, hsnap, scale, lower_bound, L, stride_qkv, stride_a,
+             coef, scal, scale, lower_bound, L, stride_qkv, stride_a,
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr):
@@ -74,8 +74,6 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
-        if i_hk == 0:
-            tl.store(hsnap + i_n, h_old)  # for the post launch, whose programs must not read h as one writes it
 
         o_k = tl.arange(0, BK)
         o_c = tl.arange(0, BC)
@@ -136,7 +134,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
 @triton.jit
 def replay_decode_v3_pre_kernel(
     mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-    coef, scal, hsnap,
+    coef, scal,
     scale, lower_bound, L, stride_qkv, stride_a, B,
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
@@ -155,56 +153,8 @@ def replay_decode_v3_pre_kernel(
         i_n = tl.program_id(0) * ROWS + r
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-                     ring_idx, coef, scal, hsnap, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP,
-                     BK, BC,
+                     ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX)
-
-
-@triton.jit
-def replay_decode_v3_post_kernel(
-    mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, hsnap, h_dst, slot_idx, forced, ring_idx,
-    lower_bound, L, stride_qkv, stride_a,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
-    CAP: tl.constexpr, BK: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    WRITE_H: tl.constexpr, USE_PDL: tl.constexpr = False, HAS_RING_IDX: tl.constexpr = False,
-):
-    """One program per (row, key head), after the main launch: h_dst[ring row] = ring.h_after_decode(h) (key
-    head 0, WRITE_H) and, for a row that pre-folded and appended (a full ring: one row in L every step), record
-    0's parts shared by the row's programs: this key head's l2-normalised key and G_0 = g_t of its value heads.
-    decode v2's post launch does the same with one program per row, a loop over every head: since a full ring
-    is folded by the next step (pre-fold), that loop ran for 1/L of the rows at every step, and its serial
-    48 (GDN) / 64 (KDA) heads per program were the launch's tail. h_old comes from the pre launch's snapshot
-    (hsnap: the row's h, or h_rows), not from ring.h, which key head 0's program rewrites while the others run.
-    USE_PDL: waits for the main launch first."""
-    if USE_PDL:
-        gdc_wait()
-    i_n = tl.program_id(0)
-    i_hk = tl.program_id(1)
-    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-    if slot >= 0:
-        h_old = tl.load(hsnap + i_n)
-        prefold, h_eff, flush, h_new = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
-        if WRITE_H:
-            if i_hk == 0:
-                tl.store(h_dst + rrow, h_new)
-        if prefold & (flush == 0):
-            o_k = tl.arange(0, BK)
-            mask_k = o_k < K
-            p_x = mixed_qkv + i_n * stride_qkv
-            i_h = i_hk if not IS_KDA else i_hk // (HV // H)  # the q/k head of this key head's record
-            kk = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-            kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
-            tl.store(ring_k + (rrow * HK + i_hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
-            G_PER: tl.constexpr = HV // HK  # value heads per key head (GDN: GQA group; KDA: 1)
-            for j in tl.static_range(G_PER):
-                hv = i_hk * G_PER + j
-                gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
-                                IS_KDA, USE_LOWER_BOUND)
-                if IS_KDA:
-                    tl.store(ring_g + (rrow * HV + hv) * CAP * GK + o_k, gg, mask=mask_k)
-                else:
-                    tl.store(ring_g + (rrow * HV + hv) * CAP, gg)
 
 
 @triton.jit
@@ -316,66 +266,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _tile_dots_fold(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
-                    base_u, base_k, base_g, h_old,
-                    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
-                    IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, V: tl.constexpr, GK: tl.constexpr,
-                    BCD: tl.constexpr, DOT_PREC: tl.constexpr):
-    """_tile_dots (PIPE > 0) of a row that pre-folds without folding its own token (h == L, not forced: the
-    common checkpoint write, ring.py's rule): as each K chunk of the old checkpoint C lands it gives its part
-    of C q~ and C k~ AND its part of the new checkpoint, written at once:
-        S_c = C_c e^{G_f} + sum_{j < h} u_j (k_j,c e^{G_f - G_j})^T,   G_f = G of the last record,
-    one tl.dot of [BV, BCD] decayed corrections by [BCD, BKT] keys per chunk (KDA: the per-K decays in the
-    keys). One pass over the tile, where folding after the loop re-reads every chunk: with all rows of a
-    batch on the same cursor that second pass made the pre-fold step 3.4x a plain step (H200, 2026-11-30
-    06:56 profile of the GDN server, 503 vs 146 us). The output still comes from the old C and the h records
-    (the caller's coefficients), which equals the new checkpoint's with none. p_tile is the checkpoint (never a
-    read copy); the records' reads here precede the caller's rewrite of record 0 (it puts a barrier between)."""
-    o_k = tl.arange(0, BK)
-    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
-    NC: tl.constexpr = BK // BKT
-    o_ch = tl.arange(0, NC)
-    offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]
-    Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                       H, K, IS_KDA, USE_LOWER_BOUND)
-    o_cd = tl.arange(0, BCD)
-    valid_d = o_cd < h_old
-    Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
-                 other=0).to(tl.float32)  # [BV, BCD]
-    if not IS_KDA:
-        G_f = tl.load(base_g + (h_old - 1))
-        g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
-        Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
-        e_f = tl.exp(G_f)
-    dq = tl.zeros(o_v.shape, dtype=tl.float32)
-    dk = tl.zeros(o_v.shape, dtype=tl.float32)
-    for c in tl.range(0, NC, num_stages=PIPE):
-        o_kc = c * BKT + tl.arange(0, BKT)
-        mk = o_kc < K
-        m_c = mask_v[:, None] & mk[None, :]
-        p_c = p_tile + o_v[:, None] * K + o_kc[None, :]
-        C_c = tl.where(m_c, tl.load(p_c, mask=m_c).to(tl.float32), 0.0)
-        sel = o_ch[:, None] == c
-        dq += tl.sum(C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :], 1)
-        dk += tl.sum(C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :], 1)
-        m_d = valid_d[:, None] & mk[None, :]
-        Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)  # [BCD, BKT]
-        if IS_KDA:
-            G_fc = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk, other=0)
-            g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
-            Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
-            S_c = C_c * tl.exp(G_fc)[None, :]
-        else:
-            S_c = C_c * e_f
-        S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
-        tl.store(p_c, S_c.to(p_tile.dtype.element_ty), mask=m_c)
-    return dq * s_q, dk * s_k
-
-
-@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -390,19 +280,10 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, FOLD_IN_READ: tl.constexpr = False, FOLD_STAGES: tl.constexpr = 1,
-    ROLE: tl.constexpr = 0,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
-    tl.static_assert(not FOLD_IN_READ or (PIPE > 0 and FOLD_DOT and not HAS_RC), "FOLD_IN_READ: pipelined dot fold")
-    # ROLE (fold_in_read="split"): 0 = every row in this launch; 1 = every row but those that fold as they read
-    # (their programs return at once; this launch never compiles that path, so it keeps its registers); 2 = only
-    # those rows (the others return): a second launch, a PDL dependent of role 1 that starts in its last wave
-    tl.static_assert(ROLE == 0 or FOLD_IN_READ, "ROLE 1 / 2 split the rows by fold_in_read")
-    if ROLE == 1:
-        if USE_PDL:
-            gdc_launch_dependents()  # the fold launch may start: its rows are not this launch's
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -423,15 +304,8 @@ def replay_decode_v3_kernel(
     if HAS_H_ROWS:
         h_old = tl.load(h_rows + i_n).to(tl.int32)
     p_o = out + (i_n * HV + i_hv) * V + o_v
-    # Under PDL a split launch completes only after its primary (role 1: pre; role 2: role 1): every program
-    # waits (griddepcontrol.wait) before it returns, those that do no work too, so that the post launch, which
-    # waits for role 2, runs after all of them
     if slot < 0:
-        if ROLE != 0:
-            if USE_PDL:
-                gdc_wait()
-        if ROLE != 2:
-            tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+        tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
         return
 
     # C q~ and C k~ over the [BV, K] checkpoint tile, q~ = scale q / |q|, k~ = k / |k| (KDA: both times e^{G_t}
@@ -453,41 +327,14 @@ def replay_decode_v3_kernel(
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
     has = h_old > 0
     from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
-    pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     if HAS_RC:
+        pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
         from_rc = (pf0 | fl0) == 0
-    # a pre-fold that does not fold this step's token (h == L, not forced) folds each chunk as it is read
-    # (_tile_dots_fold); a forced flush, and every fold with a read copy or without the pipelined dot fold,
-    # folds after the output below
-    fir_row = False
-    if FOLD_IN_READ:
-        fir_row = pf0 & (fl0 == 0)
-    if ROLE == 1:
-        if fir_row:  # the fold launch (role 2) does this row
-            if USE_PDL:
-                gdc_wait()
-            return
-    if ROLE == 2:
-        if fir_row == 0:
-            if USE_PDL:
-                gdc_wait()
-            return
-    fold_in_read = False
-    if ROLE == 2:
-        fold_in_read = True  # constexpr: role 2 compiles only the fold-as-read path
-    elif ROLE == 0:
-        fold_in_read = fir_row
-    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
     if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-    elif fold_in_read:
-        Cq, Ck = _tile_dots_fold(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a,
-                                 dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound, base_u,
-                                 ring_k + (rrow * HK + i_hk) * CAP * K, ring_g + (rrow * HV + i_hv) * CAP * GK,
-                                 h_old, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND, V, GK, BCD, DOT_PREC)
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
@@ -517,15 +364,14 @@ def replay_decode_v3_kernel(
 
     prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     valid = o_c < h_old
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                  other=0).to(tl.float32)  # [BC, BV]
     u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
-    if fold_in_read:
-        tl.debug_barrier()  # the fold's reads of record 0 (other threads' layouts) precede its rewrite below
-    if (flush | (prefold & (fold_in_read == 0))) & FOLD_CHUNKED:
+    if (flush | prefold) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -552,7 +398,7 @@ def replay_decode_v3_kernel(
                 g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
                 Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-        for c in tl.range(0, BK // BKF, num_stages=FOLD_STAGES):
+        for c in tl.static_range(BK // BKF):
             o_kc = c * BKF + tl.arange(0, BKF)
             mk = o_kc < K
             m_c = mask_v[:, None] & mk[None, :]
@@ -603,7 +449,7 @@ def replay_decode_v3_kernel(
                                      m_c, True)
                 tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
-    if (flush | (prefold & (fold_in_read == 0))) & (not FOLD_CHUNKED):
+    if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -665,7 +511,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, fold_in_read=None, fold_stages=None):
+           ring_idx=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -676,15 +522,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     checkpoint read starts while the pre launch still runs and waits (griddepcontrol.wait) only before it uses
     the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
     pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
-    be resident at once, for PDL's overlap).
-    fold_in_read: a row that pre-folds without its own token (h == L, not forced: every checkpoint write of plain
-    decode) folds each checkpoint chunk as the pipelined read brings it in (_tile_dots_fold) instead of re-reading
-    the tile after the output. Off by default: the fused loop needs ~250 registers (ptxas sm_90; 103 without),
-    which cut the occupancy of every program, and measured slower on the H200 (run 2026-11-30 07:19, GDN fp32
-    B = 256, fp32 records: 228.6 vs 198.4 us staggered, 199.9 vs 183.9 aligned). It needs pipe_stages > 0, a
-    dot fold and no read copy.
-    fold_stages: the software-pipelining depth of the K-chunk loop of a fold after the output (1: each chunk's
-    checkpoint and key loads wait for the previous chunk's store; 2-3: loaded ahead as asynchronous copies)."""
+    be resident at once, for PDL's overlap)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -694,9 +532,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
-    fold_stages = int(fold_stages if fold_stages is not None else tuned.get("fold_stages", 1))
-    if not 1 <= fold_stages <= 4:
-        raise ValueError(f"fold_stages must be 1..4, got {fold_stages}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if _diag_parts not in ("all", "pre", "main", "post"):
@@ -721,7 +556,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # scratch (graph-safe: the caching allocator serves captured launches from the graph's pool)
     coef = torch.empty(B, HV, 2, BC, dtype=torch.float32, device=dev)
     scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
-    hsnap = torch.empty(B, dtype=torch.int32, device=dev)  # h before the step, per row (pre -> post)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
                   HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
                   USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None)
@@ -751,45 +585,35 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    fir_ok = int(pipe_stages) > 0 and fold in ("dot", "dot3") and not has_rc
-    if fold_in_read not in (None, False, True, "fused", "split"):
-        raise ValueError(f"fold_in_read must be False, 'fused' (or True) or 'split', got {fold_in_read!r}")
-    if fold_in_read and not fir_ok:
-        raise ValueError("fold_in_read needs pipe_stages > 0, fold 'dot' or 'dot3' and no read copy")
-    split = fold_in_read == "split"
-    fold_in_read = bool(fold_in_read)
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal, hsnap,
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, **common,
         )
     if run_main:
-        # fold_in_read="split": role 1 (every row but those that fold as they read) then role 2 (only those), a
-        # PDL dependent of role 1; otherwise one launch (role 0)
-        for role in ((1, 2) if split else (0,)):
-            _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
-                mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-                ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
-                ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
-                float(scale), lb, L,
-                mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-                V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
-                DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
-                HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages), FOLD_IN_READ=fold_in_read,
-                FOLD_STAGES=fold_stages, ROLE=role, BKF=min(BK, max(16, fold_bytes // state.element_size())),
-                num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
-            )
+        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
+            mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
+            ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
+            float(scale), lb, L,
+            mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
+            DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
+            HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
+            BKF=min(BK, max(16, fold_bytes // state.element_size())),
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
+        )
     if run_post and (advance_h or may_prefold):
-        post_common = {k: v for k, v in common.items() if k != "HAS_H_ROWS"}
-        replay_decode_v3_post_kernel[(B, lay.HK)](
-            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, hsnap, ring.h, slot_idx, f, ri,
+        replay_decode_v2_post_kernel[(B,)](
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
-            WRITE_H=bool(advance_h), num_warps=1, num_stages=1, USE_PDL=pdl, **post_common, **_pdl_kw(pdl),
+            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
+            **_pdl_kw(pdl),
         )
     if has_rc:
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # every real row now holds round(checkpoint) in its read copy

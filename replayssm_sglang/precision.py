@@ -379,15 +379,23 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
     rec_err = {n: [] for n in ring_arms}  # ||C - S_exact|| / ||S_exact|| at every flush
     for t in range(steps):
         g, k, q = x.g[t], x.k[t], x.q[t]
-        # plain decode: the ring fills at step t = L - 1 (h = L) and step L folds it before its own token
-        # (ring.decode_flushes: a pre-step fold), then every L steps
-        fold = t > 0 and t % L == 0
-        if fold:
+        flush = (t + 1) % L == 0  # plain decode: ring.decode_flushes is true when h + 1 == L
+        if flush:  # this step reads the recurrence copy: switch to the trajectory from C
             for n in ring_arms:
                 i = idx[n]
-                # the fold reads the recurrence copy: C e^{Gw} + the records = the running state (from Cr)
-                # plus (C - Cr) e^{Gw}, the records being fixed
-                F = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])
+                S[i] = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])
+        S = S * torch.exp(g)  # [N, V, K] * [GK]
+        u = x.beta[t] * (x.v[t] - S @ k)  # [N, V]
+        S = S + u[:, :, None] * k
+        out[t] = S @ q
+        Gw = Gw + g
+        if "a_every_step" in idx:
+            i = idx["a_every_step"]
+            S[i] = round_nearest(S[i], dtype)
+        if flush:
+            for n in ring_arms:
+                i = idx[n]
+                F = S[i]
                 if n == "b_checkpoint":
                     C[i] = round_nearest(F, dtype)
                     Cr[i] = C[i]
@@ -399,29 +407,15 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
                     Cr[i] = round_read(F, dtype)
                 else:
                     raise ValueError(f"unknown arm {n!r}")
-                S[i] = C[i]  # this step's token runs from the new recurrence copy (it reads nothing else)
+                S[i] = Cr[i]
                 rec_err[n].append(float(torch.linalg.vector_norm(C[i] - S[0]) / torch.linalg.vector_norm(S[0])))
             Gw = torch.zeros_like(Gw)
-        S = S * torch.exp(g)  # [N, V, K] * [GK]
-        u = x.beta[t] * (x.v[t] - S @ k)  # [N, V]
-        S = S + u[:, :, None] * k
-        out[t] = S @ q
-        Gw = Gw + g
-        if "a_every_step" in idx:
-            i = idx["a_every_step"]
-            S[i] = round_nearest(S[i], dtype)
-        if fold:
-            # the next steps read the read copy plus the records (this token's record 0 was made from C):
-            # the same records on Cr instead of C
-            for n in ring_arms:
-                i = idx[n]
-                S[i] = S[i] + (Cr[i] - C[i]) * torch.exp(Gw[i])
     o = out[:, 0]
     norm = torch.linalg.vector_norm(o, dim=-1)
     res = {n: torch.linalg.vector_norm(out[:, idx[n]] - o, dim=-1) / norm for n in arms}
     res["norm"] = norm
     res["outputs"] = out
-    for n in ring_arms:  # the recurrence copy's own error at each fold (steps L, 2L, ...)
+    for n in ring_arms:  # the recurrence copy's own error after each flush (step L, 2L, ...)
         res["recurrence_" + n] = torch.tensor(rec_err[n], dtype=F64)
     return res
 

@@ -164,33 +164,25 @@ def needs_prefold(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
     return (h + T) > L
 
 
-def _flush_after(h: torch.Tensor, L: int, forced: torch.Tensor | None) -> torch.Tensor:
-    """Per row: does a T = 1 decode step fold its own token into the checkpoint (h = 0 after)? Only when
-    forced (the radix cache needs the exact state at this token) or L == 1 (window 1: the conventional
-    decode, read-update-write every token). Otherwise a full ring (h == L) waits for the next step,
-    which folds the L records before appending (``needs_prefold``: the T = 1 case of verify's rule).
-    Why lazily: the fold then needs nothing of the step's own token, so a kernel can fold each chunk
-    of the checkpoint as it reads it (one pass over the state, like the conventional update), where
-    folding the token too must wait for the whole tile's dot product first (a second pass)."""
-    out = torch.full_like(h, L == 1, dtype=torch.bool)
+def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row, for a T = 1 decode step starting at committed count h: does the step write the
+    checkpoint (after committing its token)? True when the ring becomes full or a flush is forced.
+    A pre-step fold (h == L, only reachable after a verify step) also writes it."""
+    after = h + 1
+    out = (after >= L) | needs_prefold(h, 1, L)
     if forced is not None:
         out = out | forced.to(torch.bool)
     return out
 
 
-def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
-    """Per row, for a T = 1 decode step starting at committed count h: does the step write the
-    checkpoint? True for a pre-step fold (h == L: the ring filled on an earlier step, decode or
-    verify), a forced flush, and every step of window L = 1."""
-    return needs_prefold(h, 1, L) | _flush_after(h, L, forced)
-
-
 def h_after_decode(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
-    """Committed count after a T = 1 decode step: h + 1, or 1 after a pre-step fold, or 0 when the step
-    folded its own token (forced, or L == 1). Never more than L."""
+    """Committed count after a T = 1 decode step (0 when the step flushed)."""
     start = torch.where(needs_prefold(h, 1, L), torch.zeros_like(h), h)
     after = start + 1
-    return torch.where(_flush_after(h, L, forced), torch.zeros_like(after), after).to(h.dtype)
+    flush = after >= L
+    if forced is not None:
+        flush = flush | forced.to(torch.bool)
+    return torch.where(flush, torch.zeros_like(after), after).to(h.dtype)
 
 
 def h_after_verify(h: torch.Tensor, T: int, L: int, accepted: torch.Tensor) -> torch.Tensor:

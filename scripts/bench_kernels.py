@@ -17,9 +17,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
-  v3f_*        (--variants fir, fp32 states, B >= 128) the pre-fold of a full ring folded after the output (nofir) or
-              as the tile is read in a second launch of those rows only (split; _s3: forced flushes' fold pipelined
-              over 3 stages), staggered or aligned cursors (_aligned)
+  *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
+              writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
@@ -228,13 +227,12 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
     if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
         rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
-        # the caller's h: the staggered cycle 1..L (h = L: the row's ring is full and this step folds it)
-        h_rows = [((rows_t + s) % c.L + 1).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
+        h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
 
         def run(step):
             if rows:
-                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=True)
+                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
             vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
@@ -466,22 +464,13 @@ def main():
                                 arms[f"v3p_{rn}_pdl_{bv}x{nw}"] = arm_ours(
                                     c, rdt, cfg=(bv, nw), impl="v3", fold="dot3",
                                     v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
-                if v3 and "fir" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
-                    # the pre-fold of a full ring folded as the tile is read (fold_in_read, default) or after the
-                    # output (the old second pass), 128- and 64-byte chunks, staggered and aligned cursors (with one
-                    # pool and NSTEPS = L = 16 every graph replay holds exactly one pre-fold step per row)
-                    P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+                if v3 and "aligned" in variants and B >= 128 and c.NL == 1:
+                    # every row on the same cursor: one step in L writes every checkpoint (with one pool and
+                    # NSTEPS = L = 16, every graph replay holds exactly one such step)
                     arms["upstream_aligned"] = arm_upstream(c, aligned=True)
-                    for al in (False, True):
-                        sfx = "_aligned" if al else ""
-                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
-                            arms[f"v3f_{rn}_nofir{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
-                                                                   v3_opts=dict(P3, fold_in_read=False), aligned=al)
-                            arms[f"v3f_{rn}_split{sfx}"] = arm_ours(c, rdt, cfg=cfg3, impl="v3", fold="dot3",
-                                                                   v3_opts=dict(P3, fold_in_read="split"), aligned=al)
-                            arms[f"v3f_{rn}_split_s3{sfx}"] = arm_ours(
-                                c, rdt, cfg=cfg3, impl="v3", fold="dot3",
-                                v3_opts=dict(P3, fold_in_read="split", fold_stages=3), aligned=al)
+                    arms["v3_r16_aligned"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", aligned=True)
+                    if sdt == "float32":
+                        arms["v3_r32_aligned"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", aligned=True)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):

@@ -76,12 +76,11 @@ def test_small_gdn_tp1_fp32(tmp_path, capsys):
     assert req["ring_bytes"] == 3 * 836
     # conventional decode: read + write the state: 2 * 1024 per layer
     assert req["conventional_decode_bytes_per_token"] == 3 * 2 * 1024 == 6144
-    # ReplaySSM decode, L=4: read 1024 + write 1024/4 + mean records read over the cycle of h at the step's
-    # start (4 = the pre-fold step, then 1, 2, 3)/4 = 2.5 * 208 + one record written 208
-    # = 1024 + 256 + 520 + 208 = 2008 per layer
-    assert lay["replayssm_decode_bytes_per_token"] == 2008
-    assert req["replayssm_decode_bytes_per_token"] == 3 * 2008 == 6024
-    assert req["decode_ceiling_speedup"] == pytest.approx(6144 / 6024)
+    # ReplaySSM decode, L=4: read 1024 + write 1024/4 + mean records read (0+1+2+3)/4 = 1.5 * 208
+    # + one record written 208 = 1024 + 256 + 312 + 208 = 1800 per layer
+    assert lay["replayssm_decode_bytes_per_token"] == 1800
+    assert req["replayssm_decode_bytes_per_token"] == 3 * 1800 == 5400
+    assert req["decode_ceiling_speedup"] == pytest.approx(6144 / 5400)
     # memory: conventional 1 state per layer; ReplaySSM checkpoint + ring
     assert req["memory_bytes"]["conventional_decode"] == 3072
     assert req["memory_bytes"]["replayssm"] == 3 * (1024 + 836)
@@ -100,8 +99,8 @@ def test_small_gdn_tp2(tmp_path, capsys):
     # record: (2*8 + 1*8) * 4 = 96 B + g 2 * 4 = 8 B
     assert lay["record_bytes"] == 104
     assert lay["ring_bytes"] == 4 * 104 + 4
-    # decode: 512 + 512/4 + 2.5*104 + 104 = 512 + 128 + 260 + 104 = 1004
-    assert lay["replayssm_decode_bytes_per_token"] == 1004
+    # decode: 512 + 512/4 + 1.5*104 + 104 = 512 + 128 + 156 + 104 = 900
+    assert lay["replayssm_decode_bytes_per_token"] == 900
     assert lay["conventional_decode_bytes_per_token"] == 1024
 
 
@@ -112,8 +111,8 @@ def test_small_gdn_bf16_state_and_records(tmp_path, capsys):
     # state bf16: 4*8*8*2 = 512; record: 48 * 2 = 96 + fp32 g 16 = 112
     assert lay["state_bytes"] == 512
     assert lay["record_bytes"] == 112
-    # decode: 512 + 128 + 2.5*112 + 112 = 512 + 128 + 280 + 112 = 1032
-    assert lay["replayssm_decode_bytes_per_token"] == 1032
+    # decode: 512 + 128 + 1.5*112 + 112 = 512 + 128 + 168 + 112 = 920
+    assert lay["replayssm_decode_bytes_per_token"] == 920
     assert d["settings"]["state_dtype_source"] == "--state-dtype"
 
 
@@ -154,23 +153,22 @@ def test_spec_verify_hand_cycles(tmp_path, capsys):
 
 def test_read_copy_bf16(tmp_path, capsys):
     """fp32 state with a bf16 read copy (Sr = 512), L=4: three of four decode steps read Sr, the
-    pre-folding step reads S; the fold writes S and Sr.  Per token:
-    (3*512 + 1024)/4 + (1024 + 512)/4 + 2.5*208 + 208 = 640 + 384 + 520 + 208 = 1752 (records read:
-    h = 4 at the pre-fold step, then 1, 2, 3)."""
+    flushing step reads S; the flush writes S and Sr.  Per token:
+    (3*512 + 1024)/4 + (1024 + 512)/4 + 1.5*208 + 208 = 640 + 384 + 312 + 208 = 1544."""
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, read_dtype="bf16")
     lay = d["per_layer"]
     assert lay["read_copy_bytes"] == 512
-    assert lay["replayssm_decode_bytes_per_token"] == 1752
+    assert lay["replayssm_decode_bytes_per_token"] == 1544
     assert d["per_request"]["memory_bytes"]["replayssm"] == 3 * (1024 + 512 + 836)
 
 
 def test_read_copy_fp8(tmp_path, capsys):
     """fp8 e4m3 read copy: HV*V*K = 256 one-byte codes plus one fp32 scale per (value head, V-row),
     HV*V*4 = 128 bytes (replayssm_sglang.precision's layout): Sr = 384.  Per token:
-    (3*384 + 1024)/4 + (1024 + 384)/4 + 2.5*208 + 208 = 544 + 352 + 520 + 208 = 1624."""
+    (3*384 + 1024)/4 + (1024 + 384)/4 + 1.5*208 + 208 = 544 + 352 + 312 + 208 = 1416."""
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, read_dtype="fp8_e4m3")
     assert d["per_layer"]["read_copy_bytes"] == 384
-    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1624
+    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1416
     assert d["per_request"]["memory_bytes"]["replayssm"] == 3 * (1024 + 384 + 836)
 
 
@@ -183,7 +181,7 @@ def test_L1_is_conventional_plus_one_record(tmp_path, capsys):
 
 def test_batch_scales_totals(tmp_path, capsys):
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, batch=8)
-    assert d["batch_totals"]["replayssm_decode_bytes_per_step"] == 8 * 6024
+    assert d["batch_totals"]["replayssm_decode_bytes_per_step"] == 8 * 5400
     assert d["batch_totals"]["memory_bytes"]["conventional_decode"] == 8 * 3072
 
 
@@ -219,8 +217,8 @@ def test_small_kda(tmp_path, capsys):
     # per-K fp32 gate 4 * 8 * 4 = 128  -> 384
     assert lay["state_bytes"] == 1024
     assert lay["record_bytes"] == 256 + 128
-    # decode: 1024 + 256 + 2.5*384 + 384 = 2624
-    assert lay["replayssm_decode_bytes_per_token"] == 2624
+    # decode: 1024 + 256 + 1.5*384 + 384 = 2240
+    assert lay["replayssm_decode_bytes_per_token"] == 2240
     # conv: (4*8 + 2*4*8) = 96 channels * 3 * 2 B
     assert lay["conv_bytes"] == 96 * 3 * 2
 
@@ -291,10 +289,9 @@ def test_qwen3_next_80b_shape(capsys):
     assert d["per_layer"]["record_bytes"] == (32 * 128 + 16 * 128) * 4 + 32 * 4
     assert req["ring_bytes"] == 36 * (16 * 24704 + 4)
     S = 32 * 128 * 128 * 4
-    assert req["replayssm_decode_bytes_per_token"] == 36 * (S + S // 16 + 8.5 * 24704 + 24704)
-    # device-facts.md: about 1.72x for this layer with fp32 state and records with the eager fold (the token
-    # that fills the ring folded in its own step); 1.70x since a full ring waits for the next step's pre-fold
-    assert round(req["decode_ceiling_speedup"], 2) == 1.70
+    assert req["replayssm_decode_bytes_per_token"] == 36 * (S + S // 16 + 7.5 * 24704 + 24704)
+    # device-facts.md: about 1.72x for this layer with fp32 state and records
+    assert round(req["decode_ceiling_speedup"], 2) == 1.72
 
 
 def test_kimi_linear_48b_shape(capsys):
@@ -304,9 +301,9 @@ def test_kimi_linear_48b_shape(capsys):
     S = 32 * 128 * 128 * 4
     R = (32 * 128 + 32 * 128) * 4 + 32 * 128 * 4
     assert d["per_layer"]["record_bytes"] == R
-    assert d["per_request"]["replayssm_decode_bytes_per_token"] == 20 * (S + S // 16 + 9.5 * R)
-    # device-facts.md: about 1.59x with the per-K gate in every record (eager fold); 1.56x with the pre-fold
-    assert round(d["per_request"]["decode_ceiling_speedup"], 2) == 1.56
+    assert d["per_request"]["replayssm_decode_bytes_per_token"] == 20 * (S + S // 16 + 8.5 * R)
+    # device-facts.md: about 1.59x with the per-K gate in every record
+    assert round(d["per_request"]["decode_ceiling_speedup"], 2) == 1.59
 
 
 def test_text_output_mentions_capacity(tmp_path, capsys):
@@ -330,4 +327,4 @@ def test_registered_in_the_cli(tmp_path, capsys):
     cli = pytest.importorskip("replayssm_sglang.cli")
     rc = cli.main(["plan", "--config", str(write_cfg(tmp_path, SMALL_GDN)), "--cache-len", "4", "--json"])
     assert rc == 0
-    assert json.loads(capsys.readouterr().out)["per_request"]["replayssm_decode_bytes_per_token"] == 6024
+    assert json.loads(capsys.readouterr().out)["per_request"]["replayssm_decode_bytes_per_token"] == 5400

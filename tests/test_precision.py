@@ -182,7 +182,7 @@ def test_pool_writes_both_copies_from_one_matrix():
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_non_flush_steps_read_only_the_read_copy(kind):
-    """Poison the recurrence copy right after a fold: the L-1 non-fold steps that follow give the
+    """Poison the recurrence copy right after a flush: the L-1 non-flush steps that follow give the
     same outputs as an unpoisoned run (they read the read copy only); the next flush folds the
     poisoned recurrence copy (it reads nothing else), so NaN appears in both copies after it."""
     H, HV, K, V, L = 1, 1, 16, 8, 4
@@ -191,14 +191,14 @@ def test_non_flush_steps_read_only_the_read_copy(kind):
     zero = torch.zeros(1, HV, V, K, dtype=F64)
     a = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="bf16")
     b = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="bf16")
-    for t in range(L + 1):  # steps 0..L-1 fill the ring, step L folds it first (a pre-step fold)
+    for t in range(L):  # the step t = L-1 flushes
         assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
     assert bool(b.flushed[0])
     b.state.rec.fill_(math.nan)
-    for t in range(L + 1, 2 * L):
+    for t in range(L, 2 * L - 1):
         assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
         assert not bool(b.flushed[0])
-    o = b.step(x.step(2 * L), slot)
+    o = b.step(x.step(2 * L - 1), slot)
     assert bool(b.flushed[0])
     assert torch.isnan(o).all(), "the flush step reads the recurrence copy"
     assert torch.isnan(b.state.rec).all() and torch.isnan(b.state.read).all()
@@ -214,10 +214,10 @@ def test_flush_step_reads_only_the_recurrence_copy(kind):
     zero = torch.zeros(1, HV, V, K, dtype=F64)
     a = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="fp8_e4m3")
     b = P.TwoCopyReference(kind, zero, H=H, L=L, state_dtype="float32", read_dtype="fp8_e4m3")
-    for t in range(2 * L):  # folds at steps L and 2L (pre-step folds of a full ring)
+    for t in range(2 * L - 1):
         assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
     b.state.read.fill_(math.nan)
-    for t in range(2 * L, 4 * L):
+    for t in range(2 * L - 1, 4 * L):
         assert torch.equal(a.step(x.step(t), slot), b.step(x.step(t), slot))
     assert torch.equal(a.state.rec, b.state.rec) and torch.equal(a.state.read, b.state.read)
 
@@ -269,7 +269,7 @@ def test_error_study_slow_decay(kind, dtype):
     # what leaks into the recurrence copy (through the u cached by steps that read the read copy)
     # is below one read-copy rounding and does not accumulate; (b)'s checkpoint error does
     rc, rb = res["recurrence_c_two_copies"], res["recurrence_b_checkpoint"]
-    assert rc.shape[0] == (4096 - 1) // 16 and torch.isfinite(rc).all()  # folds at steps 16, 32, ..., 4080
+    assert rc.shape[0] == 4096 // 16 and torch.isfinite(rc).all()
     assert float(rc[-1]) <= 1.5 * float(rc[256 // 16 - 1]) and float(rc[-1]) < c4k
     assert float(rb[-1]) >= 2.0 * float(rb[256 // 16 - 1])
 

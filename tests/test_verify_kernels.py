@@ -264,9 +264,9 @@ def test_mixing_plain_and_speculative_steps_in_one_request(kind, L):
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_decode_kernel_and_verify_share_one_ring(kind):
-    """Plain steps through the decode kernel (kernels/decode.py, T = 1, auto-commit; a full ring folded by
-    the next step, a forced flush folding its own token) interleaved with verify steps (T > 1) on one
-    ring: every output and every checkpoint write matches the float64 accepted stream."""
+    """Plain steps through the decode kernel (kernels/decode.py, T = 1, auto-commit and eager fold)
+    interleaved with verify steps (T > 1) on one ring: every output and every checkpoint write
+    matches the float64 accepted stream."""
     dec = pytest.importorskip("replayssm_sglang.kernels.decode")
     H = HV = 1
     K = V = 16
@@ -283,13 +283,12 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
     slots = torch.tensor([1], dtype=torch.int32, device=DEV)
     ref = ReferenceStream(state[1:2].cpu().double(), kind=kind, H=H, HV=HV, K=K, V=V, A_log=A_log.cpu(),
                           dt_bias=dt_bias.cpu())
-    # (T, accepted or None = random): the steps walk through decode steps that fill the ring (h + 1 == L),
-    # decode steps that start with a full ring (h == L, left by a decode or a verify step), forced flushes
-    # and verify steps that fold first (h + T > L)
+    # (T, accepted or None = random): the first steps walk through a decode step that fills the
+    # ring (h + 1 == L) and one that starts with a full ring left by a verify (h == L)
+    # and a verify that folds first (h + T > L)
     tol = TOL[("float32", "float32")]
     plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (4, 3), (4, 2),
             (2, None), (4, None), (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (4, None), (1, 1)]
-    forced_steps = {5, 15}  # decode steps with a forced flush (the radix cache's block boundary)
     decode_steps = verify_steps = 0
     paths = set()
     for step, (Tt, acc_plan) in enumerate(plan):
@@ -298,12 +297,11 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
         ck_before = state[1].clone()
         o_ref = ref.verify(mixed.cpu(), a.cpu(), b.cpu(), Tt)
         if Tt == 1:
-            f = torch.tensor([int(step in forced_steps)], dtype=torch.int32)
-            out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L, forced=f.to(DEV))
+            out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L)
             before_token = ref.S.clone()
             ref.commit(torch.tensor([1]))
-            want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L, f)[0])
-            flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L, f)[0])
+            want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L)[0])
+            flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L)[0])
             decode_steps += 1
         else:
             out = ring_verify(mixed, a, b, A_log, dt_bias, state, slots, ring, Tt)
@@ -320,9 +318,9 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
         if flushed:
             paths.add((Tt == 1, want_h == 0))
             if Tt == 1:
-                # a forced flush folds its own token in (h -> 0); a step that starts with a full ring
-                # (h == L, left by a decode or a verify step) folds the committed records first and keeps
-                # its token as record 0 (h -> 1)
+                # a decode step that fills the ring folds its own token in (h -> 0); one that starts
+                # with a full ring (h == L, left by a verify) folds the committed records first and
+                # keeps its token as record 0 (h -> 1)
                 target = ref.S if want_h == 0 else before_token
             else:
                 target = folded_state  # verify folds before its drafts
