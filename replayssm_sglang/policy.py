@@ -26,14 +26,19 @@ import torch
 # records for an fp32 state):
 #   GDN fp32: B=1 1.25 / 0.42, B=32 1.05 / 0.86, B=128 1.01 / 1.38-1.41, B=256 - / 1.49-1.51
 #   KDA fp32: B=1 1.27 / 0.44, B=32 1.13 / 0.81, B=128 1.02 / 1.14-1.16, B=256 - / 1.23-1.24
+#   GDN fp32 at B=64 (kernels-20261130-0748.json, commit dea4a0b): window 1 1.02, buffered 1.22 (fp32 records);
+#     end to end (e2e-20261130-gdn-profile.json, 4c17d30) window 16 forced 1.12x at B = 64 against 1.01x for
+#     window 1 (0053766): so GDN fp32 switches at 32 (window 1 up to 32, the buffered window above)
+#   KDA fp32 at B=64 (same kernel run): window 1 1.06, buffered 1.03; end to end (6b77c5f, one run) the
+#     buffered window 1.17x against 1.09x for window 1: the evidence disagrees, the switch stays at 64
 #   GDN bf16: window 1 0.98-1.06 (B = 1, 32, 128); buffered 0.37-0.92 at every B (best arm)
 #   KDA bf16: window 1 1.00-1.06 (B = 1, 32, 128); buffered 0.30-0.56
-# fp32 states switch between B = 32 (window 1 faster) and 128 (buffered faster); 64 is a choice inside that
-# interval (the CUDA-graph sizes in between were not timed). bf16 states stay at window 1: the buffered path
+# fp32 states switch between B = 32 (window 1 faster) and 128 (buffered faster): GDN at 32 (B = 64 measured
+# buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed). bf16 states stay at window 1: the buffered path
 # measured slower than conventional at every B.
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
-    ("gdn", 4): 64,
+    ("gdn", 4): 32,
     ("gdn", 2): NEVER,
     ("kda", 4): 64,
     ("kda", 2): NEVER,
