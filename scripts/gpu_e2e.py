@@ -574,9 +574,13 @@ def profile_decode(srv: Server, vocab: int, linear_layers: int, out_dir: Path, B
     head = next((a for a in ranks if "-TP-0" in Path(a["trace"]).name), ranks[0])
     res["ranks"] = ranks
     res.update({k: head[k] for k in ("share", "share_of_span", "reason", "steps", "steps_method", "per_step",
-                                     "top_kernels", "warnings")})
+                                     "top_kernels", "state_kernel_durations", "warnings")})
     log(f"{srv.name}: profile B={B}: {trace_share.summary(head)}"
         + (f" [WARNING at most {max(logged)} requests ran at once]" if res["queued"] else ""))
+    for n, d in (head.get("state_kernel_durations") or {}).items():
+        if d.get("count"):
+            log(f"{srv.name}:   {n[:48]}: {d['count']} launches, median {d['median_us']:.1f} us, "
+                f"p90 {d['p90_us']:.1f}, max {d['max_us']:.1f}")
     return res
 
 

@@ -101,6 +101,26 @@ def test_share_exact_over_whole_steps(tmp_path, gz):
     assert "4 steps (graph_launch)" in s and "26.7% of GPU busy time" in s and "20.0% of the step" in s
 
 
+def test_state_kernel_durations_show_the_heavy_step():
+    """One step in four runs its state kernels 4x longer (a window whose checkpoint writes come together): the
+    per-kernel distribution shows both modes where the mean blends them; the share is unchanged in kind."""
+    ev = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}]
+    for i in range(10):
+        for e in step_events(i, first_partial=(i == 0), last_partial=(i == 9)):
+            if e.get("name") == STATE and i % 4 == 3:
+                e = dict(e, dur=400.0)
+            ev.append(e)
+    res = T.analyze({"traceEvents": ev}, linear_layers=2)
+    d = res["state_kernel_durations"][STATE]
+    # window: steps 1..8 (the first and last are partial and outside the boundaries), 2 state launches each
+    assert d["count"] == 16
+    assert d["median_us"] == 100.0 and d["max_us"] == 400.0 and d["p10_us"] == 100.0
+    assert d["histogram_us"] == {"100": 12, "400": 4}
+    assert d["mean_us"] == pytest.approx((12 * 100 + 4 * 400) / 16)
+    assert T.durations([]) == {"count": 0}
+    assert T.durations([float("nan"), 5.0])["count"] == 1
+
+
 def test_gz_detected_by_content_not_name(tmp_path):
     p = tmp_path / "plain_name.json"
     p.write_bytes(gzip.compress(json.dumps(make_trace(5)).encode()))
