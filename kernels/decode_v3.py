@@ -511,7 +511,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None):
+           ring_idx=None, pre_maxnreg=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -522,7 +522,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     checkpoint read starts while the pre launch still runs and waits (griddepcontrol.wait) only before it uses
     the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
     pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
-    be resident at once, for PDL's overlap)."""
+    be resident at once, for PDL's overlap).
+    pre_maxnreg: a register cap for the pre launch (ptxas maxnreg; None: none). The pre program needs 95 registers
+    (GDN; KDA 114, ptxas sm_90), so 21 one-warp programs fit an SM and GDN's 4,096 take two waves; the main launch,
+    a PDL dependent, starts only once the last wave has started (13.3 us after the pre launch in the 2026-11-30 GDN
+    server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
+    thread). Not yet timed; ignored off the GPU."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -534,6 +539,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
+    if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
+        raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
+    pre_opts = {"maxnreg": int(pre_maxnreg)} if pre_maxnreg is not None and pdl_available(mixed_qkv.device) else {}
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -593,7 +601,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
-            USE_PDL=pdl, ROWS=pre_rows, **common,
+            USE_PDL=pdl, ROWS=pre_rows, **common, **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](

@@ -17,6 +17,7 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
+  v3_r32_preregN (--variants prereg, fp32 states, B >= 128) the pre launch capped at N registers (64: one wave)
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
@@ -471,6 +472,13 @@ def main():
                     arms["v3_r16_aligned"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", aligned=True)
                     if sdt == "float32":
                         arms["v3_r32_aligned"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", aligned=True)
+                if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
+                    # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
+                    # and aligned cursors
+                    for mx in (64, 80):
+                        for al in (False, True):
+                            arms[f"v3_r32_prereg{mx}{'_aligned' if al else ''}"] = arm_ours(
+                                c, torch.float32, cfg=cfg3, impl="v3", v3_opts=dict(pre_maxnreg=mx), aligned=al)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):

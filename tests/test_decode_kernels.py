@@ -521,6 +521,16 @@ def test_v3_pipelined_tile_read(kind, read_dtype):
     assert st["flushes"] > 0
 
 
+def test_v3_pre_maxnreg_checks_and_runs():
+    """pre_maxnreg (a register cap for the pre launch, GPU only) is checked, and a launch with it gives the same
+    results as without (the interpreter ignores the cap: this checks the plumbing, the GPU case the compiled cap)."""
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(pre_maxnreg=10))
+    with pytest.raises(ValueError, match="pre_maxnreg"):
+        hz.step()
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(pre_maxnreg=64))
+    assert hz.run(6)["flushes"] > 0
+
+
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_v3_pre_rows(kind):
     """The pre launch with several rows per program (pre_rows 2 and 3 over B = 5: the last program's rows run past
@@ -749,6 +759,16 @@ def test_policy_windows(monkeypatch):
     assert policy.decode_window("kda", 512, torch.float32, 16) == 8
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", "99")
     assert policy.decode_window("gdn", 1, torch.float32, 16) == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_gpu_real_shapes_pre_maxnreg(kind):
+    """The pre launch compiled under a 64-register cap (spills on sm_90) at real head sizes, fp32 state and
+    records, PDL, B = 96, against float64."""
+    hz = _real_harness(kind, B=96, seed=8, impl="v3", v3_opts=dict(pre_maxnreg=64, pdl=True))
+    assert hz.run(20)["flushes"] > 0
 
 
 @pytest.mark.gpu
