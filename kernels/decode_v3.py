@@ -46,6 +46,8 @@ launch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -541,7 +543,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
-    pre_opts = {"maxnreg": int(pre_maxnreg)} if pre_maxnreg is not None and pdl_available(mixed_qkv.device) else {}
+    compiled = mixed_qkv.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    pre_opts = {"maxnreg": int(pre_maxnreg)} if pre_maxnreg is not None and compiled else {}  # a ptxas option
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):

@@ -34,8 +34,8 @@ import torch
 #   GDN bf16: window 1 0.98-1.06 (B = 1, 32, 128); buffered 0.37-0.92 at every B (best arm)
 #   KDA bf16: window 1 1.00-1.06 (B = 1, 32, 128); buffered 0.30-0.56
 # fp32 states switch between B = 32 (window 1 faster) and 128 (buffered faster): GDN at 32 (B = 64 measured
-# buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed). bf16 states stay at window 1: the buffered path
-# measured slower than conventional at every B.
+# buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed).
+# bf16 states stay at window 1: the buffered path measured slower than conventional at every B.
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("gdn", 4): 32,
