@@ -92,7 +92,7 @@ ARMS = {
     "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
     "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
-# The read-copy arms force window 16 too: at the policy's window 1 (B <= 64 for fp32 states) no read copy is read,
+# The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
 # the buffered path's, not the policy's).
 ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
