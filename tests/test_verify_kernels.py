@@ -140,11 +140,16 @@ def run_sequence(
         o_ref = ref.verify(mixed.cpu()[tok], a.cpu()[tok], b.cpu()[tok], Tt).reshape(B, Tt, HV, V)
         o = out.cpu().reshape(NB, Tt, HV, V)
         for j, r in enumerate(real_pos):
-            # token by token, relative to the token's own size but never to less than 1% of the row's outputs
-            # this step (seed 472028943: a token at 9e-5 of a strongly decayed KDA row, absolute error 3e-9)
+            # token by token, relative to the token's own size but never to less than a quarter of the row's
+            # outputs this step: fp32 rounding in the kernel is relative to the terms of the row, so a token that
+            # is small by cancellation carries the row's absolute error (seed 472028943: a token at 9e-5 of a
+            # strongly decayed KDA row, absolute error 3e-9; seed 611698489: a token at 3.5% of its row, error
+            # 1.4e-6 of the row, 4.2e-5 of the token, failed CI on 2026-11-30 under the old 1% floor). Over 400
+            # random seeds of test_kda_safe_gate_and_strong_decay the error stayed <= 1.2e-6 of the row (so
+            # <= 4.8e-6 here against the 2e-5 tolerance); a missing record or a wrong decay is 1e-3..1 of the row.
             row_rms = float(o_ref[j].double().pow(2).mean().sqrt())
             for t in range(Tt):
-                e = rms_ratio(o[r, t], o_ref[j, t], floor=1e-2 * row_rms)
+                e = rms_ratio(o[r, t], o_ref[j, t], floor=0.25 * row_rms)
                 stats["max_out"] = max(stats["max_out"], e)
                 assert e <= tol["out"], f"seed={seed} step={step} T={Tt} row={r} token={t}: output rms ratio {e:.3e}"
         pad = [i for i, s in enumerate(rows) if s < 0]
