@@ -543,8 +543,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
-    compiled = mixed_qkv.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-    pre_opts = {"maxnreg": int(pre_maxnreg)} if pre_maxnreg is not None and compiled else {}  # a ptxas option
+    pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
+                if pre_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -631,13 +631,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     return out
 
 
+def compiled_for_cuda(device: torch.device) -> bool:
+    """Launches on this device compile for a CUDA GPU (not Triton's interpreter): compile options apply."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def pdl_available(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA device of compute capability 9.0 or newer, not the interpreter."""
-    import os
-
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return compiled_for_cuda(device) and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _pdl_kw(pdl: bool) -> dict:
