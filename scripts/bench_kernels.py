@@ -183,7 +183,8 @@ def arm_upstream(c: Case, aligned=False):
         rings.append((d, k, g))
     # per-row cursors staggered (row + step) % L; upstream's caller owns them (host-side tensors here)
     rows = torch.arange(B, device=dev, dtype=torch.int32)
-    wpos = [((rows * (not aligned) + s) % L).to(torch.int32) for s in range(c.NSTEPS)]
+    start = torch.zeros_like(rows) if aligned else rows  # aligned: every row on the same cursor
+    wpos = [((start + s) % L).to(torch.int32) for s in range(c.NSTEPS)]
 
     def run(step):
         mixed, a, b, A_log, dt_bias = c.x(step)

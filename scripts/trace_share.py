@@ -170,10 +170,13 @@ def analyze(trace: dict | list | str | Path, linear_layers: int | None = None, t
     span = hi - lo
     ksum = sum(e["dur"] for e in win if e["cat"] == "kernel")
     per_name: dict = defaultdict(lambda: [0.0, 0])
+    state_durs: dict = defaultdict(list)  # every launch's duration, state-update kernels only
     for e in win:
         if e["cat"] == "kernel":
             per_name[e["name"]][0] += e["dur"]
             per_name[e["name"]][1] += 1
+            if is_state_update(e["name"]):
+                state_durs[e["name"]].append(e["dur"])
     state = {n: v for n, v in per_name.items() if is_state_update(n)}
     state_us = sum(v[0] for v in state.values())
     steps_layers = None
@@ -222,8 +225,7 @@ def analyze(trace: dict | list | str | Path, linear_layers: int | None = None, t
                            "kernel_launches": sum(v[1] for v in per_name.values()) / steps}
     else:
         res["per_step"] = None
-    res["state_kernel_durations"] = {n[:200]: durations(
-        [e["dur"] for e in win if e["cat"] == "kernel" and e["name"] == n]) for n in state}
+    res["state_kernel_durations"] = {n[:200]: durations(ds) for n, ds in state_durs.items()}
     res["top_kernels"] = [
         {"name": n[:200], "us": v[0], "count": v[1], "state_update": is_state_update(n),
          "share_of_busy": _ok(v[0] / busy) if busy > 0 else None,
