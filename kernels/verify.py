@@ -135,6 +135,21 @@ def _ring_prefold_kernel(
 
 
 @triton.jit
+def _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, mtk, k, Gref, Gl, i_s, i_h, i_hv,
+                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, CAP, IS_KDA: tl.constexpr):
+    """The drafts' key (once per key head) and log-decay records at ring positions h0..h0+T-1."""
+    if i_s == 0:
+        if i_hv == i_h * (HV // H):
+            p_k = ring_k + rrow * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
+            tl.store(p_k, k.to(p_k.dtype.element_ty), mask=mtk)
+        if IS_KDA:
+            p_g = g_base + (h0 + o_t)[:, None] * K + o_k[None, :]
+            tl.store(p_g, Gref[None, :] + Gl, mask=mtk)
+        else:
+            tl.store(g_base + h0 + o_t, Gref + Gl, mask=mt)
+
+
+@triton.jit
 def _ring_verify_kernel(
     mixed,
     a,
@@ -182,6 +197,9 @@ def _ring_verify_kernel(
     RC_FP8: tl.constexpr = False,
     ring_idx=None,
     HAS_RING_IDX: tl.constexpr = False,
+    qk_scr=None,
+    PIPE: tl.constexpr = 0,
+    BKT: tl.constexpr = 32,
 ):
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
@@ -299,10 +317,45 @@ def _ring_verify_kernel(
     # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
     st_base = state + slot * stride_state_slot + i_hv * V * K
     u_base = ring_u + rrow * stride_u_slot + i_hv * CAP * V
+    if PIPE > 0:
+        # the drafts' key and log-decay records before the V loop, so k and the gates hold no registers across
+        # it (this launch reads ring positions below h0 only; the records go to h0..h0+T-1)
+        _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, mtk, k, Gref, Gl, i_s, i_h, i_hv,
+                             H, HV, K, CAP, IS_KDA)
+        # the drafts' checkpoint-side vectors, transposed ([BK, BT]: k then q), into this (row, value head)'s
+        # scratch, so that the K-chunk loop below reads them as 4-byte asynchronous copies beside the tile
+        # chunks (values the registers hold cannot be sliced per chunk; bf16 loads in the loop would stall it)
+        scr = qk_scr + (i_n * HV + i_hv) * 2 * BK * BT + o_k[None, :] * BT + o_t[:, None]
+        if IS_KDA:
+            tl.store(scr, kc)
+            tl.store(scr + BK * BT, qc)
+        else:
+            tl.store(scr, k)
+            tl.store(scr + BK * BT, q)
+        tl.debug_barrier()  # the scratch is written by other threads of this program than read it
+        scr_t = qk_scr + (i_n * HV + i_hv) * 2 * BK * BT
     for v0 in range(v_lo, v_lo + VS, BV):
         o_v = v0 + tl.arange(0, BV)
         mv = o_v < V
-        if HAS_RC:
+        if PIPE > 0:
+            # the [BV, K] tile in K chunks of BKT, software-pipelined over PIPE stages (asynchronous copies into
+            # shared memory), each chunk multiplied into the [BV, BT] products as it lands: the whole tile is
+            # never in registers (the one-piece read at tf32x3 needs 255 registers and spills)
+            wk = tl.zeros([BV, BT], dtype=tl.float32)
+            wq = tl.zeros([BV, BT], dtype=tl.float32)
+            for c in tl.range(0, BK // BKT, num_stages=PIPE):
+                o_kc = c * BKT + tl.arange(0, BKT)
+                mkc = o_kc < K
+                C_c = tl.load(st_base + o_v[:, None] * K + o_kc[None, :], mask=mv[:, None] & mkc[None, :],
+                              other=0.0).to(tl.float32)
+                kT = tl.load(scr_t + o_kc[:, None] * BT + o_t[None, :])
+                qT = tl.load(scr_t + BK * BT + o_kc[:, None] * BT + o_t[None, :])
+                wk = tl.dot(C_c, kT, acc=wk, input_precision=DOT_PRECISION)
+                wq = tl.dot(C_c, qT, acc=wq, input_precision=OUT_PRECISION)
+            if not IS_KDA:
+                wk = wk * ecol[None, :]
+                wq = wq * ecol[None, :]
+        elif HAS_RC:
             m_vk = mv[:, None] & mk[None, :]
             if from_rc:
                 # no `other=` (the interpreter cannot make an fp8 fill): masked lanes zeroed after the cast
@@ -314,13 +367,14 @@ def _ring_verify_kernel(
                 C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=m_vk, other=0.0).to(tl.float32)
         else:
             C = tl.load(st_base + o_v[:, None] * K + o_k[None, :], mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        if PIPE == 0:
+            if IS_KDA:
+                wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
+                wq = tl.dot(C, tl.trans(qc), input_precision=OUT_PRECISION)
+            else:
+                wk = tl.dot(C, tl.trans(k), input_precision=DOT_PRECISION) * ecol[None, :]
+                wq = tl.dot(C, tl.trans(q), input_precision=OUT_PRECISION) * ecol[None, :]
         uT = tl.load(u_base + o_c[None, :] * V + o_v[:, None], mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
-        if IS_KDA:
-            wk = tl.dot(C, tl.trans(kc), input_precision=DOT_PRECISION)
-            wq = tl.dot(C, tl.trans(qc), input_precision=OUT_PRECISION)
-        else:
-            wk = tl.dot(C, tl.trans(k), input_precision=DOT_PRECISION) * ecol[None, :]
-            wq = tl.dot(C, tl.trans(q), input_precision=OUT_PRECISION) * ecol[None, :]
         wk += tl.dot(uT, s_k, input_precision=DOT_PRECISION)
         wq += tl.dot(uT, s_q, input_precision=OUT_PRECISION)
         vv = tl.load(
@@ -336,16 +390,9 @@ def _ring_verify_kernel(
         p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
         tl.store(p_u, U.to(p_u.dtype.element_ty), mask=mv[:, None] & mt[None, :])
 
-    # ---- key and log-decay records of the drafts (once per head) ----
-    if i_s == 0:
-        if i_hv == i_h * (HV // H):
-            p_k = ring_k + rrow * stride_k_slot + i_h * CAP * K + (h0 + o_t)[:, None] * K + o_k[None, :]
-            tl.store(p_k, k.to(p_k.dtype.element_ty), mask=mtk)
-        if IS_KDA:
-            p_g = g_base + (h0 + o_t)[:, None] * K + o_k[None, :]
-            tl.store(p_g, Gref[None, :] + Gl, mask=mtk)
-        else:
-            tl.store(g_base + h0 + o_t, Gref + Gl, mask=mt)
+    if PIPE == 0:
+        _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, mtk, k, Gref, Gl, i_s, i_h, i_hv,
+                             H, HV, K, CAP, IS_KDA)
 
 
 @triton.jit
@@ -462,6 +509,8 @@ def ring_verify(
     precision: str | None = None,
     out_precision: str | None = None,
     ring_idx: torch.Tensor | None = None,
+    pipe_stages: int | None = None,
+    chunk_bytes: int = 128,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -473,6 +522,10 @@ def ring_verify(
     slot. A row with either index < 0 is padding.
     Returns out [B*T, HV, V] (dtype of mixed_qkv unless ``out`` is given). Does not change ring.h:
     call ``ring.commit_verify_(ring.h, slot_idx, T, L, accepted, ring_idx)`` after acceptance.
+    pipe_stages > 0: the checkpoint tile is read in K chunks of ``chunk_bytes`` per row by a loop Triton
+    software-pipelines over that many stages, each chunk multiplied into the T products as it lands (the drafts'
+    vectors go through a small scratch, 8 KiB per row and value head); 0: the tile read in one piece.
+    None: ``VERIFY_PIPE`` (rings with a read copy always read in one piece).
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -518,16 +571,29 @@ def ring_verify(
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
+    pipe = int(VERIFY_PIPE if pipe_stages is None else pipe_stages)
+    if pipe < 0:
+        raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
+    if ring.rc is not None:
+        pipe = 0  # the read copy's tile (bf16 / fp8, or the recurrence copy by row) is read in one piece
+    if chunk_bytes not in (64, 128, 256, 512):
+        raise ValueError(f"chunk_bytes must be 64, 128, 256 or 512, got {chunk_bytes}")
+    pipe_kw = {}
+    if pipe > 0:
+        BKT = min(BK, max(16, chunk_bytes // state.element_size()))  # tl.dot: K >= 16
+        pipe_kw = dict(PIPE=pipe, BKT=BKT)
     try:
         _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
+                       **pipe_kw)
     except Exception:
         # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
         if BT >= 16 or mixed_qkv.device.type != "cuda":
             raise
         _BT_MIN[0] = 16
         _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx)
+                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
+                       **pipe_kw)
     if ring.rc is not None:
         # the rows that folded first wrote both copies: their read copy is current now
         rows = ring_rows(slot_idx, ring_idx)
@@ -538,10 +604,16 @@ def ring_verify(
 
 
 _BT_MIN = [8]
+# the verify kernel's pipelined tile read (ring_verify's pipe_stages when the caller gives none); 0 until timed
+VERIFY_PIPE = 0
 
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None):
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
+                   PIPE=0, BKT=32):
+    B = grid[1]
+    # scratch of the pipelined read: the drafts' k and q vectors per (row, value head), fp32, transposed
+    qk_scr = torch.empty(B * HV * 2 * BK * BT if PIPE else 1, dtype=torch.float32, device=state.device)
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -557,7 +629,8 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        num_warps=num_warps,
+        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT,
+        num_warps=num_warps, num_stages=max(1, PIPE),
     )
 
 

@@ -12,7 +12,9 @@ bf16 activations, fp32 state pool):
   ours          kernels/verify.py (pre-fold + verify) + kernels.verify.ring_commit_, ring length L, fp32
                 records, default_precision (3xTF32 dots for an fp32 pool);
   ours-bf16rec  the same with bf16 records (u, k), halving the ring;
-  ours-tf32     the same with one-pass TF32 dots instead of 3xTF32.
+  ours-tf32     the same with one-pass TF32 dots instead of 3xTF32;
+  ours-pipe     ring_verify(pipe_stages=3): the checkpoint tile read in 128-byte K chunks by a software-pipelined
+                loop, each chunk multiplied in as it lands (BV 64, 4 warps; -bv32: BV 32; -bf16rec: bf16 records).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -318,6 +320,13 @@ def make_arms(c: Case, names, cfg=None):
             arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-bf16rec", cfg=cfg))
         elif n == "ours-tf32":
             arms.append(Ours(c, precision="tf32", name="ours-tf32", cfg=cfg))
+        elif n == "ours-pipe":  # the pipelined tile read (ring_verify(pipe_stages=3)), default precisions
+            arms.append(Ours(c, name="ours-pipe", cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
+        elif n == "ours-pipe-bv32":
+            arms.append(Ours(c, name="ours-pipe-bv32", cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=3)))
+        elif n == "ours-pipe-bf16rec":
+            arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-pipe-bf16rec",
+                             cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
     return arms
 
 
@@ -366,7 +375,7 @@ def smoke():
     layer = dict(H=1, HV=2, K=32, V=32)
     for kind in ("gdn", "kda"):
         c = Case(kind, B=2, T=2, L=8, device="cpu", act_dtype=torch.float32, layer=layer, seed=1)
-        arms = make_arms(c, ["conventional", "upstream", "ours"])
+        arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe"])
         ref = ReferenceStream(c.pool0[c.slots.long()].double(), kind=kind, H=c.H, HV=c.HV, K=c.K, V=c.V,
                               A_log=c.A_log, dt_bias=c.dt_bias)
         for i, acc_v in enumerate([2, 1, 2, 2, 1, 2]):
@@ -483,17 +492,20 @@ def table(rows, meta, agree):
     lines = [f"Verify benchmark {meta['date']} on {meta['gpu']} (commit {meta['commit']}, torch {meta['torch']}, "
              f"triton {meta['triton']}), L={meta['L']}, bf16 activations, fp32 state; FlashInfer: {meta['flashinfer']}.",
              "", "Time per verify+commit step (us) and speed-up of committed tokens/s over conventional:", "",
-             "| kind | B | T | accept | conventional us | upstream us | ours us | ours-bf16rec us | ours-tf32 us | ours/conv | ours/upstream |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| kind | B | T | accept | conventional us | upstream us | ours us | ours-bf16rec us | ours-tf32 us | "
+             "ours-pipe us | ours/conv | ours/upstream | ours-pipe/conv | ours-pipe/upstream |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (kind, arm, B, T, acc), r in sorted(idx.items(), key=lambda x: (x[0][0], x[0][3], x[0][2], x[0][4])):
         if arm != "ours":
             continue
         g = lambda a: idx.get((kind, a, B, T, acc))  # noqa: E731
         f = lambda a: f"{g(a)['us_per_step']:.1f}" if g(a) else "-"  # noqa: E731
         conv, up = g("conventional"), g("upstream")
+        pp = g("ours-pipe")
+        ratio = lambda ref, x: f"{ref['us_per_step'] / x['us_per_step']:.2f}x" if ref and x else "-"  # noqa: E731
         lines.append(f"| {kind} | {B} | {T} | {acc} | {f('conventional')} | {f('upstream')} | {f('ours')} | "
-                     f"{f('ours-bf16rec')} | {f('ours-tf32')} | "
-                     f"{conv['us_per_step'] / r['us_per_step']:.2f}x | " + (f"{up['us_per_step'] / r['us_per_step']:.2f}x |" if up else "- |"))
+                     f"{f('ours-bf16rec')} | {f('ours-tf32')} | {f('ours-pipe')} | {ratio(conv, r)} | {ratio(up, r)} | "
+                     f"{ratio(conv, pp)} | {ratio(up, pp)} |")
     lines += ["", "State + ring bytes per committed token (KiB, modelled) and memory per request (MiB), B=256:", "",
               "| kind | T | accept | conventional | upstream | ours | ours-bf16rec | mem conv | mem upstream | mem ours | mem ours-bf16rec |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

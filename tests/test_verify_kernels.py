@@ -67,6 +67,7 @@ def run_sequence(
     lower_bound=None,
     a_shift=0.0,
     ring_rows=False,
+    verify_opts=None,
 ):
     """Drive `steps` verify steps with random acceptance; check every step against the float64
     accepted-stream reference. Returns a dict of statistics."""
@@ -132,7 +133,7 @@ def run_sequence(
         fold = R.needs_prefold(h_before[ring_of_slot[real_slots].to(device)].cpu(), Tt, L)
         out = torch.full((NB * Tt, HV, V), float("nan"), dtype=act_dtype, device=device)
         ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, Tt, out=out, lower_bound=lower_bound,
-                    ring_idx=ring_idx)
+                    ring_idx=ring_idx, **(verify_opts or {}))
         assert torch.equal(ring.h, h_before), "the verify kernel must not write h"
         # reference on the real rows only
         rp = torch.tensor(real_pos)
@@ -222,6 +223,16 @@ def test_accept_sequence_matches_float64(kind, T, L):
     st = run_sequence(kind=kind, T=T, L=L, steps=64, K=16, V=16, pad_rows=0)
     # the sequence must have exercised both branches of the protocol
     assert st["non_fold"] > 0 and st["folds"] > 0, st
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_pipelined_tile_read(kind):
+    """pipe_stages=3: the checkpoint tile read in K chunks (64 bytes: 16 fp32 of K = 32, two chunks) through the
+    software-pipelined loop, the drafts' vectors through the scratch; GQA (GDN: two value heads per key head),
+    padded rows, ring rows apart from slots, every T in one sequence (mixed), against the float64 accepted stream."""
+    st = run_sequence(kind=kind, B=3, H=1, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
+                      spare_slots=2, ring_rows=True, verify_opts=dict(pipe_stages=3, chunk_bytes=64))
+    assert st["folds"] > 0 and st["non_fold"] > 0, st
 
 
 def test_gqa_groups_and_several_rows_gdn():
@@ -439,6 +450,20 @@ def test_gpu_bf16_accept_sequence(kind, state_dtype, T, L):
     sd = getattr(torch, state_dtype)
     run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=64, act_dtype=torch.bfloat16,
                   state_dtype=sd, record_dtype=torch.float32, device="cuda", pad_rows=1, spare_slots=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("T,L", [(4, 16), (8, 16), (2, 8)], ids=["T4-L16", "T8-L16", "T2-L8"])
+def test_gpu_pipelined_tile_read(kind, state_dtype, T, L):
+    """The pipelined tile read (pipe_stages 3, 128-byte chunks) compiled, at real head sizes, bf16 activations,
+    fp32 records, default precisions, GQA, against the float64 accepted stream over 48 steps."""
+    HV, H = (8, 4) if kind == "gdn" else (4, 4)
+    run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=48, act_dtype=torch.bfloat16,
+                 state_dtype=getattr(torch, state_dtype), record_dtype=torch.float32, device="cuda", pad_rows=1,
+                 spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128))
 
 
 @pytest.mark.gpu
