@@ -325,7 +325,7 @@ def _ring_verify_kernel(
         # the drafts' checkpoint-side vectors, transposed ([BK, BT]: k then q), into this (row, value head)'s
         # scratch, so that the K-chunk loop below reads them as 4-byte asynchronous copies beside the tile
         # chunks (values the registers hold cannot be sliced per chunk; bf16 loads in the loop would stall it)
-        scr = qk_scr + (i_n * HV + i_hv) * 2 * BK * BT + o_k[None, :] * BT + o_t[:, None]
+        scr = qk_scr + (i_n * HV + i_hv) * 2 * BT * BK + o_t[:, None] * BK + o_k[None, :]  # [2, BT, BK]
         if IS_KDA:
             tl.store(scr, kc)
             tl.store(scr + BK * BT, qc)
@@ -333,14 +333,16 @@ def _ring_verify_kernel(
             tl.store(scr, k)
             tl.store(scr + BK * BT, q)
         tl.debug_barrier()  # the scratch is written by other threads of this program than read it
-        scr_t = qk_scr + (i_n * HV + i_hv) * 2 * BK * BT
+        scr_t = qk_scr + (i_n * HV + i_hv) * 2 * BT * BK
     for v0 in range(v_lo, v_lo + VS, BV):
         o_v = v0 + tl.arange(0, BV)
         mv = o_v < V
         if PIPE > 0:
             # the [BV, K] tile in K chunks of BKT, software-pipelined over PIPE stages (asynchronous copies into
             # shared memory), each chunk multiplied into the [BV, BT] products as it lands: the whole tile is
-            # never in registers (the one-piece read at tf32x3 needs 255 registers and spills)
+            # never in registers. C k~_i (they reach the records, so the state) in fp32 on the CUDA cores, one
+            # multiply-reduce per draft (the 3xTF32 product splits the whole tile three ways: half the step's time
+            # at B = 256, H200 2026-11-30 10:23); C q~_i (output only) one tensor-core product at OUT_PRECISION
             wk = tl.zeros([BV, BT], dtype=tl.float32)
             wq = tl.zeros([BV, BT], dtype=tl.float32)
             for c in tl.range(0, BK // BKT, num_stages=PIPE):
@@ -348,10 +350,11 @@ def _ring_verify_kernel(
                 mkc = o_kc < K
                 C_c = tl.load(st_base + o_v[:, None] * K + o_kc[None, :], mask=mv[:, None] & mkc[None, :],
                               other=0.0).to(tl.float32)
-                kT = tl.load(scr_t + o_kc[:, None] * BT + o_t[None, :])
-                qT = tl.load(scr_t + BK * BT + o_kc[:, None] * BT + o_t[None, :])
-                wk = tl.dot(C_c, kT, acc=wk, input_precision=DOT_PRECISION)
-                wq = tl.dot(C_c, qT, acc=wq, input_precision=OUT_PRECISION)
+                q_c = tl.load(scr_t + BT * BK + o_t[:, None] * BK + o_kc[None, :])  # [BT, BKT]
+                wq = tl.dot(C_c, tl.trans(q_c), acc=wq, input_precision=OUT_PRECISION)
+                for i in tl.static_range(T):
+                    k_ic = tl.load(scr_t + i * BK + o_kc)  # [BKT]
+                    wk += tl.where(o_t[None, :] == i, tl.sum(C_c * k_ic[None, :], 1)[:, None], 0.0)
             if not IS_KDA:
                 wk = wk * ecol[None, :]
                 wq = wq * ecol[None, :]
@@ -613,7 +616,7 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
                    PIPE=0, BKT=32):
     B = grid[1]
     # scratch of the pipelined read: the drafts' k and q vectors per (row, value head), fp32, transposed
-    qk_scr = torch.empty(B * HV * 2 * BK * BT if PIPE else 1, dtype=torch.float32, device=state.device)
+    qk_scr = torch.empty(B * HV * 2 * BT * BK if PIPE else 1, dtype=torch.float32, device=state.device)
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,

@@ -14,7 +14,8 @@ bf16 activations, fp32 state pool):
   ours-bf16rec  the same with bf16 records (u, k), halving the ring;
   ours-tf32     the same with one-pass TF32 dots instead of 3xTF32;
   ours-pipe     ring_verify(pipe_stages=3): the checkpoint tile read in 128-byte K chunks by a software-pipelined
-                loop, each chunk multiplied in as it lands (BV 64, 4 warps; -bv32: BV 32; -bf16rec: bf16 records).
+                loop, each chunk multiplied in as it lands (BV 64, 4 warps; -bv32: BV 32; -bv128: BV 128, 8 warps;
+                -bf16rec: bf16 records).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -324,6 +325,8 @@ def make_arms(c: Case, names, cfg=None):
             arms.append(Ours(c, name="ours-pipe", cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
         elif n == "ours-pipe-bv32":
             arms.append(Ours(c, name="ours-pipe-bv32", cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=3)))
+        elif n == "ours-pipe-bv128":
+            arms.append(Ours(c, name="ours-pipe-bv128", cfg=dict(block_v=128, num_warps=8, nsplit=1, pipe_stages=3)))
         elif n == "ours-pipe-bf16rec":
             arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-pipe-bf16rec",
                              cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))

@@ -456,14 +456,16 @@ def test_gpu_bf16_accept_sequence(kind, state_dtype, T, L):
 @pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("T,L", [(4, 16), (8, 16), (2, 8)], ids=["T4-L16", "T8-L16", "T2-L8"])
-def test_gpu_pipelined_tile_read(kind, state_dtype, T, L):
-    """The pipelined tile read (pipe_stages 3, 128-byte chunks) compiled, at real head sizes, bf16 activations,
-    fp32 records, default precisions, GQA, against the float64 accepted stream over 48 steps."""
+@pytest.mark.parametrize("T,L", [(4, 16), (8, 16)], ids=["T4-L16", "T8-L16"])
+@pytest.mark.parametrize("cfg", [(32, 4), (64, 4), (128, 8)], ids=["32x4", "64x4", "128x8"])
+def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
+    """The pipelined tile read (pipe_stages 3, 128-byte chunks) compiled at the V-tile sizes the benchmark runs,
+    real head sizes, bf16 activations, fp32 records, default precisions, GQA, against the float64 accepted stream
+    over 40 steps."""
     HV, H = (8, 4) if kind == "gdn" else (4, 4)
-    run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=48, act_dtype=torch.bfloat16,
+    run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=40, act_dtype=torch.bfloat16,
                  state_dtype=getattr(torch, state_dtype), record_dtype=torch.float32, device="cuda", pad_rows=1,
-                 spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128))
+                 spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, block_v=cfg[0], num_warps=cfg[1]))
 
 
 @pytest.mark.gpu
