@@ -504,9 +504,9 @@ def ring_verify(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     lower_bound: float | None = None,
-    block_v: int = 32,
+    block_v: int | None = None,
     nsplit: int = 1,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     fold_block_v: int = 64,
     fold_num_warps: int = 4,
     precision: str | None = None,
@@ -528,7 +528,9 @@ def ring_verify(
     pipe_stages > 0: the checkpoint tile is read in K chunks of ``chunk_bytes`` per row by a loop Triton
     software-pipelines over that many stages, each chunk multiplied into the T products as it lands (the drafts'
     vectors go through a small scratch, 8 KiB per row and value head); 0: the tile read in one piece.
-    None: ``VERIFY_PIPE`` (rings with a read copy always read in one piece).
+    None: ``VERIFY_TUNED`` (rings with a read copy always read in one piece).
+    block_v, num_warps: the V-tile and warps per program; None: ``VERIFY_TUNED`` for the layer kind (with a read
+    copy: 32 and 4, the one-piece read's).
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -567,6 +569,9 @@ def ring_verify(
                  ring_idx=ring_idx)
 
     BK = triton.next_power_of_2(K)
+    tuned = VERIFY_TUNED[lay.kind] if ring.rc is None else VERIFY_ONE_PIECE
+    block_v = tuned["block_v"] if block_v is None else block_v
+    num_warps = tuned["num_warps"] if num_warps is None else num_warps
     BV = min(block_v, triton.next_power_of_2(V))
     BC = max(16, triton.next_power_of_2(lay.cap))
     BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
@@ -574,7 +579,7 @@ def ring_verify(
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
-    pipe = int(VERIFY_PIPE if pipe_stages is None else pipe_stages)
+    pipe = int(tuned["pipe_stages"] if pipe_stages is None else pipe_stages)
     if pipe < 0:
         raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
     if ring.rc is not None:
@@ -607,8 +612,13 @@ def ring_verify(
 
 
 _BT_MIN = [8]
-# the verify kernel's pipelined tile read (ring_verify's pipe_stages when the caller gives none); 0 until timed
-VERIFY_PIPE = 0
+# ring_verify's launch choices when the caller gives none, per layer kind (no read copy). H200, 2026-11-30 10:30
+# (benchmarks/results/verify-20261130-1030.*, fp32 pool, fp32 records, L = 16, B = 256, T = 4, all accepted; us per
+# verify + commit step): GDN one-piece read (BV 32, 4 warps) 982, pipelined BV 32 / 64 / 128 (8 warps) 1055 / 665 /
+# 933; KDA 3462 one piece, pipelined 3486 / 3179 / 1745. Conventional: 975 (GDN) / 987 (KDA).
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=4),
+                "kda": dict(pipe_stages=3, block_v=128, num_warps=8)}
+VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,

@@ -10,7 +10,9 @@ bf16 activations, fp32 state pool):
   upstream      SGLang 0.5.17's GDN spec ring (gdn_replayssm_spec_decode, launch_mode "both", +
                 commit_gdn_replayssm_spec), ring length L (power of two), its own early-flush rule;
   ours          kernels/verify.py (pre-fold + verify) + kernels.verify.ring_commit_, ring length L, fp32
-                records, default_precision (3xTF32 dots for an fp32 pool);
+                records, default_precision (3xTF32 dots for an fp32 pool), the launch choices of
+                verify.VERIFY_TUNED (since 2026-11-30 10:30 the pipelined tile read; --tune replaces them);
+  ours-onepiece the tile read in one piece (BV 32, 4 warps: the default before);
   ours-bf16rec  the same with bf16 records (u, k), halving the ring;
   ours-tf32     the same with one-pass TF32 dots instead of 3xTF32;
   ours-pipe     ring_verify(pipe_stages=3): the checkpoint tile read in 128-byte K chunks by a software-pipelined
@@ -321,6 +323,8 @@ def make_arms(c: Case, names, cfg=None):
             arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-bf16rec", cfg=cfg))
         elif n == "ours-tf32":
             arms.append(Ours(c, precision="tf32", name="ours-tf32", cfg=cfg))
+        elif n == "ours-onepiece":  # the tile read in one piece (the default before 2026-11-30 10:30)
+            arms.append(Ours(c, name="ours-onepiece", cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=0)))
         elif n == "ours-pipe":  # the pipelined tile read (ring_verify(pipe_stages=3)), default precisions
             arms.append(Ours(c, name="ours-pipe", cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
         elif n == "ours-pipe-bv32":
@@ -333,13 +337,13 @@ def make_arms(c: Case, names, cfg=None):
     return arms
 
 
-TUNE_CONFIGS = [
-    dict(block_v=32, num_warps=4, nsplit=1),
-    dict(block_v=64, num_warps=4, nsplit=1),
-    dict(block_v=32, num_warps=8, nsplit=1),
-    dict(block_v=64, num_warps=8, nsplit=1),
-    dict(block_v=32, num_warps=4, nsplit=2),
-    dict(block_v=32, num_warps=4, nsplit=4),
+TUNE_CONFIGS = [  # the pipelined read (verify.VERIFY_TUNED) at several V-tiles and warps, and the one-piece read
+    dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3),
+    dict(block_v=64, num_warps=8, nsplit=1, pipe_stages=3),
+    dict(block_v=128, num_warps=8, nsplit=1, pipe_stages=3),
+    dict(block_v=128, num_warps=4, nsplit=1, pipe_stages=3),
+    dict(block_v=64, num_warps=4, nsplit=2, pipe_stages=3),
+    dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=0),
 ]
 
 
@@ -359,6 +363,27 @@ def tune(kind, B, T, L, dev, log):
         if best is None or t < best[0]:
             best = (t, cfg)
     return best[1] if best else {}
+
+
+def kernel_split(arm, acc, steps=2 * N_STEPS):
+    """Where one arm's step goes: GPU time per kernel name (us per step) over ``steps`` eager steps under the
+    torch profiler (no CUDA graph, so launch gaps are not in these sums; each kernel's own time is)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):  # compiled and warm
+        arm.step(i % N_STEPS)
+        arm.commit(acc)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            arm.step(i % N_STEPS)
+            arm.commit(acc)
+        torch.cuda.synchronize()
+    tot: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            tot[ev.name] = tot.get(ev.name, 0.0) + ev.device_time / steps
+    return dict(sorted(tot.items(), key=lambda kv: -kv[1]))
 
 
 def agreement(c: Case, arms):
@@ -407,6 +432,8 @@ def main():
     ap.add_argument("--L", type=int, default=16)
     ap.add_argument("--arms", default="conventional,upstream,ours,ours-bf16rec,ours-tf32")
     ap.add_argument("--kda-arms", default="conventional,ours,ours-bf16rec")
+    ap.add_argument("--split", action="store_true",
+                    help="per-kernel GPU time of ours' arms at the target case (B max, T = 4), torch profiler")
     ap.add_argument("--tune", action="store_true", help="pick ours' launch config per kind at the largest and smallest B")
     ap.add_argument("--from-json", help="rebuild the .md table and .png plot from a results JSON")
     args = ap.parse_args()
@@ -471,6 +498,10 @@ def main():
                                    bytes_per_step_per_row=bps, bytes_per_committed_token=bps / acc_v,
                                    GBps=B * bps / (t * 1e-6) / 1e9, frac_copy_peak=B * bps / (t * 1e-6) / 1e9 / COPY_PEAK_GBPS,
                                    mem_per_request=arm.mem_per_request())
+                        if args.split and arm.name.startswith("ours") and B == max(Bs) and T == 4:
+                            row["kernel_split_us"] = kernel_split(arm, acc)
+                            print(f"split {kind} {acc_name} {arm.name}: " + ", ".join(
+                                f"{k[:40]} {v:.1f}" for k, v in row["kernel_split_us"].items()), flush=True)
                         rows.append(row)
                         print(f"{kind} B={B:3d} T={T} {acc_name:12s} {arm.name:13s} {t:9.1f} us/step "
                               f"{row['committed_tok_per_s']:12.0f} tok/s  {row['GBps']:7.0f} GB/s  "
