@@ -612,11 +612,12 @@ def ring_verify(
 
 
 _BT_MIN = [8]
-# ring_verify's launch choices when the caller gives none, per layer kind (no read copy). H200, 2026-11-30 10:30
-# (benchmarks/results/verify-20261130-1030.*, fp32 pool, fp32 records, L = 16, B = 256, T = 4, all accepted; us per
-# verify + commit step): GDN one-piece read (BV 32, 4 warps) 982, pipelined BV 32 / 64 / 128 (8 warps) 1055 / 665 /
-# 933; KDA 3462 one piece, pipelined 3486 / 3179 / 1745. Conventional: 975 (GDN) / 987 (KDA).
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=4),
+# ring_verify's launch choices when the caller gives none, per layer kind (no read copy). H200, 2026-11-30
+# (benchmarks/results/verify-20261130-{1030,1039}.*, fp32 pool, fp32 records, L = 16, B = 256, T = 4, all accepted;
+# us per verify + commit step): GDN one-piece read (BV 32, 4 warps) 982, pipelined BV x warps 32x4 1055, 64x4 665,
+# 64x8 1164, 128x4 627, 128x8 933; KDA one piece 3462, pipelined 64x4 2914, 64x8 2003, 128x4 3192, 128x8 1745.
+# Conventional: 978 (GDN) / 994 (KDA). At B = 1 (run 1039): GDN 14-17 us pipelined vs 23 one piece.
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=128, num_warps=4),
                 "kda": dict(pipe_stages=3, block_v=128, num_warps=8)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
