@@ -268,60 +268,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _coef_inline(i_n, i_h, i_hk, i_hv, i_v, p_x, a, A_log, dt_bias, ring_k, ring_g, rrow, h_old, append, h_eff,
-                 scale, lower_bound, stride_a,
-                 H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
-                 CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr,
-                 USE_LOWER_BOUND: tl.constexpr):
-    """The pre launch's work for one (row, value head), done by the main program itself (``inline_pre``): the
-    record coefficients c_j = <k_j e^{G_t - G_j}, q>, d_j = <k_j e^{G_t - G_j}, k> (zero past h), <k, q> and
-    GDN's e^{G_t}, term by term as _pre_row computes them; and this token's shared record parts (the key of the
-    key head, G_t of the value head) appended at h_eff by one program of each (row, key head) / (row, value head)
-    when the row appends. The appends are race-free: this launch reads only ring positions below h_old.
-    p_x: this row's q of its key head (k is H * K later). Returns (cq [BC], ck [BC], kq, e_t)."""
-    o_k = tl.arange(0, BK)
-    o_c = tl.arange(0, BC)
-    mask_k = o_k < K
-    valid = o_c < h_old
-    last = o_c == (h_old - 1)
-    q = tl.load(p_x + o_k, mask=mask_k, other=0).to(tl.float32)
-    k = tl.load(p_x + H * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q) + 1e-6)
-    q = q * scale
-    k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-    kq = tl.sum(k * q)
-    m_ck = valid[:, None] & mask_k[None, :]
-    rk = tl.load(ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
-                 other=0).to(tl.float32)  # [BC, BK]
-    g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA, USE_LOWER_BOUND)
-    base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-    if IS_KDA:
-        rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
-        G_t = tl.sum(tl.where(last[:, None], rg, 0.0), 0) + g_t  # [BK]; G_last = 0 without records
-        kw = rk * tl.where(valid[:, None], tl.exp(G_t[None, :] - rg), 0.0)
-        cq = tl.sum(kw * q[None, :], 1)
-        ck = tl.sum(kw * k[None, :], 1)
-        e_t = 1.0  # KDA's decay sits in q~ and k~ per K
-        if append & (i_v == 0):
-            tl.store(base_g + h_eff * GK + o_k, G_t, mask=mask_k)
-            tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
-                     mask=mask_k)
-    else:
-        rg = tl.load(base_g + o_c, mask=valid, other=0)
-        G_t = tl.sum(tl.where(last, rg, 0.0), 0) + g_t
-        w = tl.where(valid, tl.exp(G_t - rg), 0.0)
-        cq = tl.sum(rk * q[None, :], 1) * w
-        ck = tl.sum(rk * k[None, :], 1) * w
-        e_t = tl.exp(G_t)
-        if append & (i_v == 0):
-            tl.store(base_g + h_eff, G_t)
-            if i_hv % (HV // H) == 0:  # the key head's first value head writes its key
-                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
-                         mask=mask_k)
-    return cq, ck, kq, e_t
-
-
-@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -336,7 +282,7 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, INLINE_PRE: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -395,23 +341,12 @@ def replay_decode_v3_kernel(
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
                             USE_LOWER_BOUND)
-    prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
-    if INLINE_PRE:
-        # no pre launch: this program computes its value head's coefficients itself (and appends the shared
-        # record parts), after its tile read, whose asynchronous copies are then already in flight
-        cq, ck, kq, e_t = _coef_inline(i_n, i_h, i_hk, i_hv, i_v, p_xq, a, A_log, dt_bias, ring_k, ring_g, rrow,
-                                       h_old, (flush == 0) & (prefold == 0), h_eff, scale, lower_bound, stride_a,
-                                       H, HV, HK, GK, K, CAP, BK, BC, IS_KDA, USE_LOWER_BOUND)
-    else:
-        if USE_PDL:
-            gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
-        p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
-        cq = tl.load(p_c)  # zero past h
-        ck = tl.load(p_c + BC)
-        kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
-        e_t = 1.0
-        if not IS_KDA:
-            e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
+    if USE_PDL:
+        gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
+    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+    cq = tl.load(p_c)  # zero past h
+    ck = tl.load(p_c + BC)
+    kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
     v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_val = tl.load(b + i_n * stride_b + i_hv).to(tl.float32)
     if IS_KDA:
@@ -425,9 +360,11 @@ def replay_decode_v3_kernel(
             Cq = Cq * rs
             Ck = Ck * rs
     if not IS_KDA:
+        e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
         Cq = Cq * e_t
         Ck = Ck * e_t
 
+    prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
     valid = o_c < h_old
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
@@ -576,7 +513,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, inline_pre=None):
+           ring_idx=None, pre_maxnreg=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -592,11 +529,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     (GDN; KDA 114, ptxas sm_90), so 21 one-warp programs fit an SM and GDN's 4,096 take two waves; the main launch,
     a PDL dependent, starts only once the last wave has started (13.3 us after the pre launch in the 2026-11-30 GDN
     server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
-    thread). Not yet timed; ignored off the GPU.
-    inline_pre: no pre launch; each main program computes its value head's record coefficients itself after its
-    tile read (and one program per head appends the token's shared record parts), so nothing waits for another
-    launch; the work is repeated by the V / BV programs of a value head (and GDN's value heads of a key head), so
-    it pays with large tiles (block_v 64-128). The main launch is then not a PDL dependent (it is the first)."""
+    thread). Not yet timed; ignored off the GPU."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -606,7 +539,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
-    inline_pre = bool(inline_pre if inline_pre is not None else tuned.get("inline_pre", False))
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
@@ -628,7 +560,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("may_prefold=False only skips the post launch, which advance_h=True needs anyway")
     BK = triton.next_power_of_2(K)
     BC = max(4, triton.next_power_of_2(lay.cap))
-    cfg = tuned.get("config") or V3_CONFIGS.get((kind, state.element_size()), V3_DEFAULT_CONFIG)
+    cfg = V3_CONFIGS.get((kind, state.element_size()), V3_DEFAULT_CONFIG)
     BV = max(16, min(block_v or cfg[0], triton.next_power_of_2(V)))
     nw = num_warps or cfg[1]
     dev = mixed_qkv.device
@@ -668,7 +600,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
-    if run_pre and not inline_pre:
+    if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
@@ -685,8 +617,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl and not inline_pre,
-            INLINE_PRE=inline_pre, **common, **_pdl_kw(pdl and not inline_pre),
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](

@@ -17,9 +17,6 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
               2026-11-29 23:41 the software-pipelined tile read for fp32 states (before: chunks in registers)
   ours_w1     (--variants w1, B <= 128) kernels/decode_w1.py: the window-1 kernel the small-batch policy runs
-  v3_rNN_inline_BVxW (--variants inline, B >= 64) no pre launch: the main programs (BV x W warps) compute their
-              value head's record coefficients themselves (decode_v3.launch(inline_pre=True)), pipelined read,
-              tf32x3 dot fold, post launch as a PDL dependent; _aligned: every row on the same cursor
   v3_r32_preregN (--variants prereg, fp32 states, B >= 128) the pre launch capped at N registers (64: one wave)
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
@@ -483,17 +480,6 @@ def main():
                         for al in (False, True):
                             arms[f"v3_r32_prereg{mx}{'_aligned' if al else ''}"] = arm_ours(
                                 c, torch.float32, cfg=cfg3, impl="v3", v3_opts=dict(pre_maxnreg=mx), aligned=al)
-                if v3 and "inline" in variants and B >= 64:
-                    # no pre launch: each main program computes its value head's coefficients (inline_pre), at the
-                    # tile sizes where that work is repeated least (V / BV programs per value head)
-                    PI = dict(inline_pre=True, pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
-                    for bv, nw in ((32, 1), (64, 2), (128, 4)):
-                        for rn, rdt in (("r16", torch.bfloat16), ("r32", torch.float32)):
-                            arms[f"v3_{rn}_inline_{bv}x{nw}"] = arm_ours(c, rdt, cfg=(bv, nw), impl="v3",
-                                                                         fold="dot3", v3_opts=PI)
-                    if B >= 128 and c.NL == 1:
-                        arms["v3_r32_inline_128x4_aligned"] = arm_ours(c, torch.float32, cfg=(128, 4), impl="v3",
-                                                                       fold="dot3", v3_opts=PI, aligned=True)
                 if v3 and "prerows" in variants and B >= 128 and sdt == "float32":  # pre launch: rows per program
                     P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
                     for pr in (2, 4, 8):

@@ -149,9 +149,7 @@ class Harness:
             self.ring.h.fill_(-7)  # the kernel must not read it
             kw.update(h_rows=h_rows, advance_h=False, may_prefold=len(self.windows) > 1)
         if self.v3_opts:
-            kw["v3_opts"] = {k: v for k, v in self.v3_opts.items() if k != "num_warps"}
-            if "num_warps" in self.v3_opts:  # replay_decode's own argument
-                kw["num_warps"] = self.v3_opts["num_warps"]
+            kw["v3_opts"] = self.v3_opts
         if ring_idx is not None:
             kw["ring_idx"] = ring_idx.to(DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
@@ -534,21 +532,6 @@ def test_v3_pre_maxnreg_checks_and_runs():
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("pipe", [0, 3])
-def test_v3_inline_pre(kind, pipe):
-    """inline_pre: no pre launch, each main program computes its value head's record coefficients and one program
-    per head appends the shared record parts; several V-tiles per head (block_v 8 of V = 16) and, for GDN, two value
-    heads per key head write or skip the appends. Against the float64 reference through flushes, forced flushes,
-    pre-folds that append and padded rows, with the dot fold and the loop fold, ring rows keyed apart from slots."""
-    for fold, ring_idx in (("dot3", False), ("loop", True)):
-        hz = Harness(kind, B=4, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=61 + pipe, windows=(6, 6, 2),
-                     p_forced=0.15, impl="v3", fold=fold, block_v=8, ring_idx=ring_idx,
-                     v3_opts=dict(inline_pre=True, pipe_stages=pipe, chunk_bytes=64, num_warps=2))
-        st = hz.run(20)
-        assert st["flushes"] > 0 and st["prefold_appends"] > 0 and st["padded"] > 0
-
-
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_v3_pre_rows(kind):
     """The pre launch with several rows per program (pre_rows 2 and 3 over B = 5: the last program's rows run past
     B and must do nothing), pipelined read, against the float64 reference through flushes, pre-folds, padded rows."""
@@ -786,22 +769,6 @@ def test_gpu_real_shapes_pre_maxnreg(kind):
     records, PDL, B = 96, against float64."""
     hz = _real_harness(kind, B=96, seed=8, impl="v3", v3_opts=dict(pre_maxnreg=64, pdl=True))
     assert hz.run(20)["flushes"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("cfg", [(32, 1), (128, 4)], ids=["32x1", "128x4"])
-def test_gpu_real_shapes_inline_pre(kind, state_dtype, cfg):
-    """inline_pre (no pre launch; the main programs compute the coefficients and append the shared record parts)
-    compiled at real head sizes, small and whole-head V-tiles, fp32 records, pipelined read, tf32x3 fold, post as a
-    PDL dependent, B = 96, ring rows keyed apart from slots, window switching, against float64."""
-    hz = _real_harness(kind, B=96, state_dtype=DTYPES[state_dtype], seed=9, impl="v3", fold="dot3", block_v=cfg[0],
-                       ring_idx=True, p_forced=0.1, v3_opts=dict(inline_pre=True, pipe_stages=3, chunk_bytes=128,
-                                                                 fold_bytes=64, pdl=True, num_warps=cfg[1]))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
 
 
 @pytest.mark.gpu
