@@ -529,7 +529,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     (GDN; KDA 114, ptxas sm_90), so 21 one-warp programs fit an SM and GDN's 4,096 take two waves; the main launch,
     a PDL dependent, starts only once the last wave has started (13.3 us after the pre launch in the 2026-11-30 GDN
     server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
-    thread). Not yet timed; ignored off the GPU."""
+    thread). Timed on the H200 (benchmarks/results/kernels-20261130-1008, B = 256, fp32 state and records): no gain
+    (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})

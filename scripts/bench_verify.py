@@ -458,7 +458,9 @@ def main():
         commit = "?"
     fi_ok, fi_why = flashinfer_available()
     meta = dict(date=stamp, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, commit=commit or os.environ.get("REPLAYSSM_COMMIT", "?"),
+                triton=__import__("triton").__version__,
+                # the GPU machine's copy of the tree may carry a stale .git: the caller's commit first
+                commit=os.environ.get("REPLAYSSM_COMMIT") or commit or "?",
                 L=args.L, n_steps_per_graph=N_STEPS, act_dtype="bfloat16", state_dtype="float32",
                 flashinfer=("available (not wired)" if fi_ok else f"not run: {fi_why}"))
     rows, agree, tune_log = [], [], []
