@@ -203,6 +203,7 @@ def _ring_verify_kernel(
     qk_scr=None,
     PIPE: tl.constexpr = 0,
     BKT: tl.constexpr = 32,
+    PART: tl.constexpr = 0,
 ):
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
@@ -221,8 +222,13 @@ def _ring_verify_kernel(
     v_lo = i_s * VS
 
     slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
+    # the scratch of the pipelined read, per (row, value head): the drafts' checkpoint-side vectors [2, BT, BK]; for a
+    # split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT], Ti, Fmat [BT, BT], beta, ecol
+    SCR: tl.constexpr = 2 * BT * BK + 2 * BC * BT + 2 * BT * BT + 2 * BT
     if slot < 0:
         # padded row: zeros out, touch no state, record or h
+        if PART == 1:
+            return
         for v0 in range(v_lo, v_lo + VS, BV):
             o_v = v0 + tl.arange(0, BV)
             mv = o_v < V
@@ -239,104 +245,129 @@ def _ring_verify_kernel(
         # checkpoint); any other row reads the read copy when it is current, else the recurrence copy
         from_rc = (h + T <= L) & (tl.load(rc_valid + rrow) == 1)
 
-    # ---- the T drafts: q, k (l2-normalised), beta, gates ----
-    p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
-    q = tl.load(p_q, mask=mtk, other=0.0).to(tl.float32)
-    k = tl.load(p_q + H * K, mask=mtk, other=0.0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
-    k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+    if PART != 2:
+        # ---- the T drafts: q, k (l2-normalised), beta, gates ----
+        p_q = mixed + tok[:, None] * stride_mixed_tok + i_h * K + o_k[None, :]
+        q = tl.load(p_q, mask=mtk, other=0.0).to(tl.float32)
+        k = tl.load(p_q + H * K, mask=mtk, other=0.0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, 1) + 1e-6)[:, None] * scale
+        k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
 
-    bb = tl.load(b + tok * stride_b_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
-    beta = tl.where(mt, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
-    A_val = tl.load(A_log + i_hv).to(tl.float32)
+        bb = tl.load(b + tok * stride_b_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+        beta = tl.where(mt, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
+        A_val = tl.load(A_log + i_hv).to(tl.float32)
 
-    # strict lower (m < i) and causal (m <= i) masks over (i = row, m = column)
-    strict = (o_t[None, :] < o_t[:, None]) & mt[:, None] & mt[None, :]
-    causal = (o_t[None, :] <= o_t[:, None]) & mt[:, None] & mt[None, :]
+        # strict lower (m < i) and causal (m <= i) masks over (i = row, m = column)
+        strict = (o_t[None, :] < o_t[:, None]) & mt[:, None] & mt[None, :]
+        causal = (o_t[None, :] <= o_t[:, None]) & mt[:, None] & mt[None, :]
 
-    # history keys [BC, BK] (key head i_h), committed records only
-    kh = tl.load(
-        ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
-        mask=mc[:, None] & mk[None, :],
-        other=0.0,
-    ).to(tl.float32)
+        # history keys [BC, BK] (key head i_h), committed records only
+        kh = tl.load(
+            ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :],
+            mask=mc[:, None] & mk[None, :],
+            other=0.0,
+        ).to(tl.float32)
 
-    if IS_KDA:
-        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP * K
-        aa = tl.load(a + tok[:, None] * stride_a_tok + i_hv * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-        dtb = tl.load(dt_bias + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32)
-        x = aa + dtb[None, :]
-        if USE_LOWER_BOUND:
-            g = lower_bound * tl.sigmoid(tl.exp(A_val) * x)
+        if IS_KDA:
+            g_base = ring_g + rrow * stride_g_slot + i_hv * CAP * K
+            aa = tl.load(a + tok[:, None] * stride_a_tok + i_hv * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+            dtb = tl.load(dt_bias + i_hv * K + o_k, mask=mk, other=0.0).to(tl.float32)
+            x = aa + dtb[None, :]
+            if USE_LOWER_BOUND:
+                g = lower_bound * tl.sigmoid(tl.exp(A_val) * x)
+            else:
+                g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+            g = tl.where(mtk, g, 0.0)
+            Gl = tl.cumsum(g, axis=0)  # [BT, BK], <= 0
+            Gref = tl.load(g_base + (h0 - 1) * K + o_k, mask=mk & (h0 > 0), other=0.0)  # [BK]
+            el = tl.exp(Gl)  # exp(Gamma_i - G_ref) <= 1
+            kq = k * el
+            qq = q * el
+            eg = tl.exp(Gref)
+            kc = kq * eg[None, :]  # k_i * exp(Gamma_i)
+            qc = qq * eg[None, :]
+            # history scores: <k_j * exp(Gamma_i - Gamma_j), x_i> = <k_j exp(G_ref - Gamma_j), x_i exp(Gl_i)>
+            Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
+            khd = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
+            s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
+            s_q = tl.dot(khd, tl.trans(qq), input_precision=OUT_PRECISION)
+            # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
+            E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
+            kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
+            Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
+            Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
         else:
+            g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
+            aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
+            x = aa + tl.load(dt_bias + i_hv).to(tl.float32)
             g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-        g = tl.where(mtk, g, 0.0)
-        Gl = tl.cumsum(g, axis=0)  # [BT, BK], <= 0
-        Gref = tl.load(g_base + (h0 - 1) * K + o_k, mask=mk & (h0 > 0), other=0.0)  # [BK]
-        el = tl.exp(Gl)  # exp(Gamma_i - G_ref) <= 1
-        kq = k * el
-        qq = q * el
-        eg = tl.exp(Gref)
-        kc = kq * eg[None, :]  # k_i * exp(Gamma_i)
-        qc = qq * eg[None, :]
-        # history scores: <k_j * exp(Gamma_i - Gamma_j), x_i> = <k_j exp(G_ref - Gamma_j), x_i exp(Gl_i)>
-        Gh = tl.load(g_base + o_c[:, None] * K + o_k[None, :], mask=mc[:, None] & mk[None, :], other=0.0)
-        khd = kh * tl.where(mc[:, None] & mk[None, :], tl.exp(tl.minimum(Gref[None, :] - Gh, 0.0)), 0.0)
-        s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
-        s_q = tl.dot(khd, tl.trans(qq), input_precision=OUT_PRECISION)
-        # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
-        E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
-        kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
-        Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
-        Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
-    else:
-        g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
-        aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
-        x = aa + tl.load(dt_bias + i_hv).to(tl.float32)
-        g = -tl.exp(A_val) * tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-        g = tl.where(mt, g, 0.0)
-        Gl = tl.cumsum(g, axis=0)  # [BT]
-        Gref = tl.load(g_base + (h0 - 1), mask=h0 > 0, other=0.0)
-        ecol = tl.exp(Gref + Gl)  # exp(Gamma_i), applied to the checkpoint products
-        Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
-        wh = tl.where(mc[:, None] & mt[None, :], tl.exp(tl.minimum(Gref - Gh, 0.0))[:, None] * tl.exp(Gl)[None, :], 0.0)
-        s_k = tl.dot(kh, tl.trans(k), input_precision=DOT_PRECISION) * wh  # [BC, BT]
-        s_q = tl.dot(kh, tl.trans(q), input_precision=OUT_PRECISION) * wh
-        D = tl.where(causal, tl.exp(tl.minimum(Gl[:, None] - Gl[None, :], 0.0)), 0.0)
-        kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <k_i, k_m>
-        qk = tl.dot(q, tl.trans(k), input_precision=OUT_PRECISION)  # [i, m] = <q_i, k_m>
-        Amat = tl.where(strict, beta[:, None] * kk * D, 0.0)
-        Fmat = tl.where(causal, qk * D, 0.0)
+            g = tl.where(mt, g, 0.0)
+            Gl = tl.cumsum(g, axis=0)  # [BT]
+            Gref = tl.load(g_base + (h0 - 1), mask=h0 > 0, other=0.0)
+            ecol = tl.exp(Gref + Gl)  # exp(Gamma_i), applied to the checkpoint products
+            Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
+            wh = tl.where(mc[:, None] & mt[None, :], tl.exp(tl.minimum(Gref - Gh, 0.0))[:, None] * tl.exp(Gl)[None, :], 0.0)
+            s_k = tl.dot(kh, tl.trans(k), input_precision=DOT_PRECISION) * wh  # [BC, BT]
+            s_q = tl.dot(kh, tl.trans(q), input_precision=OUT_PRECISION) * wh
+            D = tl.where(causal, tl.exp(tl.minimum(Gl[:, None] - Gl[None, :], 0.0)), 0.0)
+            kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)  # [i, m] = <k_i, k_m>
+            qk = tl.dot(q, tl.trans(k), input_precision=OUT_PRECISION)  # [i, m] = <q_i, k_m>
+            Amat = tl.where(strict, beta[:, None] * kk * D, 0.0)
+            Fmat = tl.where(causal, qk * D, 0.0)
 
-    # ---- UT transform: Ti = (I + A)^-1. A is strictly lower (nilpotent, A^T = 0), so
-    # (I + A)^-1 = sum_{n<T} (-A)^n = (I - A)(I + A^2)(I + A^4)...: log2(T) small products ----
-    eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    Np = -Amat
-    Ti = eye + Np
-    for _j in tl.static_range(1, NLOG):
-        Np = tl.dot(Np, Np, input_precision=DOT_PRECISION)
-        Ti = tl.dot(Ti, eye + Np, input_precision=DOT_PRECISION)
+        # ---- UT transform: Ti = (I + A)^-1. A is strictly lower (nilpotent, A^T = 0), so
+        # (I + A)^-1 = sum_{n<T} (-A)^n = (I - A)(I + A^2)(I + A^4)...: log2(T) small products ----
+        eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+        Np = -Amat
+        Ti = eye + Np
+        for _j in tl.static_range(1, NLOG):
+            Np = tl.dot(Np, Np, input_precision=DOT_PRECISION)
+            Ti = tl.dot(Ti, eye + Np, input_precision=DOT_PRECISION)
+
+    else:
+        # the main launch of a split step: the K-side results of the pre launch (PART 1), same maths
+        sb = qk_scr + (i_n * HV + i_hv) * SCR + 2 * BT * BK
+        s_k = tl.load(sb + o_c[:, None] * BT + o_t[None, :])
+        s_q = tl.load(sb + BC * BT + o_c[:, None] * BT + o_t[None, :])
+        Ti = tl.load(sb + 2 * BC * BT + o_t[:, None] * BT + o_t[None, :])
+        Fmat = tl.load(sb + 2 * BC * BT + BT * BT + o_t[:, None] * BT + o_t[None, :])
+        beta = tl.load(sb + 2 * BC * BT + 2 * BT * BT + o_t)
+        if not IS_KDA:
+            ecol = tl.load(sb + 2 * BC * BT + 2 * BT * BT + BT + o_t)
+        g_base = ring_g  # unused: the pre launch stored the draft records
 
     # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
     st_base = state + slot * stride_state_slot + i_hv * V * K
     u_base = ring_u + rrow * stride_u_slot + i_hv * CAP * V
     if PIPE > 0:
-        # the drafts' key and log-decay records before the V loop, so k and the gates hold no registers across
-        # it (this launch reads ring positions below h0 only; the records go to h0..h0+T-1)
-        _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, mtk, k, Gref, Gl, i_s, i_h, i_hv,
-                             H, HV, K, CAP, IS_KDA)
-        # the drafts' checkpoint-side vectors, transposed ([BK, BT]: k then q), into this (row, value head)'s
-        # scratch, so that the K-chunk loop below reads them as 4-byte asynchronous copies beside the tile
-        # chunks (values the registers hold cannot be sliced per chunk; bf16 loads in the loop would stall it)
-        scr = qk_scr + (i_n * HV + i_hv) * 2 * BT * BK + o_t[:, None] * BK + o_k[None, :]  # [2, BT, BK]
-        if IS_KDA:
-            tl.store(scr, kc)
-            tl.store(scr + BK * BT, qc)
-        else:
-            tl.store(scr, k)
-            tl.store(scr + BK * BT, q)
-        tl.debug_barrier()  # the scratch is written by other threads of this program than read it
-        scr_t = qk_scr + (i_n * HV + i_hv) * 2 * BT * BK
+        if PART != 2:
+            # the drafts' key and log-decay records before the V loop, so k and the gates hold no registers across
+            # it (this launch reads ring positions below h0 only; the records go to h0..h0+T-1)
+            _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, mtk, k, Gref, Gl, i_s, i_h,
+                                 i_hv, H, HV, K, CAP, IS_KDA)
+            # the drafts' checkpoint-side vectors ([2, BT, BK]: k then q rows) into this (row, value head)'s
+            # scratch, so that the K-chunk loop below reads them as 4-byte asynchronous copies beside the tile
+            # chunks (values the registers hold cannot be sliced per chunk; bf16 loads in the loop would stall it)
+            scr = qk_scr + (i_n * HV + i_hv) * SCR + o_t[:, None] * BK + o_k[None, :]
+            if IS_KDA:
+                tl.store(scr, kc)
+                tl.store(scr + BK * BT, qc)
+            else:
+                tl.store(scr, k)
+                tl.store(scr + BK * BT, q)
+            if PART == 1:
+                # the pre launch of a split step: the K-side results for the main launch (PART 2), then done
+                sb = qk_scr + (i_n * HV + i_hv) * SCR + 2 * BT * BK
+                tl.store(sb + o_c[:, None] * BT + o_t[None, :], s_k)
+                tl.store(sb + BC * BT + o_c[:, None] * BT + o_t[None, :], s_q)
+                tl.store(sb + 2 * BC * BT + o_t[:, None] * BT + o_t[None, :], Ti)
+                tl.store(sb + 2 * BC * BT + BT * BT + o_t[:, None] * BT + o_t[None, :], Fmat)
+                tl.store(sb + 2 * BC * BT + 2 * BT * BT + o_t, beta)
+                if not IS_KDA:
+                    tl.store(sb + 2 * BC * BT + 2 * BT * BT + BT + o_t, ecol)
+                return
+            tl.debug_barrier()  # the scratch is written by other threads of this program than read it
+        scr_t = qk_scr + (i_n * HV + i_hv) * SCR
     for v0 in range(v_lo, v_lo + VS, BV):
         o_v = v0 + tl.arange(0, BV)
         mv = o_v < V
@@ -517,6 +548,7 @@ def ring_verify(
     ring_idx: torch.Tensor | None = None,
     pipe_stages: int | None = None,
     chunk_bytes: int = 128,
+    split: bool | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -534,6 +566,11 @@ def ring_verify(
     None: ``VERIFY_TUNED`` (rings with a read copy always read in one piece).
     block_v, num_warps: the V-tile and warps per program; None: ``VERIFY_TUNED`` for the layer kind (with a read
     copy: 32 and 4, the one-piece read's).
+    split: two launches, as decode v3 splits a decode step: a pre launch, one program per (row, value head) with
+    ``num_warps``, does the K-side work (norms, gates, history scores, the T x T inverse) into the scratch, then a
+    main launch, one program per (row, value head, V-tile of ``block_v``), streams its tile through the pipelined
+    read and finishes the outputs and records. Needs the pipelined read; not with a read copy. None: VERIFY_TUNED.
+    Built and CPU-tested (2026-11-30), not yet timed.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -593,6 +630,16 @@ def ring_verify(
     if pipe > 0:
         BKT = min(BK, max(16, chunk_bytes // state.element_size()))  # tl.dot: K >= 16
         pipe_kw = dict(PIPE=pipe, BKT=BKT)
+    split = bool(tuned.get("split", False) if split is None else split)
+    if split:
+        if ring.rc is not None:
+            raise ValueError("split=True reads the checkpoint through the pipelined read: not with a read copy")
+        if pipe == 0:
+            raise ValueError("split=True needs the pipelined tile read (pipe_stages > 0)")
+        pipe_kw["split"] = True
+        VS = BV  # the main launch: one V-tile per program
+        nsplit = triton.cdiv(V, VS)
+        grid = (nsplit, B, HV)
     try:
         _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                        scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
@@ -629,10 +676,22 @@ VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a 
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
-                   PIPE=0, BKT=32):
+                   PIPE=0, BKT=32, split=False):
     B = grid[1]
-    # scratch of the pipelined read: the drafts' k and q vectors per (row, value head), fp32, transposed
-    qk_scr = torch.empty(B * HV * 2 * BT * BK if PIPE else 1, dtype=torch.float32, device=state.device)
+    # scratch of the pipelined read per (row, value head), fp32: the drafts' k and q vectors, and for a split step the
+    # pre launch's K-side results (the kernel's SCR)
+    scr = 2 * BT * BK + 2 * BC * BT + 2 * BT * BT + 2 * BT
+    qk_scr = torch.empty(B * HV * scr if PIPE else 1, dtype=torch.float32, device=state.device)
+    parts = ((1, (1, B, HV)), (2, grid)) if split else ((0, grid),)
+    for part, g in parts:
+        _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
+                            slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
+                            out_precision, ring_idx, PIPE, BKT, qk_scr)
+
+
+def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
+                        slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision,
+                        ring_idx, PIPE, BKT, qk_scr):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -648,7 +707,7 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT,
+        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part,
         num_warps=num_warps, num_stages=max(1, PIPE),
     )
 

@@ -235,6 +235,19 @@ def test_pipelined_tile_read(kind):
     assert st["folds"] > 0 and st["non_fold"] > 0, st
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_split_step(kind):
+    """split=True: a pre launch per (row, value head) writes the K-side results into the scratch, a main launch per
+    V-tile (block_v 8 of V = 16: two per head) reads them; GQA, padded rows, ring rows apart from slots, every T in
+    one sequence, against the float64 accepted stream; refused with the one-piece read."""
+    st = run_sequence(kind=kind, B=3, H=1, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
+                      spare_slots=2, ring_rows=True,
+                      verify_opts=dict(pipe_stages=3, chunk_bytes=64, split=True, block_v=8, num_warps=2))
+    assert st["folds"] > 0 and st["non_fold"] > 0, st
+    with pytest.raises(ValueError, match="split=True needs the pipelined"):
+        run_sequence(kind=kind, steps=1, verify_opts=dict(pipe_stages=0, split=True))
+
+
 def test_gqa_groups_and_several_rows_gdn():
     # two value heads per key head (the k record is shared) and three rows in flight
     run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=6, pad_rows=1, spare_slots=2)
@@ -457,7 +470,8 @@ def test_gpu_bf16_accept_sequence(kind, state_dtype, T, L):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("T,L", [(4, 16), (8, 16)], ids=["T4-L16", "T8-L16"])
-@pytest.mark.parametrize("cfg", [(32, 4), (64, 4), (128, 4), (128, 8)], ids=["32x4", "64x4", "128x4", "128x8"])
+@pytest.mark.parametrize("cfg", [(32, 4), (64, 4), (128, 4), (128, 8), (32, 4, "split"), (64, 4, "split")],
+                         ids=["32x4", "64x4", "128x4", "128x8", "split32x4", "split64x4"])
 def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
     """The pipelined tile read (pipe_stages 3, 128-byte chunks) compiled at the V-tile sizes the benchmark runs,
     real head sizes, bf16 activations, fp32 records, default precisions, GQA, against the float64 accepted stream
@@ -465,7 +479,8 @@ def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
     HV, H = (8, 4) if kind == "gdn" else (4, 4)
     run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=40, act_dtype=torch.bfloat16,
                  state_dtype=getattr(torch, state_dtype), record_dtype=torch.float32, device="cuda", pad_rows=1,
-                 spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, block_v=cfg[0], num_warps=cfg[1]))
+                 spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, block_v=cfg[0], num_warps=cfg[1],
+                                                 split=len(cfg) > 2))
 
 
 @pytest.mark.gpu
