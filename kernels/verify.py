@@ -81,6 +81,8 @@ def _ring_prefold_kernel(
     RC_FP8: tl.constexpr = False,
     ring_idx=None,
     HAS_RING_IDX: tl.constexpr = False,
+    PIPE: tl.constexpr = 0,
+    BKT: tl.constexpr = 32,
 ):
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -104,12 +106,40 @@ def _ring_prefold_kernel(
     mv = o_v < V
     mc = o_c < h
 
-    p_C = state + slot * stride_state_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    C = tl.load(p_C, mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
-
     # u records as [BV, BC] (transposed view of [cap, V])
     p_u = ring_u + rrow * stride_u_slot + i_hv * CAP * V + o_c[None, :] * V + o_v[:, None]
     uT = tl.load(p_u, mask=mv[:, None] & mc[None, :], other=0.0).to(tl.float32)
+    if PIPE > 0:
+        # the checkpoint tile in K chunks of BKT through a software-pipelined loop (asynchronous copies into shared
+        # memory), each chunk folded and written back as the next ones land: the tile is never whole in registers
+        st_base = state + slot * stride_state_slot + i_hv * V * K
+        if IS_KDA:
+            g_base = ring_g + rrow * stride_g_slot + i_hv * CAP * K
+        else:
+            g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
+            Gh = tl.load(g_base + o_c, mask=mc, other=0.0)
+            Glast = tl.load(g_base + (h - 1))
+            uT = uT * tl.where(mc, tl.exp(tl.minimum(Glast - Gh, 0.0)), 0.0)[None, :]
+        for c in tl.range(0, BK // BKT, num_stages=PIPE):
+            o_kc = c * BKT + tl.arange(0, BKT)
+            mkc = o_kc < K
+            m_vk = mv[:, None] & mkc[None, :]
+            m_ck = mc[:, None] & mkc[None, :]
+            C_c = tl.load(st_base + o_v[:, None] * K + o_kc[None, :], mask=m_vk, other=0.0).to(tl.float32)
+            kh_c = tl.load(ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_kc[None, :],
+                           mask=m_ck, other=0.0).to(tl.float32)
+            if IS_KDA:
+                Gh_c = tl.load(g_base + o_c[:, None] * K + o_kc[None, :], mask=m_ck, other=0.0)
+                Gl_c = tl.load(g_base + (h - 1) * K + o_kc, mask=mkc, other=0.0)
+                w_c = tl.where(m_ck, tl.exp(tl.minimum(Gl_c[None, :] - Gh_c, 0.0)), 0.0)
+                S_c = C_c * tl.exp(Gl_c)[None, :] + tl.dot(uT, kh_c * w_c, input_precision=DOT_PRECISION)
+            else:
+                S_c = C_c * tl.exp(Glast) + tl.dot(uT, kh_c, input_precision=DOT_PRECISION)
+            tl.store(st_base + o_v[:, None] * K + o_kc[None, :], S_c.to(state.dtype.element_ty), mask=m_vk)
+        return
+
+    p_C = state + slot * stride_state_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    C = tl.load(p_C, mask=mv[:, None] & mk[None, :], other=0.0).to(tl.float32)
     p_k = ring_k + rrow * stride_k_slot + i_h * CAP * K + o_c[:, None] * K + o_k[None, :]
     kh = tl.load(p_k, mask=mc[:, None] & mk[None, :], other=0.0).to(tl.float32)
 
@@ -498,9 +528,11 @@ def _check(ring: ring_mod.Ring, state: torch.Tensor, slot_idx: torch.Tensor, T: 
 
 
 def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None,
-                 ring_idx: torch.Tensor | None = None):
+                 ring_idx: torch.Tensor | None = None, pipe_stages: int = 0, chunk_bytes: int = 128):
     """Launch 1: fold the committed records of rows with h + T > L into their checkpoint (``ring_idx``:
-    as in ``ring_verify``)."""
+    as in ``ring_verify``). pipe_stages > 0: the tile folded in K chunks of ``chunk_bytes`` per row through a
+    software-pipelined loop (not with a read copy, whose fp8 scales need the whole row; built and CPU-tested
+    2026-11-30, not yet timed)."""
     check_ring_idx(ring_idx, slot_idx)
     lay = ring.layout
     B = slot_idx.shape[0]
@@ -512,6 +544,10 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     precision = precision or default_precision(state.device, state.dtype)
     grid = (triton.cdiv(lay.V, BV), B, lay.HV)
     has_rc = ring.rc is not None
+    if pipe_stages < 0:
+        raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
+    pipe = 0 if has_rc else int(pipe_stages)
+    BKT = min(BK, max(16, chunk_bytes // state.element_size()))  # tl.dot: K >= 16
     _ring_prefold_kernel[grid](
         state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         state.stride(0), ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
@@ -519,8 +555,8 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
         BK=BK, BV=BV, BC=BC, IS_KDA=(lay.kind == "kda"), DOT_PRECISION=precision,
         rc=ring.rc if has_rc else state, rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
         HAS_RC=has_rc, RC_FP8=ring.rc_scale is not None,
-        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        num_warps=num_warps,
+        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None, PIPE=pipe, BKT=BKT,
+        num_warps=num_warps, num_stages=max(1, pipe),
     )
 
 
@@ -549,6 +585,7 @@ def ring_verify(
     pipe_stages: int | None = None,
     chunk_bytes: int = 128,
     split: bool | None = None,
+    fold_pipe_stages: int | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -571,6 +608,7 @@ def ring_verify(
     main launch, one program per (row, value head, V-tile of ``block_v``), streams its tile through the pipelined
     read and finishes the outputs and records. Needs the pipelined read; not with a read copy. None: VERIFY_TUNED.
     Built and CPU-tested (2026-11-30), not yet timed.
+    fold_pipe_stages: ``ring_prefold``'s pipe_stages for the pre-step fold; None: VERIFY_TUNED (0).
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -605,8 +643,10 @@ def ring_verify(
     # the activation dtype and their error does not compound)
     out_precision = out_precision or ("tf32" if precision in ("tf32x3", "tf32") else precision)
 
+    fold_pipe = VERIFY_TUNED.get(lay.kind, {}).get("fold_pipe_stages", 0) if fold_pipe_stages is None \
+        else fold_pipe_stages
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
-                 ring_idx=ring_idx)
+                 ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
 
     BK = triton.next_power_of_2(K)
     tuned = VERIFY_TUNED[lay.kind] if ring.rc is None else VERIFY_ONE_PIECE

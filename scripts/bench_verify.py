@@ -19,7 +19,9 @@ bf16 activations, fp32 state pool):
                 loop, each chunk multiplied in as it lands (BV 64, 4 warps; -bv32: BV 32; -bv128: BV 128, 8 warps;
                 -bf16rec: bf16 records);
   ours-split    ring_verify(split=True): a pre launch per (row, value head) for the K-side work, then a main launch
-                per V-tile (BV 32; -split64: BV 64) that streams its tile (not in the default arms).
+                per V-tile (BV 32; -split64: BV 64) that streams its tile (not in the default arms);
+  ours-pf       the default launch with the pre-step fold pipelined over K chunks (ring_verify(fold_pipe_stages=3));
+                ours-split-pf: both (not in the default arms).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -336,6 +338,11 @@ def make_arms(c: Case, names, cfg=None):
         elif n in ("ours-split", "ours-split64"):  # ring_verify(split=True): pre launch + per-V-tile main launch
             arms.append(Ours(c, name=n, cfg=dict(block_v=32 if n == "ours-split" else 64, num_warps=4, nsplit=1,
                                                  pipe_stages=3, split=True)))
+        elif n == "ours-pf":  # the default launch with the pre-step fold pipelined over K chunks
+            arms.append(Ours(c, name=n, cfg=dict(cfg or {}, fold_pipe_stages=3)))
+        elif n == "ours-split-pf":
+            arms.append(Ours(c, name=n, cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=3, split=True,
+                                                 fold_pipe_stages=3)))
         elif n == "ours-pipe-bf16rec":
             arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-pipe-bf16rec",
                              cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
@@ -408,7 +415,7 @@ def smoke():
     layer = dict(H=1, HV=2, K=32, V=32)
     for kind in ("gdn", "kda"):
         c = Case(kind, B=2, T=2, L=8, device="cpu", act_dtype=torch.float32, layer=layer, seed=1)
-        arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe", "ours-split"])
+        arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe", "ours-split", "ours-split-pf"])
         ref = ReferenceStream(c.pool0[c.slots.long()].double(), kind=kind, H=c.H, HV=c.HV, K=c.K, V=c.V,
                               A_log=c.A_log, dt_bias=c.dt_bias)
         for i, acc_v in enumerate([2, 1, 2, 2, 1, 2]):

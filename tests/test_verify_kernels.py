@@ -238,11 +238,13 @@ def test_pipelined_tile_read(kind):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_split_step(kind):
     """split=True: a pre launch per (row, value head) writes the K-side results into the scratch, a main launch per
-    V-tile (block_v 8 of V = 16: two per head) reads them; GQA, padded rows, ring rows apart from slots, every T in
-    one sequence, against the float64 accepted stream; refused with the one-piece read."""
+    V-tile (block_v 8 of V = 16: two per head) reads them; the pre-step fold pipelined over K chunks
+    (fold_pipe_stages); GQA, padded rows, ring rows apart from slots, every T in one sequence, against the float64
+    accepted stream; refused with the one-piece read."""
     st = run_sequence(kind=kind, B=3, H=1, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
                       spare_slots=2, ring_rows=True,
-                      verify_opts=dict(pipe_stages=3, chunk_bytes=64, split=True, block_v=8, num_warps=2))
+                      verify_opts=dict(pipe_stages=3, chunk_bytes=64, split=True, block_v=8, num_warps=2,
+                                       fold_pipe_stages=2))
     assert st["folds"] > 0 and st["non_fold"] > 0, st
     with pytest.raises(ValueError, match="split=True needs the pipelined"):
         run_sequence(kind=kind, steps=1, verify_opts=dict(pipe_stages=0, split=True))
@@ -480,7 +482,7 @@ def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
     run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=L, T=T, steps=40, act_dtype=torch.bfloat16,
                  state_dtype=getattr(torch, state_dtype), record_dtype=torch.float32, device="cuda", pad_rows=1,
                  spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, block_v=cfg[0], num_warps=cfg[1],
-                                                 split=len(cfg) > 2))
+                                                 split=len(cfg) > 2, fold_pipe_stages=3 if len(cfg) > 2 else 0))
 
 
 @pytest.mark.gpu
