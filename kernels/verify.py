@@ -31,7 +31,10 @@ Two launches, both decided on the device (CUDA-graph capturable):
    The checkpoint tile is read in K chunks by a software-pipelined loop (``pipe_stages``, the default since
    2026-11-30, ``VERIFY_TUNED``): C k~_i, which reaches the records, in fp32 on the CUDA cores, C q~_i (output
    only) on the tensor cores at one-pass TF32; the small products use tl.dot at ``default_precision``. The
-   one-piece read (``pipe_stages=0``; rings with a read copy) takes both checkpoint products as tl.dots. A variant that did every
+   one-piece read (``pipe_stages=0``; rings with a read copy) takes both checkpoint products as tl.dots.
+   ``split=True`` (opt-in, not yet timed) runs this kernel twice: PART 1, one program per (row, value head), the
+   K-side work into a scratch; PART 2, one program per (row, value head, V-tile), the tile and the outputs.
+   A variant that did every
    product as an fp32 broadcast-reduce on CUDA cores (git 7da6299) was rejected on its sm_90 SASS:
    8.6k instructions per warp, shuffle-bound cross-lane reductions, about 1.1 ms issue-bound at
    B=256, T=4 against about 0.13 ms for SGLang's conventional verify kernel.
