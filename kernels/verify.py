@@ -237,7 +237,11 @@ def _ring_verify_kernel(
     PIPE: tl.constexpr = 0,
     BKT: tl.constexpr = 32,
     PART: tl.constexpr = 0,
+    SCR: tl.constexpr = 0,
 ):
+    # SCR: the scratch's floats per (row, value head) (_scratch_floats): the drafts' checkpoint-side vectors
+    # [2, BT, BK]; for a split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT],
+    # Ti, Fmat [BT, BT], beta, ecol [BT]
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
     i_s = tl.program_id(0)
@@ -255,9 +259,6 @@ def _ring_verify_kernel(
     v_lo = i_s * VS
 
     slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
-    # the scratch of the pipelined read, per (row, value head): the drafts' checkpoint-side vectors [2, BT, BK]; for a
-    # split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT], Ti, Fmat [BT, BT], beta, ecol
-    SCR: tl.constexpr = 2 * BT * BK + 2 * BC * BT + 2 * BT * BT + 2 * BT
     if slot < 0:
         # padded row: zeros out, touch no state, record or h
         if PART == 1:
@@ -367,7 +368,6 @@ def _ring_verify_kernel(
         beta = tl.load(sb + 2 * BC * BT + 2 * BT * BT + o_t)
         if not IS_KDA:
             ecol = tl.load(sb + 2 * BC * BT + 2 * BT * BT + BT + o_t)
-        g_base = ring_g  # unused: the pre launch stored the draft records
 
     # ---- per V tile: checkpoint read once, history, solve, outputs, u records ----
     st_base = state + slot * stride_state_slot + i_hv * V * K
@@ -530,6 +530,12 @@ def _check(ring: ring_mod.Ring, state: torch.Tensor, slot_idx: torch.Tensor, T: 
             raise ValueError(f"ring.{name} slots must be contiguous")
 
 
+def _chunk_width(BK: int, chunk_bytes: int, state: torch.Tensor) -> int:
+    """K elements per chunk of a pipelined tile read: chunk_bytes of one checkpoint row, at least 16 (tl.dot's
+    smallest K), at most the padded K."""
+    return min(BK, max(16, chunk_bytes // state.element_size()))
+
+
 def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None,
                  ring_idx: torch.Tensor | None = None, pipe_stages: int = 0, chunk_bytes: int = 128):
     """Launch 1: fold the committed records of rows with h + T > L into their checkpoint (``ring_idx``:
@@ -550,7 +556,7 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     if pipe_stages < 0:
         raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
     pipe = 0 if has_rc else int(pipe_stages)
-    BKT = min(BK, max(16, chunk_bytes // state.element_size()))  # tl.dot: K >= 16
+    BKT = _chunk_width(BK, chunk_bytes, state)
     _ring_prefold_kernel[grid](
         state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         state.stride(0), ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
@@ -646,22 +652,10 @@ def ring_verify(
     # the activation dtype and their error does not compound)
     out_precision = out_precision or ("tf32" if precision in ("tf32x3", "tf32") else precision)
 
-    fold_pipe = VERIFY_TUNED.get(lay.kind, {}).get("fold_pipe_stages", 0) if fold_pipe_stages is None \
-        else fold_pipe_stages
-    ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
-                 ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
-
-    BK = triton.next_power_of_2(K)
+    # launch choices, checked before anything is launched
     tuned = VERIFY_TUNED[lay.kind] if ring.rc is None else VERIFY_ONE_PIECE
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
-    BV = min(block_v, triton.next_power_of_2(V))
-    BC = max(16, triton.next_power_of_2(lay.cap))
-    BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
-    NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
-    VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
-    nsplit = triton.cdiv(V, VS)
-    grid = (nsplit, B, HV)
     pipe = int(tuned["pipe_stages"] if pipe_stages is None else pipe_stages)
     if pipe < 0:
         raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
@@ -669,16 +663,29 @@ def ring_verify(
         pipe = 0  # the read copy's tile (bf16 / fp8, or the recurrence copy by row) is read in one piece
     if chunk_bytes not in (64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be 64, 128, 256 or 512, got {chunk_bytes}")
-    pipe_kw = {}
-    if pipe > 0:
-        BKT = min(BK, max(16, chunk_bytes // state.element_size()))  # tl.dot: K >= 16
-        pipe_kw = dict(PIPE=pipe, BKT=BKT)
     split = bool(tuned.get("split", False) if split is None else split)
     if split:
         if ring.rc is not None:
             raise ValueError("split=True reads the checkpoint through the pipelined read: not with a read copy")
         if pipe == 0:
             raise ValueError("split=True needs the pipelined tile read (pipe_stages > 0)")
+    fold_pipe = tuned.get("fold_pipe_stages", 0) if fold_pipe_stages is None else fold_pipe_stages
+
+    ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
+                 ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
+
+    BK = triton.next_power_of_2(K)
+    BV = min(block_v, triton.next_power_of_2(V))
+    BC = max(16, triton.next_power_of_2(lay.cap))
+    BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
+    NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
+    VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
+    nsplit = triton.cdiv(V, VS)
+    grid = (nsplit, B, HV)
+    pipe_kw = {}
+    if pipe > 0:
+        pipe_kw = dict(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
+    if split:
         pipe_kw["split"] = True
         VS = BV  # the main launch: one V-tile per program
         nsplit = triton.cdiv(V, VS)
@@ -717,24 +724,30 @@ VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=4),
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 
+def _scratch_floats(BT: int, BK: int, BC: int) -> int:
+    """The verify kernel's scratch per (row, value head), fp32 elements (its SCR): k and q rows [2, BT, BK], then
+    s_k, s_q [BC, BT], Ti, Fmat [BT, BT], beta, ecol [BT]."""
+    return 2 * BT * BK + 2 * BC * BT + 2 * BT * BT + 2 * BT
+
+
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
                    PIPE=0, BKT=32, split=False):
     B = grid[1]
     # scratch of the pipelined read per (row, value head), fp32: the drafts' k and q vectors, and for a split step the
-    # pre launch's K-side results (the kernel's SCR)
-    scr = 2 * BT * BK + 2 * BC * BT + 2 * BT * BT + 2 * BT
+    # pre launch's K-side results
+    scr = _scratch_floats(BT, BK, BC)
     qk_scr = torch.empty(B * HV * scr if PIPE else 1, dtype=torch.float32, device=state.device)
     parts = ((1, (1, B, HV)), (2, grid)) if split else ((0, grid),)
     for part, g in parts:
         _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                             slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
-                            out_precision, ring_idx, PIPE, BKT, qk_scr)
+                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr)
 
 
 def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                         slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision,
-                        ring_idx, PIPE, BKT, qk_scr):
+                        ring_idx, PIPE, BKT, qk_scr, scr):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -750,7 +763,7 @@ def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part,
+        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr,
         num_warps=num_warps, num_stages=max(1, PIPE),
     )
 

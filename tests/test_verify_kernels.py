@@ -439,6 +439,18 @@ def test_refusals():
         ring_verify(mixed[:, :-1], a, b, A_log, dt, state, slots, ring, 2)
     with pytest.raises(ValueError, match="state pool"):
         ring_verify(mixed, a, b, A_log, dt, state.transpose(-1, -2).contiguous()[:, :, :8], slots, ring, 2)
+    # a refused launch choice writes nothing: the row's ring is full (h + T > L, so a pre-step fold is due), and
+    # the checkpoint must not be folded before the refusal (h is not moved by ring_verify: a fold would count the
+    # records twice)
+    ring.h[0] = 8
+    ring.u.normal_()
+    ring.k.normal_()
+    before = state.clone()
+    for bad, msg in ((dict(chunk_bytes=100), "chunk_bytes"), (dict(pipe_stages=-1), "pipe_stages"),
+                     (dict(pipe_stages=0, split=True), "split=True needs")):
+        with pytest.raises(ValueError, match=msg):
+            ring_verify(mixed, a, b, A_log, dt, state, slots, ring, 2, **bad)
+        assert torch.equal(state, before), f"{bad}: the checkpoint was written before the refusal"
 
 
 @pytest.mark.parametrize("case", extra_cases(), ids=lambda c: str(c))
