@@ -314,7 +314,25 @@ def time_graph(arm, acc, reps=15):
     return statistics.median(ts) / N_STEPS * 1e3  # us per step
 
 
+def _launch(block_v, num_warps, pipe_stages, **kw):
+    return dict(block_v=block_v, num_warps=num_warps, nsplit=1, pipe_stages=pipe_stages, **kw)
+
+
+# ours' arms with a fixed launch, name -> (record dtype, ring_verify options); the docstring says what each is
+FIXED_ARMS = {
+    "ours-onepiece": (torch.float32, _launch(32, 4, 0)),  # the default before 2026-11-30 10:30
+    "ours-pipe": (torch.float32, _launch(64, 4, 3)),
+    "ours-pipe-bv32": (torch.float32, _launch(32, 4, 3)),
+    "ours-pipe-bv128": (torch.float32, _launch(128, 8, 3)),
+    "ours-pipe-bf16rec": (torch.bfloat16, _launch(64, 4, 3)),
+    "ours-split": (torch.float32, _launch(32, 4, 3, split=True)),
+    "ours-split64": (torch.float32, _launch(64, 4, 3, split=True)),
+    "ours-split-pf": (torch.float32, _launch(32, 4, 3, split=True, fold_pipe_stages=3)),
+}
+
+
 def make_arms(c: Case, names, cfg=None):
+    """The arms named, ours' with ``cfg`` (tuned or VERIFY_TUNED's when None) unless FIXED_ARMS fixes them."""
     arms = []
     for n in names:
         if n == "conventional":
@@ -324,28 +342,14 @@ def make_arms(c: Case, names, cfg=None):
         elif n == "ours":
             arms.append(Ours(c, cfg=cfg))
         elif n == "ours-bf16rec":
-            arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-bf16rec", cfg=cfg))
+            arms.append(Ours(c, record_dtype=torch.bfloat16, name=n, cfg=cfg))
         elif n == "ours-tf32":
-            arms.append(Ours(c, precision="tf32", name="ours-tf32", cfg=cfg))
-        elif n == "ours-onepiece":  # the tile read in one piece (the default before 2026-11-30 10:30)
-            arms.append(Ours(c, name="ours-onepiece", cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=0)))
-        elif n == "ours-pipe":  # the pipelined tile read (ring_verify(pipe_stages=3)), default precisions
-            arms.append(Ours(c, name="ours-pipe", cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
-        elif n == "ours-pipe-bv32":
-            arms.append(Ours(c, name="ours-pipe-bv32", cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=3)))
-        elif n == "ours-pipe-bv128":
-            arms.append(Ours(c, name="ours-pipe-bv128", cfg=dict(block_v=128, num_warps=8, nsplit=1, pipe_stages=3)))
-        elif n in ("ours-split", "ours-split64"):  # ring_verify(split=True): pre launch + per-V-tile main launch
-            arms.append(Ours(c, name=n, cfg=dict(block_v=32 if n == "ours-split" else 64, num_warps=4, nsplit=1,
-                                                 pipe_stages=3, split=True)))
-        elif n == "ours-pf":  # the default launch with the pre-step fold pipelined over K chunks
+            arms.append(Ours(c, precision="tf32", name=n, cfg=cfg))
+        elif n == "ours-pf":  # the default (or tuned) launch with the pre-step fold pipelined over K chunks
             arms.append(Ours(c, name=n, cfg=dict(cfg or {}, fold_pipe_stages=3)))
-        elif n == "ours-split-pf":
-            arms.append(Ours(c, name=n, cfg=dict(block_v=32, num_warps=4, nsplit=1, pipe_stages=3, split=True,
-                                                 fold_pipe_stages=3)))
-        elif n == "ours-pipe-bf16rec":
-            arms.append(Ours(c, record_dtype=torch.bfloat16, name="ours-pipe-bf16rec",
-                             cfg=dict(block_v=64, num_warps=4, nsplit=1, pipe_stages=3)))
+        elif n in FIXED_ARMS:
+            rec, opts = FIXED_ARMS[n]
+            arms.append(Ours(c, record_dtype=rec, name=n, cfg=opts))
     return arms
 
 
