@@ -19,7 +19,8 @@ bf16 activations, fp32 state pool):
                 loop, each chunk multiplied in as it lands (BV 64, 4 warps; -bv32: BV 32; -bv128: BV 128, 8 warps;
                 -bf16rec: bf16 records);
   ours-split    ring_verify(split=True): a pre launch per (row, value head) for the K-side work, then a main launch
-                per V-tile (BV 32; -split64: BV 64) that streams its tile (not in the default arms);
+                per V-tile (BV 32, 4 warps; -split64: BV 64; -split32x2: BV 32, 2 warps) that streams its tile
+                (not in the default arms); ours-pipe128x4: the pipelined read at BV 128, 4 warps;
   ours-pf       the default launch with the pre-step fold pipelined over K chunks (ring_verify(fold_pipe_stages=3));
                 ours-split-pf: both (not in the default arms).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
@@ -327,6 +328,8 @@ FIXED_ARMS = {
     "ours-pipe-bf16rec": (torch.bfloat16, _launch(64, 4, 3)),
     "ours-split": (torch.float32, _launch(32, 4, 3, split=True)),
     "ours-split64": (torch.float32, _launch(64, 4, 3, split=True)),
+    "ours-split32x2": (torch.float32, _launch(32, 2, 3, split=True)),
+    "ours-pipe128x4": (torch.float32, _launch(128, 4, 3)),
     "ours-split-pf": (torch.float32, _launch(32, 4, 3, split=True, fold_pipe_stages=3)),
 }
 
