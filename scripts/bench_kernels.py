@@ -275,6 +275,76 @@ def time_graph(c: Case, run) -> float:
     return t / c.NSTEPS
 
 
+# --step-split: per-launch GPU time by step of a window, every row on the same cursor (as in the server), B = 256.
+# name -> (record dtype, (BV, warps) or None, arm_ours keyword arguments); fp32 states; the read-copy arms are
+# issue 7's (steps that write no checkpoint read only the copy: are they at the copy's bytes?)
+_P3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+SPLIT_ARMS = {
+    "v3_r32": (torch.float32, None, {}),
+    "v3_r16": (torch.bfloat16, None, {}),
+    "v3_rc_bf16": (torch.float32, None, dict(read_dtype="bf16")),
+    "v3_rc_fp8": (torch.float32, None, dict(read_dtype="fp8_e4m3")),
+    "v3p_rc_bf16": (torch.float32, None, dict(read_dtype="bf16", fold="dot3", v3_opts=_P3)),
+    "v3p_rc_bf16_64x2": (torch.float32, (64, 2), dict(read_dtype="bf16", fold="dot3", v3_opts=_P3)),
+    "v3p_rc_fp8": (torch.float32, None, dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
+    "v3p_rc_fp8_64x2": (torch.float32, (64, 2), dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
+    "v3p_rc_fp8_128x4": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
+}
+
+
+def step_split(c: Case, run, steps: int = 32) -> dict:
+    """GPU time of each launch of ``steps`` eager decode steps under the torch profiler (no CUDA graph: launch
+    gaps are not in these numbers), grouped by kernel name in launch order. With aligned cursors one step in L
+    writes every checkpoint: per kernel the median over steps (a step that writes no checkpoint), the maximum (the
+    one that does), and the mean per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(c.L):  # compiled, warm, and back to the window's first step
+        run(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            run(i)
+        torch.cuda.synchronize()
+    per: dict[str, list] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            per.setdefault(ev.name, []).append(ev.device_time)
+    out = {}
+    for name, ts in per.items():
+        ts_s = sorted(ts)
+        out[name] = dict(n=len(ts), median_us=ts_s[len(ts) // 2], max_us=ts_s[-1], mean_per_step_us=sum(ts) / steps)
+    return out
+
+
+def run_step_split(args, dev, meta):
+    B = max(int(b) for b in args.batches.split(","))
+    names = args.split_arms.split(",")
+    res = []
+    for kind in args.kinds.split(","):
+        c = Case(kind, B, "float32", dev)
+        arms = {"conv": arm_conv(c)}
+        for n in names:
+            rec, cfg, kw = SPLIT_ARMS[n]
+            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=True, **kw)
+        for n, run in arms.items():
+            try:
+                sp = step_split(c, run)
+            except Exception as e:  # noqa: BLE001
+                print(f"split {kind} B={B} {n}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            tot = sum(v["mean_per_step_us"] for v in sp.values())
+            print(f"split {kind} B={B} {n}: {tot:.1f} us per step (kernels only)", flush=True)
+            for kn, v in sorted(sp.items(), key=lambda kv: -kv[1]["mean_per_step_us"]):
+                print(f"    {kn[:60]:60s} n={v['n']:3d} median {v['median_us']:7.1f} max {v['max_us']:7.1f} "
+                      f"per step {v['mean_per_step_us']:7.1f}", flush=True)
+            res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp))
+        _dump(args.out, dict(meta, mode="step-split, aligned cursors, eager steps under torch.profiler"), res)
+        del c, arms
+        torch.cuda.empty_cache()
+    print(f"wrote {args.out}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels.json")
@@ -308,6 +378,10 @@ def main():
     ap.add_argument("--v3-sweep", action="store_true", help="first time decode_v3.V3_SWEEP (BVxwarps) at B=256")
     ap.add_argument("--v3-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
+    ap.add_argument("--step-split", action="store_true", help="only the per-launch split by step of a window "
+                    "(aligned cursors, fp32 states, the largest of --batches; conv and --split-arms): where a decode "
+                    "step's time goes on the steps that write no checkpoint and on the one that does")
+    ap.add_argument("--split-arms", default=",".join(SPLIT_ARMS), help="names from SPLIT_ARMS")
     args = ap.parse_args()
     variants = set(args.variants.split(",")) - {""}
     if args.plot:
@@ -326,6 +400,9 @@ def main():
                 "do_bench median of replays / NSTEPS")
     meta["copy_peak_Bps"] = copy_peak(dev)
     print(f"# {meta['gpu']}  copy peak {meta['copy_peak_Bps'] / 1e12:.2f} TB/s  commit {args.commit}", flush=True)
+    if args.step_split:
+        run_step_split(args, dev, meta)
+        return
     rows = []
     chosen = {}
     kinds, dtypes = args.kinds.split(","), args.dtypes.split(",")
