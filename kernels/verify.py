@@ -717,9 +717,9 @@ _BT_MIN = [8]
 # us per verify + commit step): GDN one-piece read (BV 32, 4 warps) 982, pipelined BV x warps 32x4 1055, 64x4 665,
 # 64x8 1164, 128x4 627, 128x8 933; KDA one piece 3462, pipelined 64x4 2914, 64x8 2003, 128x4 3192, 128x8 1745.
 # Conventional: 978 (GDN) / 994 (KDA). At B = 1 (run 1039): GDN 14-17 us pipelined vs 23 one piece.
-# GDN keeps 64 x 4 until 128 x 4 (6% faster) has passed the multi-step float64 GPU test (test_gpu_pipelined_tile_read
-# has the case; its first-step outputs at B = 256 matched float64 like the others' in run 1039).
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=4),
+# GDN 128 x 4 since 2026-11-30 12:50 (verify-20261130-1250: 627 vs 665 us at B = 256, T = 4, all accepted; 167 vs
+# 177 at B = 64), once its multi-step float64 GPU tests passed (test_gpu_pipelined_tile_read, fp32 pools, same call).
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=128, num_warps=4),
                 "kda": dict(pipe_stages=3, block_v=128, num_warps=8)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
