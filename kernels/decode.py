@@ -105,6 +105,25 @@ def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
     return prefold, h_eff, flush, h_new
 
 @triton.jit
+def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, rrow, HAS_RC: tl.constexpr):
+    """_decode_rule for a ring with a read copy (HAS_RC): a row whose copy is stale (rc_valid[ring row] == 0: the
+    checkpoint was written by something else, e.g. a prefill) flushes as if forced, reading the recurrence copy
+    and rewriting both. Read here from the ring rather than folded into ``forced`` on the host, which took five
+    small torch launches per layer-step (~8 us at B = 256, H200 2026-11-30)."""
+    if HAS_FORCED:
+        is_forced = tl.load(forced + i_n) != 0
+    else:
+        is_forced = h_old < 0  # h >= 0: never
+    if HAS_RC:
+        is_forced = is_forced | (tl.load(rc_valid + rrow) == 0)
+    prefold = h_old >= L
+    h_eff = tl.where(prefold, 0, h_old)
+    flush = ((h_eff + 1) >= L) | is_forced
+    h_new = tl.where(flush, 0, h_eff + 1)
+    return prefold, h_eff, flush, h_new
+
+
+@triton.jit
 def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
                           H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                           GK: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr, IS_KDA: tl.constexpr,

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from replayssm_sglang.kernels.decode import _decode_rule, _load_gate, _slot_row, ring_rows
+from replayssm_sglang.kernels.decode import _decode_rule_rc, _load_gate, _slot_row, ring_rows
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 
 
@@ -62,7 +62,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              coef, scal, scale, lower_bound, L, stride_qkv, stride_a,
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
-             HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr):
+             HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
+             HAS_RC: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel)."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
@@ -74,7 +75,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
             h_old = tl.load(ring_h + rrow).to(tl.int32)
-        prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+        prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
 
         o_k = tl.arange(0, BK)
@@ -142,6 +143,7 @@ def replay_decode_v3_pre_kernel(
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
+    rc_valid=None, HAS_RC: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -156,7 +158,7 @@ def replay_decode_v3_pre_kernel(
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
-                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX)
+                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC)
 
 
 @triton.jit
@@ -282,7 +284,7 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
@@ -330,7 +332,7 @@ def replay_decode_v3_kernel(
     has = h_old > 0
     from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
     if HAS_RC:
-        pf0, _, fl0, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+        pf0, _, fl0, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
@@ -364,7 +366,7 @@ def replay_decode_v3_kernel(
         Cq = Cq * e_t
         Ck = Ck * e_t
 
-    prefold, h_eff, flush, _ = _decode_rule(h_old, forced, i_n, L, HAS_FORCED)
+    prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
     valid = o_c < h_old
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
@@ -502,7 +504,10 @@ RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller ask
 # (r32); KDA 268.1 -> 264.4 (r16), 224.7 -> 222.0 (r32), B = 256.
 _PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
 _RC_FP8 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=256)
-_RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
+# bf16 copy: the pipelined read and the dot fold since 2026-11-30 (bench_kernels --step-split, H200, B = 256, GDN,
+# aligned cursors, us: main launch 109.9 on a step that writes no checkpoint and 709 on the one that does, against
+# 124.9 / 867 with the unrolled read and the chunked fold; benchmarks/results/kernels-split-20261130-1300-gdn.json)
+_RC_BF16 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8, ("kda", 4, torch.float8_e4m3fn): _RC_FP8,
                   ("gdn", 4, torch.bfloat16): _RC_BF16, ("kda", 4, torch.bfloat16): _RC_BF16}
@@ -584,10 +589,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
-        # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies")
-        stale = ring.rc_valid[ring_rows(slot_idx, ring_idx).clamp(min=0).long()] == 0
-        f = (stale | (forced != 0) if forced is not None else stale).to(torch.int32)
-        common["HAS_FORCED"] = True
+        # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies"); every
+        # launch reads rc_valid itself (_decode_rule_rc) and the post launch marks the rows' copies current
         # the fold writes the read copy chunk by chunk (fp8: a second pass with the rows' scales); the
         # whole-tile fold with the copy's writes needs 255 registers and spills (ptxas, sm_90)
         if fold == "loop":
@@ -605,7 +608,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
-            USE_PDL=pdl, ROWS=pre_rows, **common, **pre_opts,
+            USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
+            **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
@@ -618,17 +622,19 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, **common, **_pdl_kw(pdl),
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
+            **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
-            **_pdl_kw(pdl),
+            rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **_pdl_kw(pdl),
         )
-    if has_rc:
-        set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # every real row now holds round(checkpoint) in its read copy
+    elif has_rc and _diag_parts == "all":
+        set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)
+    # every real row now holds round(checkpoint) in its read copy
     return out
 
 
