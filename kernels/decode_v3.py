@@ -504,13 +504,16 @@ RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller ask
 # (r32); KDA 268.1 -> 264.4 (r16), 224.7 -> 222.0 (r32), B = 256.
 _PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
 _RC_FP8 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=256)
-# bf16 copy: the pipelined read and the dot fold since 2026-11-30 (bench_kernels --step-split, H200, B = 256, GDN,
-# aligned cursors, us: main launch 109.9 on a step that writes no checkpoint and 709 on the one that does, against
-# 124.9 / 867 with the unrolled read and the chunked fold; benchmarks/results/kernels-split-20261130-1300-gdn.json)
-_RC_BF16 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+_RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
+# GDN's bf16 copy: the pipelined read and the dot fold since 2026-11-30 (H200, B = 256, us; step split, aligned
+# cursors: main launch 109.9 on a step that writes no checkpoint and 709 on the one that does, against 124.9 / 867
+# with _RC_BF16, kernels-split-20261130-1300-gdn.json; graph benchmark, staggered cursors: 187.6 against 233.5,
+# kernels-rc-20261130-1325.json). KDA's bf16 copy was slower with it (333.2 staggered; 289.6 with _RC_BF16 in
+# kernels-20261130-0427) and keeps _RC_BF16.
+_RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8, ("kda", 4, torch.float8_e4m3fn): _RC_FP8,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16, ("kda", 4, torch.bfloat16): _RC_BF16}
+                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
