@@ -289,6 +289,18 @@ SPLIT_ARMS = {
     "v3p_rc_fp8": (torch.float32, None, dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
     "v3p_rc_fp8_64x2": (torch.float32, (64, 2), dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
     "v3p_rc_fp8_128x4": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3", fold="chunked", v3_opts=_P3)),
+    # larger tiles of a narrow copy with the K loop still pipelined: 32-byte chunks of a 128-byte fp8 row (4
+    # stages' worth), 64-byte chunks of a 256-byte bf16 row; the fold in 256-byte chunks (as _RC_FP8)
+    "v3p_rc_fp8_64x2_c32": (torch.float32, (64, 2), dict(read_dtype="fp8_e4m3", fold="chunked",
+                                                          v3_opts=dict(_P3, chunk_bytes=32, fold_bytes=256))),
+    "v3p_rc_fp8_128x4_c32": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3", fold="chunked",
+                                                            v3_opts=dict(_P3, chunk_bytes=32, fold_bytes=256))),
+    "v3p_rc_fp8_32x1_c32": (torch.float32, None, dict(read_dtype="fp8_e4m3", fold="chunked",
+                                                       v3_opts=dict(_P3, chunk_bytes=32, fold_bytes=256))),
+    "v3p_rc_bf16_64x2_c64": (torch.float32, (64, 2), dict(read_dtype="bf16", fold="dot3",
+                                                           v3_opts=dict(_P3, chunk_bytes=64))),
+    "v3p_rc_bf16_128x4_c64": (torch.float32, (128, 4), dict(read_dtype="bf16", fold="dot3",
+                                                             v3_opts=dict(_P3, chunk_bytes=64))),
 }
 
 
