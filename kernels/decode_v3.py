@@ -284,10 +284,11 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
+    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, RC_SPEC: tl.constexpr = False,
 ):
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
+    tl.static_assert(HAS_RC or not RC_SPEC, "RC_SPEC reads the read copy")
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
@@ -336,7 +337,18 @@ def replay_decode_v3_kernel(
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    if from_rc:
+    if RC_SPEC:
+        # speculative: every row reads its read copy, whose address needs no h, so the tile read does not wait
+        # for the h / forced / rc_valid loads; a row that writes its checkpoint (or whose copy is stale) then
+        # reads the recurrence copy as well and uses that (the same result as the branch below, 1/L of the rows
+        # read both tiles)
+        Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
+                            i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
+        if not from_rc:
+            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a,
+                                dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
+                                USE_LOWER_BOUND)
+    elif from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     else:
@@ -521,7 +533,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None):
+           ring_idx=None, pre_maxnreg=None, rc_spec=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -538,7 +550,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     a PDL dependent, starts only once the last wave has started (13.3 us after the pre launch in the 2026-11-30 GDN
     server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
     thread). Timed on the H200 (benchmarks/results/kernels-20261130-1008, B = 256, fp32 state and records): no gain
-    (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU."""
+    (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU.
+    rc_spec (a read copy only): every row reads its read-copy tile without waiting for h (the flush rows, 1/L,
+    then read the recurrence copy too and use it), which takes the h / rc_valid loads out of the tile read's
+    dependency chain; the results are those of the branch. None: V3_TUNED (off)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -548,6 +563,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
+    rc_spec = bool(rc_spec if rc_spec is not None else tuned.get("rc_spec", False)) and has_rc
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
@@ -626,6 +642,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
+            RC_SPEC=rc_spec,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
