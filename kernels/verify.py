@@ -32,8 +32,9 @@ Two launches, both decided on the device (CUDA-graph capturable):
    2026-11-30, ``VERIFY_TUNED``): C k~_i, which reaches the records, in fp32 on the CUDA cores, C q~_i (output
    only) on the tensor cores at one-pass TF32; the small products use tl.dot at ``default_precision``. The
    one-piece read (``pipe_stages=0``; rings with a read copy) takes both checkpoint products as tl.dots.
-   ``split=True`` (opt-in, not yet timed) runs this kernel twice: PART 1, one program per (row, value head), the
-   K-side work into a scratch; PART 2, one program per (row, value head, V-tile), the tile and the outputs.
+   ``split=True`` (opt-in) runs this kernel twice: PART 1, one program per (row, value head), the K-side work
+   into a scratch; PART 2, one program per (row, value head, V-tile), the tile and the outputs. Timed slower on
+   the H200 (verify-20261130-1250, GDN B = 256, T = 4: 1037 / 708 us at 32x4 / 32x2 against 627 one launch).
    A variant that did every
    product as an fp32 broadcast-reduce on CUDA cores (git 7da6299) was rejected on its sm_90 SASS:
    8.6k instructions per warp, shuffle-bound cross-lane reductions, about 1.1 ms issue-bound at
@@ -615,9 +616,10 @@ def ring_verify(
     split: two launches, as decode v3 splits a decode step: a pre launch, one program per (row, value head) with
     ``num_warps``, does the K-side work (norms, gates, history scores, the T x T inverse) into the scratch, then a
     main launch, one program per (row, value head, V-tile of ``block_v``), streams its tile through the pipelined
-    read and finishes the outputs and records. Needs the pipelined read; not with a read copy. None: VERIFY_TUNED.
-    Built and CPU-tested (2026-11-30), not yet timed.
-    fold_pipe_stages: ``ring_prefold``'s pipe_stages for the pre-step fold; None: VERIFY_TUNED (0).
+    read and finishes the outputs and records. Needs the pipelined read; not with a read copy. None: VERIFY_TUNED
+    (off: measured slower, see the module docstring).
+    fold_pipe_stages: ``ring_prefold``'s pipe_stages for the pre-step fold; None: VERIFY_TUNED (3; 0 with a read
+    copy).
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -718,9 +720,13 @@ _BT_MIN = [8]
 # 64x8 1164, 128x4 627, 128x8 933; KDA one piece 3462, pipelined 64x4 2914, 64x8 2003, 128x4 3192, 128x8 1745.
 # Conventional: 978 (GDN) / 994 (KDA). At B = 1 (run 1039): GDN 14-17 us pipelined vs 23 one piece.
 # GDN 128 x 4 since 2026-11-30 12:50 (verify-20261130-1250: 627 vs 665 us at B = 256, T = 4, all accepted; 167 vs
-# 177 at B = 64), once its multi-step float64 GPU tests passed (test_gpu_pipelined_tile_read, fp32 pools, same call).
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=128, num_warps=4),
-                "kda": dict(pipe_stages=3, block_v=128, num_warps=8)}
+# 177 at B = 64), once its multi-step float64 GPU tests passed (test_gpu_pipelined_tile_read, fp32 pools, same call;
+# bf16 pools in run 1254). The pre-step fold pipelined over K chunks (fold_pipe_stages 3) since run 1254
+# (verify-20261130-1254, B = 256, T = 4, us per step all accepted / all rejected: GDN 621.5 -> 609.9 / 574.8 -> 568.2,
+# KDA 1739.5 -> 1684.9 / 1673.6 -> 1642.3); its multi-step GPU tests are the split cases of
+# test_gpu_pipelined_tile_read (fp32 pools in run 1250, bf16 pools in run 1254), which fold with it.
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=128, num_warps=4, fold_pipe_stages=3),
+                "kda": dict(pipe_stages=3, block_v=128, num_warps=8, fold_pipe_stages=3)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 
