@@ -285,13 +285,43 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, RC_SPEC: tl.constexpr = False,
+    HPP: tl.constexpr = 1,
 ):
+    """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
+    the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
+    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HAS_RC or not RC_SPEC, "RC_SPEC reads the read copy")
-    i_v = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    tl.static_assert(HV % HPP == 0, "HPP must divide HV")
+    for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
+        _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
+                   mixed_qkv, a, b, A_log, dt_bias, out, state,
+                   ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
+                   scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
+                   H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
+                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
+                   RC_SPEC)
+
+
+@triton.jit
+def _main_tile(
+    i_v, i_n, i_hv,
+    mixed_qkv, a, b, A_log, dt_bias, out, state,
+    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
+    coef, scal, rc, rc_scale,
+    scale, lower_bound, L,
+    stride_qkv, stride_a, stride_b, stride_slot,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
+    FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
+    PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, RC_SPEC: tl.constexpr,
+):
+    """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
     if IS_KDA:
         i_hk = i_hv
@@ -533,7 +563,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, rc_spec=None):
+           ring_idx=None, pre_maxnreg=None, rc_spec=None, heads_per_program=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -553,7 +583,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU.
     rc_spec (a read copy only): every row reads its read-copy tile without waiting for h (the flush rows, 1/L,
     then read the recurrence copy too and use it), which takes the h / rc_valid loads out of the tile read's
-    dependency chain; the results are those of the branch. None: V3_TUNED (off)."""
+    dependency chain; the results are those of the branch. None: V3_TUNED (off).
+    heads_per_program: value heads per main-launch program, one after the other (it must divide HV): the program's
+    first round trips (slot, ring row, h, flags), which session 8's step split points at as the main launch's floor
+    (~110 us at B = 256 whatever the tile's bytes), are paid once per that many tiles. None: V3_TUNED (1). Built and
+    CPU-tested, not yet timed (2026-11-30)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -564,6 +598,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     rc_spec = bool(rc_spec if rc_spec is not None else tuned.get("rc_spec", False)) and has_rc
+    hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
+    if hpp < 1 or state.shape[1] % hpp:
+        raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
@@ -631,7 +668,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             **pre_opts,
         )
     if run_main:
-        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV)](
+        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,
             ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
@@ -642,7 +679,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            RC_SPEC=rc_spec,
+            RC_SPEC=rc_spec, HPP=hpp,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

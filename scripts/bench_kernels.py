@@ -304,6 +304,12 @@ SPLIT_ARMS = {
     # the read copy's tile read before h is known (rc_spec): the defaults otherwise
     "v3_rc_bf16_spec": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(rc_spec=True))),
     "v3_rc_fp8_spec": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(rc_spec=True))),
+    # several value heads per main-launch program, one after the other (heads_per_program): the defaults otherwise
+    "v3_r32_hpp2": (torch.float32, None, dict(v3_opts=dict(heads_per_program=2))),
+    "v3_r32_hpp4": (torch.float32, None, dict(v3_opts=dict(heads_per_program=4))),
+    "v3_rc_bf16_hpp2": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(heads_per_program=2))),
+    "v3_rc_fp8_hpp2": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(heads_per_program=2))),
+    "v3_rc_fp8_hpp4": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(heads_per_program=4))),
 }
 
 

@@ -588,6 +588,25 @@ def test_read_copy_speculative_read(kind, read_dtype, pipe):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+@pytest.mark.parametrize("hpp", [2, 4])
+def test_heads_per_program(kind, read_dtype, hpp):
+    """heads_per_program: each main-launch program runs hpp value heads one after the other (grid HV / hpp):
+    outputs, the state at every flush and the records against the float64 reference, untouched slots bit-identical,
+    padded rows, forced flushes and window switches; GDN with 2 value heads per key head; with and without a read copy."""
+    hz = Harness(kind, B=3, H=2 if kind == "gdn" else 4, HV=4, K=32, V=16, L=6, seed=54, windows=(6, 6, 4, 6), p_forced=0.1, impl="v3",
+                 read_dtype=read_dtype, v3_opts=dict(heads_per_program=hpp, pipe_stages=3, chunk_bytes=32))
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["staggered"] > 0
+
+
+def test_heads_per_program_refused():
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(heads_per_program=3))
+    with pytest.raises(ValueError, match="heads_per_program"):
+        hz.run(1)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
 def test_read_copy_in_several_chunks(kind, read_dtype):
     """The read copy read in 16-byte chunks (K = 32: 2 bf16 chunks, 2 fp8 chunks) and written by a fold in 64-byte
@@ -743,6 +762,17 @@ def test_gpu_real_shapes_h_rows(kind, impl):
     hz = _real_harness(kind, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16, seed=2, impl=impl, h_rows=True)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+def test_gpu_real_shapes_heads_per_program(kind, read_dtype):
+    """heads_per_program=2 at real head sizes on the GPU (fp32 state and records, the V3_TUNED launch otherwise)."""
+    hz = _real_harness(kind, seed=4, impl="v3", read_dtype=read_dtype, v3_opts=dict(heads_per_program=2))
+    st = hz.run(26)
+    assert st["flushes"] > 0
 
 
 @pytest.mark.gpu
