@@ -270,6 +270,22 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
+def _fold_chunk_load(p_st, o_v, mask_v, c: tl.constexpr, BKF: tl.constexpr, K: tl.constexpr):
+    """K chunk c ([BV, BKF]) of a checkpoint tile, fp32 (the fold's read; FOLD_AHEAD issues it a chunk early)."""
+    o_kc = c * BKF + tl.arange(0, BKF)
+    m_c = mask_v[:, None] & (o_kc < K)[None, :]
+    return tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
+
+
+@triton.jit
+def _fold_key_load(base_k, o_cd, valid_d, c: tl.constexpr, BKF: tl.constexpr, K: tl.constexpr):
+    """K chunk c ([BCD, BKF]) of the ring's keys, fp32, zero past h (the dot fold's other operand)."""
+    o_kc = c * BKF + tl.arange(0, BKF)
+    m_d = valid_d[:, None] & (o_kc < K)[None, :]
+    return tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
+
+
+@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -285,7 +301,7 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, RC_SPEC: tl.constexpr = False,
-    HPP: tl.constexpr = 1,
+    HPP: tl.constexpr = 1, FOLD_AHEAD: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -301,7 +317,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   RC_SPEC)
+                   RC_SPEC, FOLD_AHEAD)
 
 
 @triton.jit
@@ -319,7 +335,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, RC_SPEC: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, RC_SPEC: tl.constexpr, FOLD_AHEAD: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -444,12 +460,29 @@ def _main_tile(
                 g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
                 Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-        for c in tl.static_range(BK // BKF):
+        NCH: tl.constexpr = BK // BKF
+        p_st = state + slot * stride_slot + i_hv * V * K
+        if FOLD_AHEAD:
+            # chunk c + 1's checkpoint and key loads are issued before chunk c's store: the compiler cannot move
+            # them above it itself (the pointers may alias), so without this every chunk waits for its loads
+            C_nx = _fold_chunk_load(p_st, o_v, mask_v, 0, BKF, K)
+            if FOLD_DOT:
+                Kd_nx = _fold_key_load(base_k, o_cd, valid_d, 0, BKF, K)
+        for c in tl.static_range(NCH):
             o_kc = c * BKF + tl.arange(0, BKF)
             mk = o_kc < K
             m_c = mask_v[:, None] & mk[None, :]
-            p_c_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :]
-            C_c = tl.load(p_c_s, mask=m_c, other=0).to(tl.float32)  # read a moment ago: cache hits
+            p_c_s = p_st + o_v[:, None] * K + o_kc[None, :]
+            if FOLD_AHEAD:
+                C_c = C_nx
+                if FOLD_DOT:
+                    Kd_ld = Kd_nx
+                if c + 1 < NCH:
+                    C_nx = _fold_chunk_load(p_st, o_v, mask_v, c + 1, BKF, K)
+                    if FOLD_DOT:
+                        Kd_nx = _fold_key_load(base_k, o_cd, valid_d, c + 1, BKF, K)
+            else:
+                C_c = tl.load(p_c_s, mask=m_c, other=0).to(tl.float32)  # read a moment ago: cache hits
             k_c = tl.load(p_x + H * K + i_h * K + o_kc, mask=mk, other=0).to(tl.float32) / n_k
             if IS_KDA:
                 g_c = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True,
@@ -460,7 +493,10 @@ def _main_tile(
                 G_fc = G_f
             if FOLD_DOT:
                 m_d = valid_d[:, None] & mk[None, :]
-                Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
+                if FOLD_AHEAD:
+                    Kd = Kd_ld
+                else:
+                    Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
                 if IS_KDA:
                     g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
                     Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
@@ -563,7 +599,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, rc_spec=None, heads_per_program=None):
+           ring_idx=None, pre_maxnreg=None, rc_spec=None, heads_per_program=None, fold_ahead=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -587,7 +623,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     heads_per_program: value heads per main-launch program, one after the other (it must divide HV): the program's
     first round trips (slot, ring row, h, flags), which session 8's step split points at as the main launch's floor
     (~110 us at B = 256 whatever the tile's bytes), are paid once per that many tiles. None: V3_TUNED (1). Built and
-    CPU-tested, not yet timed (2026-11-30)."""
+    CPU-tested, not yet timed (2026-11-30).
+    fold_ahead (the chunked folds): each K chunk's checkpoint and key loads are issued one chunk early, before the
+    previous chunk's store, so the checkpoint-writing step (3.6x a plain step in session 8's split) does not wait on
+    every chunk's loads in turn. None: V3_TUNED (off). Built and CPU-tested, not yet timed (2026-11-30)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -599,6 +638,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     rc_spec = bool(rc_spec if rc_spec is not None else tuned.get("rc_spec", False)) and has_rc
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
+    fold_ahead = bool(fold_ahead if fold_ahead is not None else tuned.get("fold_ahead", False))
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if pre_rows < 1:
@@ -679,7 +719,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            RC_SPEC=rc_spec, HPP=hpp,
+            RC_SPEC=rc_spec, HPP=hpp, FOLD_AHEAD=fold_ahead and fold != "loop",
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

@@ -600,6 +600,20 @@ def test_heads_per_program(kind, read_dtype, hpp):
     assert st["flushes"] > 0 and st["staggered"] > 0
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("fold", ["dot3", "chunked"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+def test_fold_ahead(kind, fold, read_dtype):
+    """fold_ahead: the chunked folds issue each K chunk's checkpoint (and the dot fold's key) loads one chunk early:
+    the state at every flush and pre-fold against the float64 reference, outputs, records and untouched slots, with
+    forced flushes, window switches and 4 K chunks per row (K = 64, 64-byte fold chunks)."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=55, windows=(6, 6, 6, 2),
+                 p_forced=0.05, impl="v3", fold=fold, read_dtype=read_dtype,
+                 v3_opts=dict(fold_ahead=True, fold_bytes=64))
+    st = hz.run(16)
+    assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
 def test_heads_per_program_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(heads_per_program=3))
     with pytest.raises(ValueError, match="heads_per_program"):
@@ -762,6 +776,17 @@ def test_gpu_real_shapes_h_rows(kind, impl):
     hz = _real_harness(kind, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16, seed=2, impl=impl, h_rows=True)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+def test_gpu_real_shapes_fold_ahead(kind, read_dtype):
+    """fold_ahead at real head sizes on the GPU (fp32 state and records, the V3_TUNED launch otherwise)."""
+    hz = _real_harness(kind, seed=5, impl="v3", read_dtype=read_dtype, v3_opts=dict(fold_ahead=True))
+    st = hz.run(26)
+    assert st["flushes"] > 0
 
 
 @pytest.mark.gpu
