@@ -93,23 +93,17 @@ def _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX: tl.constexpr):
 def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
     """ring.py's rule for a T = 1 decode step of row i_n, in Triton (the one copy every decode
     kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = h_eff + 1 >= L or forced;
-    h_new = 0 if flush else h_eff + 1."""
-    if HAS_FORCED:
-        is_forced = tl.load(forced + i_n) != 0
-    else:
-        is_forced = h_old < 0  # h >= 0: never
-    prefold = h_old >= L
-    h_eff = tl.where(prefold, 0, h_old)
-    flush = ((h_eff + 1) >= L) | is_forced
-    h_new = tl.where(flush, 0, h_eff + 1)
-    return prefold, h_eff, flush, h_new
+    h_new = 0 if flush else h_eff + 1. (_decode_rule_rc without a read copy.)"""
+    return _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, forced, i_n, False)
+
 
 @triton.jit
 def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, rrow, HAS_RC: tl.constexpr):
-    """_decode_rule for a ring with a read copy (HAS_RC): a row whose copy is stale (rc_valid[ring row] == 0: the
-    checkpoint was written by something else, e.g. a prefill) flushes as if forced, reading the recurrence copy
-    and rewriting both. Read here from the ring rather than folded into ``forced`` on the host, which took five
-    small torch launches per layer-step (~8 us at B = 256, H200 2026-11-30)."""
+    """_decode_rule, and for a ring with a read copy (HAS_RC) a row whose copy is stale (rc_valid[ring row] == 0:
+    the checkpoint was written by something else, e.g. a prefill) flushes as if forced, reading the recurrence
+    copy and rewriting both. Read here from the ring rather than folded into ``forced`` on the host, which took
+    five small torch launches per layer-step (~8 us at B = 256, H200 2026-11-30). rc_valid and rrow are unused
+    without HAS_RC."""
     if HAS_FORCED:
         is_forced = tl.load(forced + i_n) != 0
     else:
