@@ -300,7 +300,7 @@ def replay_decode_v3_kernel(
     HAS_RC: tl.constexpr = False, RC_FP8: tl.constexpr = False,
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, RC_SPEC: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_AHEAD: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
@@ -308,7 +308,6 @@ def replay_decode_v3_kernel(
     (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
-    tl.static_assert(HAS_RC or not RC_SPEC, "RC_SPEC reads the read copy")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
@@ -317,7 +316,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   RC_SPEC, FOLD_AHEAD)
+                   FOLD_AHEAD)
 
 
 @triton.jit
@@ -335,7 +334,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, RC_SPEC: tl.constexpr, FOLD_AHEAD: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_AHEAD: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -383,18 +382,7 @@ def _main_tile(
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    if RC_SPEC:
-        # speculative: every row reads its read copy, whose address needs no h, so the tile read does not wait
-        # for the h / forced / rc_valid loads; a row that writes its checkpoint (or whose copy is stale) then
-        # reads the recurrence copy as well and uses that (the same result as the branch below, 1/L of the rows
-        # read both tiles)
-        Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
-                            i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-        if not from_rc:
-            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a,
-                                dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
-                                USE_LOWER_BOUND)
-    elif from_rc:
+    if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     else:
@@ -599,7 +587,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, rc_spec=None, heads_per_program=None, fold_ahead=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_ahead=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -617,9 +605,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
     thread). Timed on the H200 (benchmarks/results/kernels-20261130-1008, B = 256, fp32 state and records): no gain
     (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU.
-    rc_spec (a read copy only): every row reads its read-copy tile without waiting for h (the flush rows, 1/L,
-    then read the recurrence copy too and use it), which takes the h / rc_valid loads out of the tile read's
-    dependency chain; the results are those of the branch. None: V3_TUNED (off).
     heads_per_program: value heads per main-launch program, one after the other (it must divide HV): the program's
     first round trips (slot, ring row, h, flags), which session 8's step split points at as the main launch's floor
     (~110 us at B = 256 whatever the tile's bytes), are paid once per that many tiles. None: V3_TUNED (1). Built and
@@ -636,7 +621,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
-    rc_spec = bool(rc_spec if rc_spec is not None else tuned.get("rc_spec", False)) and has_rc
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_ahead = bool(fold_ahead if fold_ahead is not None else tuned.get("fold_ahead", False))
     if hpp < 1 or state.shape[1] % hpp:
@@ -719,7 +703,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            RC_SPEC=rc_spec, HPP=hpp, FOLD_AHEAD=fold_ahead and fold != "loop",
+            HPP=hpp, FOLD_AHEAD=fold_ahead and fold != "loop",
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

@@ -301,9 +301,6 @@ SPLIT_ARMS = {
                                                            v3_opts=dict(_P3, chunk_bytes=64))),
     "v3p_rc_bf16_128x4_c64": (torch.float32, (128, 4), dict(read_dtype="bf16", fold="dot3",
                                                              v3_opts=dict(_P3, chunk_bytes=64))),
-    # the read copy's tile read before h is known (rc_spec): the defaults otherwise
-    "v3_rc_bf16_spec": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(rc_spec=True))),
-    "v3_rc_fp8_spec": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(rc_spec=True))),
     # several value heads per main-launch program, one after the other (heads_per_program): the defaults otherwise
     "v3_r32_hpp2": (torch.float32, None, dict(v3_opts=dict(heads_per_program=2))),
     "v3_r32_hpp4": (torch.float32, None, dict(v3_opts=dict(heads_per_program=4))),

@@ -571,31 +571,15 @@ def test_read_copy_two_precision(kind, read_dtype, impl, windows):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
-@pytest.mark.parametrize("pipe", [0, 3])
-def test_read_copy_speculative_read(kind, read_dtype, pipe):
-    """rc_spec: every row reads its read copy before h is known, and the rows that write their checkpoint (flush,
-    pre-fold, stale copy) read the recurrence copy as well and must use it: the same checks as
-    test_read_copy_two_precision, whose NaN-poisoned copies (stale until first written) fail any step that keeps
-    the speculative read of a stale copy; forced flushes and window switches (6 and 4) included."""
-    opts = dict(rc_spec=True, pipe_stages=pipe)
-    if pipe:
-        opts.update(chunk_bytes=32, fold_bytes=64)
-    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=53, windows=(6, 6, 4, 6),
-                 p_forced=0.1, impl="v3", read_dtype=read_dtype, v3_opts=opts)
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["staggered"] > 0
-
-
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16"])
 @pytest.mark.parametrize("hpp", [2, 4])
 def test_heads_per_program(kind, read_dtype, hpp):
     """heads_per_program: each main-launch program runs hpp value heads one after the other (grid HV / hpp):
     outputs, the state at every flush and the records against the float64 reference, untouched slots bit-identical,
     padded rows, forced flushes and window switches; GDN with 2 value heads per key head; with and without a read copy."""
-    hz = Harness(kind, B=3, H=2 if kind == "gdn" else 4, HV=4, K=32, V=16, L=6, seed=54, windows=(6, 6, 4, 6), p_forced=0.1, impl="v3",
-                 read_dtype=read_dtype, v3_opts=dict(heads_per_program=hpp, pipe_stages=3, chunk_bytes=32))
+    hz = Harness(kind, B=3, H=2 if kind == "gdn" else 4, HV=4, K=32, V=16, L=6, seed=54, windows=(6, 6, 4, 6),
+                 p_forced=0.1, impl="v3", read_dtype=read_dtype,
+                 v3_opts=dict(heads_per_program=hpp, pipe_stages=3, chunk_bytes=32))
     st = hz.run(14)
     assert st["flushes"] > 0 and st["staggered"] > 0
 
@@ -804,13 +788,10 @@ def test_gpu_real_shapes_heads_per_program(kind, read_dtype):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
-@pytest.mark.parametrize("spec", [False, True], ids=["branch", "spec"])
-def test_gpu_real_shapes_read_copy_v3(kind, read_dtype, spec):
+def test_gpu_real_shapes_read_copy_v3(kind, read_dtype):
     """The two-copy decode at real head sizes on the GPU (fp32 state and records), with window-1 launches
-    (w1) in between: the same checks as the CPU test, with the GPU's own casts; spec: rc_spec (the copy's tile
-    read before h is known)."""
-    hz = _real_harness(kind, seed=3, impl="v3" if spec else "auto", read_dtype=read_dtype,
-                       v3_opts=dict(rc_spec=True) if spec else None)  # (w1 takes no v3 options)
+    (w1) in between: the same checks as the CPU test, with the GPU's own casts."""
+    hz = _real_harness(kind, seed=3, impl="auto", read_dtype=read_dtype)
     st = hz.run(26)
     assert st["flushes"] > 0
 
