@@ -270,19 +270,47 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _fold_chunk_load(p_st, o_v, mask_v, c: tl.constexpr, BKF: tl.constexpr, K: tl.constexpr):
-    """K chunk c ([BV, BKF]) of a checkpoint tile, fp32 (the fold's read; FOLD_AHEAD issues it a chunk early)."""
+def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
+                K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
+                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
+                HAS_RC: tl.constexpr, RC_FP8: tl.constexpr):
+    """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
+    this token's u_add k^T on a flush), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
+    running row max |S|. G_f: GDN's fold decay (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d:
+    the dot folds' [BV, BCD] decayed corrections and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
-    m_c = mask_v[:, None] & (o_kc < K)[None, :]
-    return tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
-
-
-@triton.jit
-def _fold_key_load(base_k, o_cd, valid_d, c: tl.constexpr, BKF: tl.constexpr, K: tl.constexpr):
-    """K chunk c ([BCD, BKF]) of the ring's keys, fp32, zero past h (the dot fold's other operand)."""
-    o_kc = c * BKF + tl.arange(0, BKF)
-    m_d = valid_d[:, None] & (o_kc < K)[None, :]
-    return tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
+    mk = o_kc < K
+    m_c = mask_v[:, None] & mk[None, :]
+    p_c_s = p_st + o_v[:, None] * K + o_kc[None, :]
+    C_c = tl.load(p_c_s, mask=m_c, other=0).to(tl.float32)  # read a moment ago: cache hits
+    k_c = tl.load(p_k_in + o_kc, mask=mk, other=0).to(tl.float32) / n_k
+    if IS_KDA:
+        g_c = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True, USE_LOWER_BOUND)
+        G_last_c = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk & has, other=0)
+        G_fc = tl.where(flush, G_last_c + g_c, G_last_c)
+    else:
+        G_fc = G_f
+    if FOLD_DOT:
+        m_d = valid_d[:, None] & mk[None, :]
+        Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
+        if IS_KDA:
+            g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
+            Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
+            S_c = C_c * tl.exp(G_fc)[None, :]
+        else:
+            S_c = C_c * tl.exp(G_fc)
+        S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
+    else:
+        S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP, IS_KDA)
+    S_c += u_add[:, None] * k_c[None, :]
+    tl.store(p_c_s, S_c.to(p_st.dtype.element_ty), mask=m_c)
+    if HAS_RC:
+        if RC_FP8:
+            amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
+        else:
+            _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, amax, m_c, False)
+    return amax
 
 
 @triton.jit
@@ -301,7 +329,7 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
-    HPP: tl.constexpr = 1, FOLD_AHEAD: tl.constexpr = False,
+    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -316,7 +344,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_AHEAD)
+                   FOLD_PIPE)
 
 
 @triton.jit
@@ -334,7 +362,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_AHEAD: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -450,59 +478,28 @@ def _main_tile(
         amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
         NCH: tl.constexpr = BK // BKF
         p_st = state + slot * stride_slot + i_hv * V * K
-        if FOLD_AHEAD:
-            # chunk c + 1's checkpoint and key loads are issued before chunk c's store: the compiler cannot move
-            # them above it itself (the pointers may alias), so without this every chunk waits for its loads
-            C_nx = _fold_chunk_load(p_st, o_v, mask_v, 0, BKF, K)
-            if FOLD_DOT:
-                Kd_nx = _fold_key_load(base_k, o_cd, valid_d, 0, BKF, K)
-        for c in tl.static_range(NCH):
-            o_kc = c * BKF + tl.arange(0, BKF)
-            mk = o_kc < K
-            m_c = mask_v[:, None] & mk[None, :]
-            p_c_s = p_st + o_v[:, None] * K + o_kc[None, :]
-            if FOLD_AHEAD:
-                C_c = C_nx
-                if FOLD_DOT:
-                    Kd_ld = Kd_nx
-                if c + 1 < NCH:
-                    C_nx = _fold_chunk_load(p_st, o_v, mask_v, c + 1, BKF, K)
-                    if FOLD_DOT:
-                        Kd_nx = _fold_key_load(base_k, o_cd, valid_d, c + 1, BKF, K)
-            else:
-                C_c = tl.load(p_c_s, mask=m_c, other=0).to(tl.float32)  # read a moment ago: cache hits
-            k_c = tl.load(p_x + H * K + i_h * K + o_kc, mask=mk, other=0).to(tl.float32) / n_k
-            if IS_KDA:
-                g_c = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True,
-                                 USE_LOWER_BOUND)
-                G_last_c = tl.load(base_g + (h_old - 1) * GK + o_kc, mask=mk & has, other=0)
-                G_fc = tl.where(flush, G_last_c + g_c, G_last_c)
-            else:
-                G_fc = G_f
-            if FOLD_DOT:
-                m_d = valid_d[:, None] & mk[None, :]
-                if FOLD_AHEAD:
-                    Kd = Kd_ld
-                else:
-                    Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
-                if IS_KDA:
-                    g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
-                    Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
-                    S_c = C_c * tl.exp(G_fc)[None, :]
-                else:
-                    S_c = C_c * tl.exp(G_fc)
-                S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
-            else:
-                S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP,
-                                    IS_KDA)
-            S_c += u_add[:, None] * k_c[None, :]
-            tl.store(p_c_s, S_c.to(state.dtype.element_ty), mask=m_c)
-            if HAS_RC:
-                if RC_FP8:
-                    amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
-                else:
-                    _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, amax,
-                                     m_c, False)
+        if not FOLD_DOT:
+            o_cd = tl.arange(0, BCD)  # (unused by the record-loop fold)
+            valid_d = o_cd < 0
+            Ud = tl.zeros([BV, BCD], dtype=tl.float32)
+        if IS_KDA:
+            G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
+        p_k_in = p_x + H * K + i_h * K
+        if FOLD_PIPE > 0:
+            # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
+            # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
+            # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
+            for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+        else:
+            for c in tl.static_range(NCH):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
         if HAS_RC:
             if RC_FP8:
                 # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
@@ -587,7 +584,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_ahead=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -609,9 +606,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     first round trips (slot, ring row, h, flags), which session 8's step split points at as the main launch's floor
     (~110 us at B = 256 whatever the tile's bytes), are paid once per that many tiles. None: V3_TUNED (1). Built and
     CPU-tested, not yet timed (2026-11-30).
-    fold_ahead (the chunked folds): each K chunk's checkpoint and key loads are issued one chunk early, before the
-    previous chunk's store, so the checkpoint-writing step (3.6x a plain step in session 8's split) does not wait on
-    every chunk's loads in turn. None: V3_TUNED (off). Built and CPU-tested, not yet timed (2026-11-30)."""
+    fold_pipe_stages (the dot folds, "dot" / "dot3"): the fold's K-chunk loop software-pipelined over that many
+    stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
+    checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (0). Ignored by the
+    record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on
+    the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -622,9 +621,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
-    fold_ahead = bool(fold_ahead if fold_ahead is not None else tuned.get("fold_ahead", False))
+    fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
+    if fold_pipe < 0:
+        raise ValueError(f"fold_pipe_stages must be >= 0, got {fold_pipe}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
@@ -703,7 +704,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            HPP=hpp, FOLD_AHEAD=fold_ahead and fold != "loop",
+            HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

@@ -307,10 +307,14 @@ SPLIT_ARMS = {
     "v3_rc_bf16_hpp2": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(heads_per_program=2))),
     "v3_rc_fp8_hpp2": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(heads_per_program=2))),
     "v3_rc_fp8_hpp4": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(heads_per_program=4))),
-    # the fold's chunk loads issued one chunk early (fold_ahead): the checkpoint-writing step
-    "v3_r32_fa": (torch.float32, None, dict(v3_opts=dict(fold_ahead=True))),
-    "v3_r16_fa": (torch.bfloat16, None, dict(v3_opts=dict(fold_ahead=True))),
-    "v3_rc_bf16_fa": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_ahead=True))),
+    # the dot folds' K-chunk loop software-pipelined (fold_pipe_stages): the checkpoint-writing step
+    "v3_r32_fp2": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=2))),
+    "v3_r32_fp3": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=3))),
+    "v3_r32_fp3_f128": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=3, fold_bytes=128))),
+    "v3_r16_fp3": (torch.bfloat16, None, dict(v3_opts=dict(fold_pipe_stages=3))),
+    "v3_rc_bf16_fp3": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_pipe_stages=3))),
+    "v3_rc_bf16_dot_fp3": (torch.float32, None, dict(read_dtype="bf16", fold="dot3",
+                                                      v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
 }
 
 

@@ -585,17 +585,24 @@ def test_heads_per_program(kind, read_dtype, hpp):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("fold", ["dot3", "chunked"])
+@pytest.mark.parametrize("fold", ["dot3", "dot"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16"])
-def test_fold_ahead(kind, fold, read_dtype):
-    """fold_ahead: the chunked folds issue each K chunk's checkpoint (and the dot fold's key) loads one chunk early:
-    the state at every flush and pre-fold against the float64 reference, outputs, records and untouched slots, with
-    forced flushes, window switches and 4 K chunks per row (K = 64, 64-byte fold chunks)."""
+def test_fold_pipe(kind, fold, read_dtype):
+    """fold_pipe_stages: the dot folds' K-chunk loop as a pipelined loop (a runtime chunk index where the default
+    unrolls): the state at every flush and pre-fold against the float64 reference, outputs, records and untouched
+    slots, with forced flushes, window switches and 4 K chunks per row (K = 64, 64-byte fold chunks)."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=55, windows=(6, 6, 6, 2),
                  p_forced=0.05, impl="v3", fold=fold, read_dtype=read_dtype,
-                 v3_opts=dict(fold_ahead=True, fold_bytes=64))
+                 v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))
     st = hz.run(16)
     assert st["flushes"] > 0 and st["prefolds"] > 0
+
+
+def test_fold_pipe_refused():
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3",
+                 v3_opts=dict(fold_pipe_stages=-1))
+    with pytest.raises(ValueError, match="fold_pipe_stages"):
+        hz.run(1)
 
 
 def test_heads_per_program_refused():
@@ -766,9 +773,12 @@ def test_gpu_real_shapes_h_rows(kind, impl):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16"])
-def test_gpu_real_shapes_fold_ahead(kind, read_dtype):
-    """fold_ahead at real head sizes on the GPU (fp32 state and records, the V3_TUNED launch otherwise)."""
-    hz = _real_harness(kind, seed=5, impl="v3", read_dtype=read_dtype, v3_opts=dict(fold_ahead=True))
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gpu_real_shapes_fold_pipe(kind, read_dtype, stages):
+    """The pipelined fold at real head sizes on the GPU (fp32 state and records, the dot3 fold; the V3_TUNED launch
+    otherwise)."""
+    hz = _real_harness(kind, seed=5, impl="v3", read_dtype=read_dtype, fold="dot3",
+                       v3_opts=dict(fold_pipe_stages=stages))
     st = hz.run(26)
     assert st["flushes"] > 0
 
@@ -776,10 +786,11 @@ def test_gpu_real_shapes_fold_ahead(kind, read_dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16", "fp8_e4m3"])
 def test_gpu_real_shapes_heads_per_program(kind, read_dtype):
-    """heads_per_program=2 at real head sizes on the GPU (fp32 state and records, the V3_TUNED launch otherwise)."""
-    hz = _real_harness(kind, seed=4, impl="v3", read_dtype=read_dtype, v3_opts=dict(heads_per_program=2))
+    """heads_per_program=2 at real head sizes on the GPU (fp32 state and records, the V3_TUNED launch and fold
+    otherwise)."""
+    hz = _real_harness(kind, seed=4, impl="v3", read_dtype=read_dtype, fold=None, v3_opts=dict(heads_per_program=2))
     st = hz.run(26)
     assert st["flushes"] > 0
 
