@@ -573,10 +573,18 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # with _RC_BF16, kernels-split-20261130-1300-gdn.json; graph benchmark, staggered cursors: 187.6 against 233.5,
 # kernels-rc-20261130-1325.json). KDA's bf16 copy was slower with it (333.2 staggered; 289.6 with _RC_BF16 in
 # kernels-20261130-0427) and keeps _RC_BF16.
-_RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+# 2026-11-30 16:10 (kernels-split-20261130-1610.json, aligned cursors, us per layer-step): the fold's chunk loop
+# pipelined (fold_pipe_stages 3) with the bf16 copy: GDN 162.4 -> 159.0 (checkpoint step 700.5 -> 649.1); KDA's bf16
+# copy folded by dot3 in 64-byte chunks, pipelined: 219.0 -> 205.2 (1001.8 -> 693.1). Without a copy the pipelined
+# fold costs the plain steps more (shared memory) than it saves: GDN 181.7 -> 185.5, KDA 209.4 -> 210.4; not taken.
+# fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
+# 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
+_RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
+_RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3)
+_RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
-                  ("gdn", 4, torch.float8_e4m3fn): _RC_FP8, ("kda", 4, torch.float8_e4m3fn): _RC_FP8,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16}
+                  ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
+                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 

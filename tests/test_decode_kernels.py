@@ -571,7 +571,7 @@ def test_read_copy_two_precision(kind, read_dtype, impl, windows):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("hpp", [2, 4])
 def test_heads_per_program(kind, read_dtype, hpp):
     """heads_per_program: each main-launch program runs hpp value heads one after the other (grid HV / hpp):
