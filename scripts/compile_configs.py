@@ -300,8 +300,24 @@ def distinct_configs(launches: list[Launch]) -> list[Config]:
     return list(seen.values())
 
 
-def compile_config(c: Config) -> dict:
-    """Compile one configuration for sm_90 (in a worker); {ok, seconds, error}."""
+# H100 / H200 (sm_90) per-SM limits, for the residency estimate of --resources
+# (shared memory: 228 KiB per SM, of which the driver reserves 1 KiB per resident block)
+SM90_REGS, SM90_SMEM, SM90_SMEM_RESERVED, SM90_WARPS, SM90_BLOCKS = 65536, 228 * 1024, 1024, 64, 32
+
+
+def resident_programs(regs: int, smem: int, num_warps: int) -> int:
+    """Programs (thread blocks) of one kernel resident per sm_90 SM, from its registers per thread (allocated in
+    units of 8 per thread, 256 per warp), static shared memory and warps: the smallest of the four limits."""
+    per_warp = -(-max(regs, 1) // 8) * 8 * 32
+    by_regs = SM90_REGS // (per_warp * num_warps)
+    by_smem = SM90_SMEM // (smem + SM90_SMEM_RESERVED)
+    return min(by_regs, by_smem, SM90_WARPS // num_warps, SM90_BLOCKS)
+
+
+def compile_config(c: Config, resources: bool = False) -> dict:
+    """Compile one configuration for sm_90 (in a worker); {ok, seconds, error}, and with ``resources`` the
+    registers per thread, spill-store bytes (ptxas -v), static SASS instructions, shared memory per program and
+    the programs per SM those allow (resident_programs)."""
     t0 = time.time()
     try:
         fn = getattr(importlib.import_module(c.module), c.name)
@@ -310,7 +326,15 @@ def compile_config(c: Config) -> dict:
         src = ASTSource(fn=fn, signature=c.signature, constexprs=c.constexprs, attrs=c.attrs)
         k = triton.compile(src, target=TARGET, options=c.options)
         assert k.asm.get("cubin"), "no cubin"
-        return dict(ok=True, seconds=time.time() - t0, error="")
+        res = {}
+        if resources:
+            from sm90_offline import sass_stats
+
+            n_sass, _, regs, spill = sass_stats(k)
+            smem, nw = int(k.metadata.shared), int(c.options.get("num_warps", 4))
+            res = dict(regs=regs, spill_bytes=spill, sass=n_sass, smem=smem, num_warps=nw,
+                       programs_per_sm=resident_programs(regs, smem, nw))
+        return dict(ok=True, seconds=time.time() - t0, error="", **res)
     except Exception as e:
         from triton.compiler.errors import CompilationError
 
@@ -324,13 +348,13 @@ def _worker_init():
     os.environ.pop("TRITON_INTERPRET", None)
 
 
-def compile_all(configs: list[Config], jobs: int) -> list[dict]:
+def compile_all(configs: list[Config], jobs: int, resources: bool = False) -> list[dict]:
     # spawn: fresh workers (no fork of a process holding LLVM state); the heaviest kernels first
     order = sorted(range(len(configs)), key=lambda i: -_cost(configs[i]))
     results: list = [None] * len(configs)
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx, initializer=_worker_init) as ex:
-        futs = {ex.submit(compile_config, configs[i]): i for i in order}
+        futs = {ex.submit(compile_config, configs[i], resources): i for i in order}
         for f in cf.as_completed(futs):
             results[futs[f]] = f.result()
     return results
@@ -348,12 +372,16 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="compile only kernels whose name contains this")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--resources", action="store_true",
+                    help="also read each configuration's registers, spills, shared memory and the programs per SM "
+                         "they allow (ptxas -v, nvdisasm; a static count, not a timing)")
+    ap.add_argument("--scenarios", default="", help="only scenarios whose label contains this (e.g. 'decode gdn')")
     a = ap.parse_args(argv)
     t0 = time.time()
-    configs = distinct_configs(record_all(server_scenarios()))
+    configs = distinct_configs(record_all([sc for sc in server_scenarios() if a.scenarios in sc.label]))
     if a.only:
         configs = [c for c in configs if a.only in c.name]
-    uncovered = sorted(all_kernels() - {c.name for c in configs}) if not a.only else []
+    uncovered = sorted(all_kernels() - {c.name for c in configs}) if not (a.only or a.scenarios) else []
     if uncovered:
         print(f"kernels no server scenario launches (add a scenario): {', '.join(uncovered)}", flush=True)
     counts: dict[str, int] = {}
@@ -365,11 +393,13 @@ def main(argv=None) -> int:
         for c in configs:
             print(" ", c.describe(), "<-", "; ".join(c.scenarios))
         return 0
-    results = compile_all(configs, a.jobs)
+    results = compile_all(configs, a.jobs, a.resources)
     fails = [(c, r) for c, r in zip(configs, results) if not r["ok"]]
     for c, r in zip(configs, results):
+        rs = (f"  {r['regs']:3d} regs, {r['spill_bytes']} B spilled, {r['smem']:6d} B smem, {r['num_warps']} warps: "
+              f"{r['programs_per_sm']:2d} per SM" if a.resources and r["ok"] else "")
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['seconds']:6.1f} s  {c.name}  <- {c.scenarios[0]}"
-              + (f" (+{len(c.scenarios) - 1})" if len(c.scenarios) > 1 else ""), flush=True)
+              + (f" (+{len(c.scenarios) - 1})" if len(c.scenarios) > 1 else "") + rs, flush=True)
     for c, r in fails:
         print(f"\nFAILED to compile for sm_90: {c.describe()}\n  launched by: {'; '.join(c.scenarios)}\n"
               f"  {r['error']}", flush=True)

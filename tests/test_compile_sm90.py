@@ -62,3 +62,21 @@ def test_every_server_kernel_config_compiles_for_sm90(tmp_path):
     assert any("'rc': '*fp8e4nv'" in c for c in v3)
     assert any("'launch_pdl': True" in c and "'USE_PDL': True" in c for c in v3)
     assert r.returncode == 0, log[-6000:]
+
+
+@pytest.mark.skipif(not _has_cuda_backend(), reason="Triton without its NVIDIA backend")
+def test_resident_programs_estimate():
+    """compile_configs --resources: the programs per SM its registers / shared memory / warps allow, checked on
+    hand-computed sm_90 cases (65536 registers, allocated 8 per thread; 228 KiB shared memory, 1 KiB reserved per
+    block; 64 warps, 32 blocks): each case is bound by a different limit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import compile_configs as C; r = C.resident_programs; "
+            "print(r(103, 8192, 1), r(156, 16384, 1), r(246, 39168, 8), r(255, 39168, 4), r(32, 0, 1), r(40, 0, 8), "
+            "r(64, 100000, 1))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # 103 regs -> 104 x 32 = 3328 per warp: 19 by registers (smem 8 KiB + 1 allows 25); 156 -> 12 by registers;
+    # 246 x 8 warps: 1 by registers; 255 x 4: 2 by registers; 32 regs, 1 warp: 32 by the block limit; 40 x 8 warps:
+    # 6 by registers (65536 / (40 x 256)); 64 regs with 100000 B of shared memory: 2 by shared memory
+    assert out.stdout.split() == ["19", "12", "1", "2", "32", "6", "2"]
