@@ -19,8 +19,8 @@ decided per row on the device:
 Per row:
   prefold  = h >= L             (h + T > L with T = 1)
   h_eff    = 0 if prefold else h
-  flush    = h_eff + 1 >= L or forced      (decode v3's opt-in prestep rule: forced only, so h reaches L
-  h_new    = 0 if flush else h_eff + 1       and the next step's pre-step fold writes the checkpoint)
+  flush    = h_eff + 1 >= L or forced
+  h_new    = 0 if flush else h_eff + 1
 The kernel writes h itself, on the device: every program of a row reads h first; the row's
 programs count their arrival on a per-slot counter (``arrive``, always 0 between launches) and the
 last one to arrive writes ``h_new`` and resets the counter. Rows whose h does not change (L = 1,
@@ -98,14 +98,12 @@ def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
 
 
 @triton.jit
-def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, rrow, HAS_RC: tl.constexpr,
-                    PRESTEP: tl.constexpr = False):
+def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, rrow, HAS_RC: tl.constexpr):
     """_decode_rule, and for a ring with a read copy (HAS_RC) a row whose copy is stale (rc_valid[ring row] == 0:
     the checkpoint was written by something else, e.g. a prefill) flushes as if forced, reading the recurrence
     copy and rewriting both. Read here from the ring rather than folded into ``forced`` on the host, which took
     five small torch launches per layer-step (~8 us at B = 256, H200 2026-11-30). rc_valid and rrow are unused
-    without HAS_RC. PRESTEP (ring.py's ``prestep`` rule, decode v3's opt-in): only a forced (or stale-copy) row
-    flushes; a full ring (h = L) is folded by the next step's pre-step fold instead."""
+    without HAS_RC."""
     if HAS_FORCED:
         is_forced = tl.load(forced + i_n) != 0
     else:
@@ -114,10 +112,7 @@ def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, r
         is_forced = is_forced | (tl.load(rc_valid + rrow) == 0)
     prefold = h_old >= L
     h_eff = tl.where(prefold, 0, h_old)
-    if PRESTEP:
-        flush = is_forced
-    else:
-        flush = ((h_eff + 1) >= L) | is_forced
+    flush = ((h_eff + 1) >= L) | is_forced
     h_new = tl.where(flush, 0, h_eff + 1)
     return prefold, h_eff, flush, h_new
 

@@ -220,14 +220,13 @@ def replay_decode_v2_post_kernel(
     CAP: tl.constexpr, BK: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, PRESTEP: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
     programmatic dependent of the decode launch): waits for it first. HAS_RC (decode v3 with a read copy): the
     rule counts a stale copy as a forced flush, as the decode launch did, and every real row's copy is marked
-    current (rc_valid[ring row] = 1) once the decode launch has written it. PRESTEP: ring.py's prestep rule (decode v3's
-    opt-in)."""
+    current (rc_valid[ring row] = 1) once the decode launch has written it."""
     if USE_PDL:
         gdc_wait()
     i_n = tl.program_id(0)
@@ -237,8 +236,7 @@ def replay_decode_v2_post_kernel(
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
             h_old = tl.load(ring_h + rrow).to(tl.int32)
-        prefold, h_eff, flush, h_new = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC,
-                                                       PRESTEP)
+        prefold, h_eff, flush, h_new = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
         if HAS_RC:

@@ -63,7 +63,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, PRESTEP: tl.constexpr):
+             HAS_RC: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel)."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
@@ -75,8 +75,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             h_old = tl.load(h_rows + i_n).to(tl.int32)
         else:
             h_old = tl.load(ring_h + rrow).to(tl.int32)
-        prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC,
-                                                   PRESTEP)
+        prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
 
         o_k = tl.arange(0, BK)
@@ -144,7 +143,7 @@ def replay_decode_v3_pre_kernel(
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
-    rc_valid=None, HAS_RC: tl.constexpr = False, PRESTEP: tl.constexpr = False,
+    rc_valid=None, HAS_RC: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -159,7 +158,7 @@ def replay_decode_v3_pre_kernel(
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
-                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, PRESTEP)
+                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC)
 
 
 @triton.jit
@@ -271,17 +270,15 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, p_q_in, s_q, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
+def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
                 IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-                HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, DOTS: tl.constexpr):
+                HAS_RC: tl.constexpr, RC_FP8: tl.constexpr):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
     this token's u_add k^T on a flush), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
-    running row max |S| and, with DOTS (the one-pass checkpoint step), the folded chunk's products with this
-    token's q~ (q s_q) and k~ (k / n_k), both times e^{g_t} per K for KDA (GDN's scalar e^{g_t} is the caller's);
-    without DOTS those two are amax again (unused). G_f: GDN's fold decay (scalar); KDA loads its per-K decay for
-    the chunk. Ud, o_cd, valid_d: the dot folds' [BV, BCD] decayed corrections and ring positions (FOLD_DOT)."""
+    running row max |S|. G_f: GDN's fold decay (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d:
+    the dot folds' [BV, BCD] decayed corrections and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
     mk = o_kc < K
     m_c = mask_v[:, None] & mk[None, :]
@@ -313,108 +310,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, p_q_in, s_q, a, dt_bias
             amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
         else:
             _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, amax, m_c, False)
-    if DOTS:
-        xq = tl.load(p_q_in + o_kc, mask=mk, other=0).to(tl.float32) * s_q
-        xk = k_c
-        if IS_KDA:
-            w_c = tl.exp(g_c)
-            xq = xq * w_c
-            xk = xk * w_c
-        # the products of what is stored (rounded to the state's dtype), as a later step reads it
-        S_r = S_c.to(p_st.dtype.element_ty).to(tl.float32)
-        dq = tl.sum(S_r * xq[None, :], 1)
-        dk = tl.sum(S_r * xk[None, :], 1)
-    else:
-        dq = amax
-        dk = amax
-    return amax, dq, dk
-
-
-@triton.jit
-def _fold_tile(p_st, p_rc, p_rcs, o_v, mask_v, p_x, a, dt_bias, A_log, base_u, base_k, base_g, h_old, flush, u_add,
-               i_n, i_h, i_hv, stride_a, lower_bound, scale,
-               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr, BKF: tl.constexpr, BCD: tl.constexpr, IS_KDA: tl.constexpr,
-               USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-               FOLD_PIPE: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, DOTS: tl.constexpr):
-    """The main launch's chunked fold of one [BV, K] checkpoint tile (p_st) in place: C e^{G_f} plus the h_old ring
-    records (u at base_u, keys at base_k, cumulative log-decays at base_g), plus this token's u_add k^T (zero unless
-    the row flushes), where G_f is the last record's G (+ g_t on a flush); the read copy (p_rc; fp8 scales at p_rcs)
-    written from the same unrounded chunks. DOTS (the one-pass checkpoint step): returns the folded tile's products
-    with this token's q~ and k~ (KDA: times e^{g_t} per K; GDN's scalar e^{g_t} is the caller's), [BV] each."""
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
-    has = h_old > 0
-    if DOTS:
-        qf = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        s_q = scale / tl.sqrt(tl.sum(qf * qf) + 1e-6)
-    else:
-        s_q = scale
-    if not IS_KDA:
-        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
-                         USE_LOWER_BOUND)
-        G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
-        G_f = tl.where(flush, G_last + g_t, G_last)
-    if FOLD_DOT:
-        # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
-        # independent of the others, where the record loop waits for each record's loads in turn (h of them,
-        # per chunk). GDN's per-record decay goes into U, KDA's per-(record, K) decay into the keys.
-        o_cd = tl.arange(0, BCD)
-        valid_d = o_cd < h_old
-        Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
-                     other=0).to(tl.float32)  # [BV, BCD]
-        if not IS_KDA:
-            g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
-            Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
-    else:
-        o_cd = tl.arange(0, BCD)  # (unused by the record-loop fold)
-        valid_d = o_cd < 0
-        Ud = tl.zeros([BV, BCD], dtype=tl.float32)
-    if IS_KDA:
-        G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
-    amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-    dq = tl.zeros([BV], dtype=tl.float32)
-    dk = tl.zeros([BV], dtype=tl.float32)
-    NCH: tl.constexpr = BK // BKF
-    p_k_in = p_x + H * K + i_h * K
-    p_q_in = p_x + i_h * K
-    if FOLD_PIPE > 0:
-        # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
-        # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
-        # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
-        for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
-            amax, dq_c, dk_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, p_q_in, s_q, a, dt_bias, A_log,
-                                           i_n, i_hv, stride_a, lower_bound, base_u, base_k, base_g, h_old, has, flush,
-                                           G_f, u_add, o_cd, valid_d, Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA,
-                                           USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, DOTS)
-            if DOTS:
-                dq += dq_c
-                dk += dk_c
-    else:
-        for c in tl.static_range(NCH):
-            amax, dq_c, dk_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, p_q_in, s_q, a, dt_bias, A_log,
-                                           i_n, i_hv, stride_a, lower_bound, base_u, base_k, base_g, h_old, has, flush,
-                                           G_f, u_add, o_cd, valid_d, Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA,
-                                           USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, DOTS)
-            if DOTS:
-                dq += dq_c
-                dk += dk_c
-    if HAS_RC:
-        if RC_FP8:
-            # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
-            # just written (exact for an fp32 state; with the record-loop fold the same thread wrote each
-            # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
-            sc = _rc_scale(amax)
-            tl.debug_barrier()
-            for c in tl.static_range(BK // BKF):
-                o_kc = c * BKF + tl.arange(0, BKF)
-                m_c = mask_v[:, None] & (o_kc < K)[None, :]
-                S_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
-                _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
-            tl.store(p_rcs + o_v, sc, mask=mask_v)
-    return dq, dk
+    return amax
 
 
 @triton.jit
@@ -433,7 +329,7 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
-    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, PRESTEP: tl.constexpr = False,
+    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -448,7 +344,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, PRESTEP)
+                   FOLD_PIPE)
 
 
 @triton.jit
@@ -466,7 +362,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, PRESTEP: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -510,36 +406,13 @@ def _main_tile(
     has = h_old > 0
     from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
     if HAS_RC:
-        pf0, _, fl0, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC, PRESTEP)
+        pf0, _, fl0, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         from_rc = (pf0 | fl0) == 0
-    # PRESTEP (ring.py's prestep rule): a row with a full ring (h = L) that is not flushed writes its checkpoint in
-    # one pass before its own token: the records are folded into each K chunk as it streams in, the chunk stored,
-    # and this token's dot products taken from the folded chunks (the two-pass path reads the tile for the dots,
-    # then re-reads and writes it in the fold). Its own record then goes to ring position 0.
-    onepass = False  # (a constexpr without PRESTEP: the default kernel compiles no one-pass branch)
-    if PRESTEP:
-        tl.static_assert(FOLD_CHUNKED, "the one-pass checkpoint step folds in K chunks")
-        pf1, _, fl1, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC, PRESTEP)
-        onepass = pf1 & (fl1 == 0)
-    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
     if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-    elif onepass:
-        Cq, Ck = _fold_tile(state + slot * stride_slot + i_hv * V * K, rc + (rrow * HV + i_hv) * V * K,
-                            rc_scale + (rrow * HV + i_hv) * V, o_v, mask_v, p_x, a, dt_bias, A_log, base_u,
-                            ring_k + (rrow * HK + i_hk) * CAP * K, ring_g + (rrow * HV + i_hv) * CAP * GK, h_old,
-                            h_old < 0, tl.zeros([BV], dtype=tl.float32), i_n, i_h, i_hv, stride_a, lower_bound, scale, H,
-                            K, V, GK, CAP, BK, BV, BKF, BCD, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, FOLD_PIPE,
-                            HAS_RC, RC_FP8, True)
-        if not IS_KDA:
-            e_g = tl.exp(_load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
-                                    USE_LOWER_BOUND))
-            Cq = Cq * e_g
-            Ck = Ck * e_g
-        tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite at the end
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
@@ -564,34 +437,86 @@ def _main_tile(
             Ck = Ck * rs
     if not IS_KDA:
         e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
-        if PRESTEP:
-            e_t = tl.where(onepass, 1.0, e_t)  # (one pass: applied above)
         Cq = Cq * e_t
         Ck = Ck * e_t
 
-    prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC, PRESTEP)
+    prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
     valid = o_c < h_old
-    fold_after = flush | prefold  # this row's checkpoint is written after its output (below)
-    if PRESTEP:
-        valid = valid & (onepass == 0)  # one pass: the records are in the checkpoint now
-        fold_after = flush | (prefold & (onepass == 0))
+    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                  other=0).to(tl.float32)  # [BC, BV]
     u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
-    if fold_after & FOLD_CHUNKED:
+    if (flush | prefold) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
+        base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+        base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         tl.debug_barrier()  # every read of the tile above (other threads' layouts) precedes the writes below
-        _fold_tile(state + slot * stride_slot + i_hv * V * K, rc + (rrow * HV + i_hv) * V * K,
-                   rc_scale + (rrow * HV + i_hv) * V, o_v, mask_v, p_x, a, dt_bias, A_log, base_u,
-                   ring_k + (rrow * HK + i_hk) * CAP * K, ring_g + (rrow * HV + i_hv) * CAP * GK, h_old, flush,
-                   tl.where(flush, u_t, 0.0), i_n, i_h, i_hv, stride_a, lower_bound, scale, H, K, V, GK, CAP, BK, BV,
-                   BKF, BCD, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, FOLD_PIPE, HAS_RC, RC_FP8, False)
+        kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
+        has = h_old > 0
+        if not IS_KDA:
+            g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
+                             USE_LOWER_BOUND)
+            G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
+            G_f = tl.where(flush, G_last + g_t, G_last)
+        u_add = tl.where(flush, u_t, 0.0)
+        if FOLD_DOT:
+            # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
+            # independent of the others, where the record loop waits for each record's loads in turn (h of them,
+            # per chunk). GDN's per-record decay goes into U, KDA's per-(record, K) decay into the keys.
+            o_cd = tl.arange(0, BCD)
+            valid_d = o_cd < h_old
+            Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
+                         other=0).to(tl.float32)  # [BV, BCD]
+            if not IS_KDA:
+                g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
+                Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
+        amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
+        NCH: tl.constexpr = BK // BKF
+        p_st = state + slot * stride_slot + i_hv * V * K
+        if not FOLD_DOT:
+            o_cd = tl.arange(0, BCD)  # (unused by the record-loop fold)
+            valid_d = o_cd < 0
+            Ud = tl.zeros([BV, BCD], dtype=tl.float32)
+        if IS_KDA:
+            G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
+        p_k_in = p_x + H * K + i_h * K
+        if FOLD_PIPE > 0:
+            # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
+            # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
+            # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
+            for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+        else:
+            for c in tl.static_range(NCH):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+        if HAS_RC:
+            if RC_FP8:
+                # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
+                # just written (exact for an fp32 state; with the record-loop fold the same thread wrote each
+                # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
+                sc = _rc_scale(amax)
+                tl.debug_barrier()
+                for c in tl.static_range(BK // BKF):
+                    o_kc = c * BKF + tl.arange(0, BKF)
+                    m_c = mask_v[:, None] & (o_kc < K)[None, :]
+                    S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
+                                  mask=m_c, other=0).to(tl.float32)
+                    _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, sc,
+                                     m_c, True)
+                tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
-    if fold_after & (not FOLD_CHUNKED):
+    if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -667,7 +592,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, prestep=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -693,14 +618,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (0). Ignored by the
     record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on
-    the H200 and was replaced by this: docs/benchmarks.md.)
-    prestep: ring.py's prestep rule (``ring.h_after_decode(..., prestep=True)``): a row whose ring fills (h = L)
-    is not flushed by that step but by the next one, before its own token, in one pass over the checkpoint (the
-    records folded into each K chunk as it streams in, the chunk stored, this token's dot products taken from the
-    folded chunks; then its record goes to ring position 0): the checkpoint-writing step reads the tile once where
-    the default rule's reads it for the dots and re-reads it in the fold. Forced (and stale-copy) flushes still fold
-    their own token. Needs a chunked fold ("chunked", "dot", "dot3"); not with h_rows. None: V3_TUNED (off). Built and
-    CPU-tested in session 9, not yet timed."""
+    the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -712,7 +630,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
-    prestep = bool(prestep if prestep is not None else tuned.get("prestep", False))
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -747,7 +664,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     scal = torch.empty(B, HV, 2, dtype=torch.float32, device=dev)
     common = dict(H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, CAP=lay.cap, BK=BK, IS_KDA=(kind == "kda"),
                   HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
-                  USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None, PRESTEP=prestep)
+                  USE_LOWER_BOUND=lower_bound is not None, HAS_RING_IDX=ring_idx is not None)
     f = forced if forced is not None else slot_idx
     hr = h_rows if h_rows is not None else slot_idx
     ri = ring_idx if ring_idx is not None else slot_idx
@@ -759,9 +676,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
-    if prestep and (h_rows is not None or not may_prefold):
-        raise ValueError("prestep=True leaves full rings (h = L) for the next step's pre-step fold: it needs h read "
-                         "and advanced by the launch (no h_rows, may_prefold=True)")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies"); every
@@ -775,8 +689,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    if prestep and fold == "loop":
-        raise ValueError("prestep=True folds the checkpoint in K chunks: use fold='chunked', 'dot' or 'dot3'")
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()

@@ -222,7 +222,7 @@ class TwoCopyReference(R.ReplayReference):
         self.state = TwoCopyPool(self.state, state_dtype, read_dtype, generator, stochastic)
 
     def step(self, x: R.DecodeInputs, slot_idx: torch.Tensor, forced: torch.Tensor | None = None,
-             L: int | None = None, prestep: bool = False) -> torch.Tensor:
+             L: int | None = None) -> torch.Tensor:
         """A step that writes the checkpoint (``ring.decode_flushes``: ring full, forced, or a pre-step
         fold) reads the recurrence copy only, for its fold and for its own output; every other
         step reads the read copy only."""
@@ -230,10 +230,10 @@ class TwoCopyReference(R.ReplayReference):
         valid = slot_idx >= 0
         slots = slot_idx[valid].long()
         f = None if forced is None else forced[valid]
-        flushes = ringmod.decode_flushes(self.h[slots], L, f, prestep=prestep)
+        flushes = ringmod.decode_flushes(self.h[slots], L, f)
         self.state.rec_slots = {int(s) for s in slots[flushes]}
         try:
-            return super().step(x, slot_idx, forced, L, prestep=prestep)
+            return super().step(x, slot_idx, forced, L)
         finally:
             self.state.rec_slots = set()
 

@@ -132,9 +132,7 @@ class ReplayReference:
         return C
 
     def step(self, x: DecodeInputs, slot_idx: torch.Tensor, forced: torch.Tensor | None = None,
-             L: int | None = None, prestep: bool = False) -> torch.Tensor:
-        """One T = 1 decode step. ``prestep``: ring.py's prestep rule (a step that fills the ring does not
-        flush; the next step's pre-step fold writes the checkpoint)."""
+             L: int | None = None) -> torch.Tensor:
         L = self.L if L is None else L
         B = x.q.shape[0]
         kh = _group(self.H, self.HV)
@@ -146,9 +144,8 @@ class ReplayReference:
                 continue
             f = bool(forced[n]) if forced is not None else False
             h = int(self.h[s])
-            fn = None if forced is None else forced[n: n + 1]
-            h_expect = int(ringmod.h_after_decode(self.h[s: s + 1], L, fn, prestep=prestep))
-            flush_expect = bool(ringmod.decode_flushes(self.h[s: s + 1], L, fn, prestep=prestep))
+            h_expect = int(ringmod.h_after_decode(self.h[s: s + 1], L, None if forced is None else forced[n: n + 1]))
+            flush_expect = bool(ringmod.decode_flushes(self.h[s: s + 1], L, None if forced is None else forced[n: n + 1]))
             if bool(ringmod.needs_prefold(self.h[s: s + 1], 1, L)):
                 self.state[s] = self._fold(s, h, self.G[s, :, h - 1])
                 h = 0
@@ -168,7 +165,7 @@ class ReplayReference:
             u_t = x.beta[n][:, None] * (x.v[n] - Ck)
             out[n] = Cq + u_t * (kn * qn).sum(-1, keepdim=True)
             # commit (T = 1 auto-commit), then flush if the ring is full or the flush is forced
-            if (h + 1 >= L and not prestep) or f:
+            if h + 1 >= L or f:
                 S = self._fold(s, h, G_t) + u_t[:, :, None] * kn[:, None, :]
                 self.state[s] = S
                 self.h[s] = 0

@@ -164,25 +164,22 @@ def needs_prefold(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
     return (h + T) > L
 
 
-def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None, prestep: bool = False) -> torch.Tensor:
+def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
     """Per row, for a T = 1 decode step starting at committed count h: does the step write the
     checkpoint (after committing its token)? True when the ring becomes full or a flush is forced.
-    A pre-step fold (h == L, only reachable after a verify step) also writes it.
-    ``prestep`` (decode v3's opt-in rule): a step that fills the ring does not flush; the next step's
-    pre-step fold (h == L: h + T > L with T = 1, verify's rule) writes the checkpoint before its own
-    token, which becomes record 0. Forced flushes are unchanged (they include the step's token)."""
+    A pre-step fold (h == L, only reachable after a verify step) also writes it."""
     after = h + 1
-    out = needs_prefold(h, 1, L) if prestep else (after >= L) | needs_prefold(h, 1, L)
+    out = (after >= L) | needs_prefold(h, 1, L)
     if forced is not None:
         out = out | forced.to(torch.bool)
     return out
 
 
-def h_after_decode(h: torch.Tensor, L: int, forced: torch.Tensor | None = None, prestep: bool = False) -> torch.Tensor:
-    """Committed count after a T = 1 decode step (0 when the step flushed; ``prestep``: see decode_flushes)."""
+def h_after_decode(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Committed count after a T = 1 decode step (0 when the step flushed)."""
     start = torch.where(needs_prefold(h, 1, L), torch.zeros_like(h), h)
     after = start + 1
-    flush = torch.zeros_like(after, dtype=torch.bool) if prestep else after >= L
+    flush = after >= L
     if forced is not None:
         flush = flush | forced.to(torch.bool)
     return torch.where(flush, torch.zeros_like(after), after).to(h.dtype)

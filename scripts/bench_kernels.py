@@ -223,10 +223,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         # write their checkpoints in the same step, one step in L)
         row_of_slot = torch.empty(c.B, dtype=torch.int32, device=c.dev)
         row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
-        # (the prestep rule writes a checkpoint on the step after the ring fills: aligned rows start at h = 1, so a
-        # run of 2 x L steps holds two checkpoint steps, as with the default rule from h = 0)
-        h0 = 1 if (v3_opts or {}).get("prestep") else 0
-        r.h.copy_(torch.full_like(row_of_slot, h0) if aligned else row_of_slot % c.L)
+        r.h.copy_(torch.zeros_like(row_of_slot) if aligned else row_of_slot % c.L)
         rings.append(r)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
@@ -318,11 +315,6 @@ SPLIT_ARMS = {
     "v3_rc_bf16_fp3": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_pipe_stages=3))),
     "v3_rc_bf16_dot_fp3": (torch.float32, None, dict(read_dtype="bf16", fold="dot3",
                                                       v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
-    # the prestep rule: the checkpoint step folds before its token, in one pass (decode_v3.launch prestep=True)
-    "v3_r32_pre": (torch.float32, None, dict(v3_opts=dict(prestep=True))),
-    "v3_r32_pre_fp3": (torch.float32, None, dict(v3_opts=dict(prestep=True, fold_pipe_stages=3))),
-    "v3_r16_pre": (torch.bfloat16, None, dict(v3_opts=dict(prestep=True))),
-    "v3_rc_bf16_pre": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(prestep=True))),
 }
 
 

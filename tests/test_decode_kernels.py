@@ -172,9 +172,7 @@ class Harness:
             self.rc_raw_before = self.ring.rc.cpu().clone()
         else:
             forced_ref = forced
-        # decode v3's opt-in prestep rule, where this launch runs v3 (impl "auto" runs w1 at window 1)
-        prestep = bool((self.v3_opts or {}).get("prestep")) and (self.impl == "v3" or (self.impl == "auto" and L > 1))
-        o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L, prestep=prestep)
+        o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
         slot_idx = slot_idx_ref
         out = out.cpu().squeeze(1)
 
@@ -600,35 +598,6 @@ def test_fold_pipe(kind, fold, read_dtype):
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("fold,read_dtype", [("dot3", "same"), ("chunked", "same"), ("dot3", "bf16"),
-                                             ("chunked", "fp8_e4m3")])
-@pytest.mark.parametrize("fold_pipe", [0, 3])
-def test_prestep(kind, fold, read_dtype, fold_pipe):
-    """prestep: a step that fills the ring leaves it full; the next step writes the checkpoint in one pass before its
-    own token (records folded chunk by chunk, its dot products from the folded chunks, its record to position 0).
-    Outputs, h, the state at every checkpoint write, records, read copies and untouched slots against the float64
-    reference run with the same rule; forced flushes (which still fold their token), window switches (window 2
-    and the default 6, so full rings meet shorter windows) and padded rows; 4 K chunks per row. Fails when the
-    one-pass step's dots are taken from the checkpoint before the fold, or without this step's decay."""
-    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=57, windows=(6, 6, 6, 2),
-                 p_forced=0.05, impl="v3", fold=fold, read_dtype=read_dtype,
-                 v3_opts=dict(prestep=True, fold_bytes=64, fold_pipe_stages=fold_pipe))
-    st = hz.run(18)
-    assert st["flushes"] > 0 and st["prefold_appends"] > 0
-
-
-def test_prestep_refused():
-    for opts, fold, match in ((dict(prestep=True), "loop", "prestep=True folds"),):
-        hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold=fold, v3_opts=opts)
-        with pytest.raises(ValueError, match=match):
-            hz.run(1)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3", h_rows=True,
-                 v3_opts=dict(prestep=True))
-    with pytest.raises(ValueError, match="prestep=True leaves full rings"):
-        hz.run(1)
-
-
 def test_fold_pipe_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3",
                  v3_opts=dict(fold_pipe_stages=-1))
@@ -812,19 +781,6 @@ def test_gpu_real_shapes_fold_pipe(kind, read_dtype, stages):
                        v3_opts=dict(fold_pipe_stages=stages))
     st = hz.run(26)
     assert st["flushes"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype", ["same", "bf16", "fp8_e4m3"])
-def test_gpu_real_shapes_prestep(kind, read_dtype):
-    """The prestep rule with its one-pass checkpoint step at real head sizes on the GPU (fp32 state and records, the
-    V3_TUNED launch and fold otherwise), window switching (16 and 4, so full rings meet a shorter window)."""
-    hz = _real_harness(kind, seed=6, impl="v3", read_dtype=read_dtype, fold=None, windows=(16, 16, 16, 16, 4),
-                       v3_opts=dict(prestep=True))
-    st = hz.run(40)
-    assert st["flushes"] > 0 and st["prefold_appends"] > 0
 
 
 @pytest.mark.gpu

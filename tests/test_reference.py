@@ -94,7 +94,7 @@ def test_l1_is_conventional():
 
 def test_reference_detects_a_wrong_rule(monkeypatch):
     """The reference checks itself against ring.py: a changed flush rule is caught."""
-    monkeypatch.setattr(ringmod, "h_after_decode", lambda h, L, forced=None, prestep=False: h + 1)
+    monkeypatch.setattr(ringmod, "h_after_decode", lambda h, L, forced=None: h + 1)
     with pytest.raises(AssertionError):
         _run("gdn", L=4, steps=6, p_forced=0.0, p_pad=0.0)
 

@@ -109,23 +109,6 @@ def test_plain_decode_is_T1_of_the_same_rule():
         assert d == (0 if v == L else v)
 
 
-def test_prestep_decode_is_exactly_T1_verify():
-    # prestep (decode v3's opt-in): no eager flush when the ring fills; the next step folds before its own token,
-    # which is verify's rule at T = 1 exactly; a forced flush still empties the ring (its token folded too)
-    L = 8
-    for h in range(0, L + 1):
-        ht = torch.tensor([h], dtype=torch.int32)
-        v = int(R.h_after_verify(ht, 1, L, torch.tensor([1]))[0])
-        assert int(R.h_after_decode(ht, L, prestep=True)[0]) == v
-        assert bool(R.decode_flushes(ht, L, prestep=True)[0]) == (h == L)
-        forced = torch.tensor([1], dtype=torch.int32)
-        assert int(R.h_after_decode(ht, L, forced, prestep=True)[0]) == 0
-        assert bool(R.decode_flushes(ht, L, forced, prestep=True)[0])
-    # the default rule flushes when the step fills the ring: h reaches L only after verify
-    assert int(R.h_after_decode(torch.tensor([L - 1], dtype=torch.int32), L)[0]) == 0
-    assert int(R.h_after_decode(torch.tensor([L - 1], dtype=torch.int32), L, prestep=True)[0]) == L
-
-
 def test_mixed_T_sequence_switches_between_plain_and_speculative():
     L = 16
     h = torch.zeros(1, dtype=torch.int32)
