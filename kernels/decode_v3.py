@@ -485,6 +485,7 @@ def _main_tile(
         if IS_KDA:
             G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
         p_k_in = p_x + H * K + i_h * K
+        p_rc = rc + (rrow * HV + i_hv) * V * K  # this tile's read copy (unused without one)
         if FOLD_PIPE > 0:
             # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
             # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
@@ -492,13 +493,13 @@ def _main_tile(
             for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
-                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
         else:
             for c in tl.static_range(NCH):
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
-                                   Ud, rc + (rrow * HV + i_hv) * V * K, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
         if HAS_RC:
             if RC_FP8:
@@ -507,13 +508,11 @@ def _main_tile(
                 # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
                 sc = _rc_scale(amax)
                 tl.debug_barrier()
-                for c in tl.static_range(BK // BKF):
+                for c in tl.static_range(NCH):
                     o_kc = c * BKF + tl.arange(0, BKF)
                     m_c = mask_v[:, None] & (o_kc < K)[None, :]
-                    S_c = tl.load(state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_kc[None, :],
-                                  mask=m_c, other=0).to(tl.float32)
-                    _store_read_copy(rc + (rrow * HV + i_hv) * V * K + o_v[:, None] * K + o_kc[None, :], S_c, sc,
-                                     m_c, True)
+                    S_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
+                    _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
                 tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold) & (not FOLD_CHUNKED):
