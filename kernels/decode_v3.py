@@ -575,16 +575,18 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # 2026-11-30 16:10 (kernels-split-20261130-1610.json, aligned cursors, us per layer-step): the fold's chunk loop
 # pipelined (fold_pipe_stages 3) with the bf16 copy: GDN 162.4 -> 159.0 (checkpoint step 700.5 -> 649.1). KDA's bf16
 # copy folded by dot3 in 64-byte chunks, pipelined (bench arm v3_rc_bf16_dot_fp3): 219.0 -> 205.2 in that run, but
-# 243.4 in a later call (16:53, on since-reverted code), so KDA keeps _RC_BF16 (217-219 in four runs) until a re-run
-# settles it. Without a copy the pipelined fold costs the plain steps more (shared memory) than it saves: GDN
+# 243.4 in a later call (16:53, on since-reverted code); re-measured twice in one call at 30d7198 (19:18 UTC,
+# kernels-split-20261130-1918-kda.json): 204.2 / 204.0 against _RC_BF16's 218.2 / 218.1, so it is KDA's bf16-copy
+# default again (its real-shape GPU test passed at fa4c97e with it). Without a copy the pipelined fold costs the plain steps more (shared memory) than it saves: GDN
 # 181.7 -> 185.5, KDA 209.4 -> 210.4; not taken.
 # fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
 # 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
 _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
+_RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3)
 _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16}
+                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -616,8 +618,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     read copy, else 1: on the H200 it pays only there, docs/benchmarks.md, Kernels).
     fold_pipe_stages (the dot folds, "dot" / "dot3"): the fold's K-chunk loop software-pipelined over that many
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
-    checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for GDN's bf16
-    read copy, else 0). Ignored by the
+    checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
+    read copies, else 0). Ignored by the
     record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on
     the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
