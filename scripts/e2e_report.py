@@ -24,6 +24,13 @@ def fmt(x, spec=".3g"):
     return "-" if x is None else format(x, spec)
 
 
+def prefix_cell(p: dict, key: str, spec: str) -> str:
+    """A prefix-workload figure: the first run's, and the warm (last) run's beside it when the workload ran more
+    than once (scripts/gpu_e2e.py prefix_task)."""
+    w = p.get("warm")
+    return fmt(p.get(key), spec) + (f" (warm {fmt(w.get(key), spec)})" if w else "")
+
+
 def section(res: dict, tag: str) -> str:
     L = [HEAD, "",
          f"`scripts/gpu_e2e.sh` on {res.get('gpu')}, SGLang {res.get('sglang')}, commit {res.get('commit')}, "
@@ -100,12 +107,12 @@ def section(res: dict, tag: str) -> str:
                 f"{(str(n.get('same_greedy_text')) + ' (' + fmt(nx.get('token_agreement'), '.3f') + ')') if n else '-'} | "
                 f"{fmt((n.get('vs_reference_arm_nextn') or {}).get('token_agreement'), '.3f')} / "
                 f"{fmt((n.get('vs_reference_arm_nextn') or {}).get('max_abs_logprob_diff'), '.2e')} | "
-                f"{fmt(p.get('hit_rate'), '.3f')} / {fmt(p.get('ideal_hit_rate'), '.3f')} | "
-                f"{fmt(p.get('mean_ttft_s'), '.3f')} | {a.get('error', '')[:80]} |")
+                f"{prefix_cell(p, 'hit_rate', '.3f')} / {fmt(p.get('ideal_hit_rate'), '.3f')} | "
+                f"{prefix_cell(p, 'mean_ttft_s', '.3f')} | {a.get('error', '')[:80]} |")
         if rows:
             L += ["| arm | token agreement vs ref | max abs logprob diff (common prefix) | outputs | "
                   "NEXTN same greedy as without (agreement) | NEXTN vs ref arm's NEXTN (agreement / max lp diff) | "
-                  "prefix hit rate / ideal | mean TTFT s | error |",
+                  "prefix hit rate / ideal (first run, warm run) | mean TTFT s (first run, warm run) | error |",
                   "|---|---|---|---|---|---|---|---|---|", *rows, ""]
     for n in res.get("notes", []):
         L += [f"- {n}"]

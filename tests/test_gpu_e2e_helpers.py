@@ -121,6 +121,26 @@ def test_prompts_and_prefix_against_fake_server(fake):
     assert set(tp) == {"1", "4"} and all(v["decode_tok_s"] > 0 and not v["queued"] for v in tp.values())
 
 
+def test_prefix_task_reports_the_warm_run(fake):
+    """Two runs: the first run's record on top, the second kept as `warm` (the report shows both); one run: no
+    `warm`; past the deadline the later runs are skipped."""
+    import e2e_report as R
+
+    kw = dict(groups=2, per_group=4, sys_len=2048, q_len=64, out_len=4)
+    p = g.prefix_task(fake, 4096, 2, time.time() + 60, **kw)
+    assert len(p["repeats"]) == 1 and len(p["mean_ttft_s_all"]) == 2 and len(p["wall_s_all"]) == 2
+    assert set(p["warm"]) == set(g.WARM_KEYS)
+    assert p["warm"]["mean_ttft_s"] == p["repeats"][0]["mean_ttft_s"] == p["mean_ttft_s_all"][1]
+    assert p["warm"]["hit_rate"] == pytest.approx(8 * 2048 / (8 * (2048 + 64)))
+    assert R.prefix_cell(p, "mean_ttft_s", ".3f") == (
+        f"{p['mean_ttft_s']:.3f} (warm {p['repeats'][0]['mean_ttft_s']:.3f})")
+    one = g.prefix_task(fake, 4096, 1, time.time() + 60, **kw)
+    assert "warm" not in one and "repeats" not in one
+    assert R.prefix_cell(one, "hit_rate", ".3f") == f"{one['hit_rate']:.3f}"
+    late = g.prefix_task(fake, 4096, 3, time.time() - 1, **kw)
+    assert "warm" not in late
+
+
 def test_diag_perturb_is_off_by_default_and_relative_when_on(monkeypatch):
     """The ours_perturbed control arm's knob: no-op without REPLAYSSM_DIAG_PERTURB, an exact +-eps
     relative change per element with it (alternating along the last dim)."""
