@@ -578,7 +578,8 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # 243.4 in a later call (16:53, on since-reverted code); re-measured twice in one call at 30d7198 (19:18 UTC,
 # kernels-split-20261130-1918-kda.json): 204.2 / 204.0 against _RC_BF16's 218.2 / 218.1, so it is KDA's bf16-copy
 # default again (its real-shape GPU test passed at fa4c97e with it). Without a copy the pipelined fold costs the
-# plain steps more (shared memory) than it saves: GDN 181.7 -> 185.5, KDA 209.4 -> 210.4; not taken.
+# plain steps more than it saves: GDN 181.7 -> 185.5, KDA 209.4 -> 210.4; not taken (not for residency: offline,
+# KDA keeps 14 programs per SM with it, docs/design.md "Session 10").
 # fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
 # 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
 _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
