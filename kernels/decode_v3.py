@@ -595,7 +595,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, pre_warps=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -613,11 +613,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     server profile). At 64, 32 fit (4,224 on the H200: one wave) at the cost of spills (GDN 108 B, KDA 360 B per
     thread). Timed on the H200 (benchmarks/results/kernels-20261130-1008, B = 256, fp32 state and records): no gain
     (GDN 179.3 us at 64, 177.6 at 80, against 178.8 without; KDA 241.4 / 229.1 against 220.2); ignored off the GPU.
-    pre_warps: warps per pre-launch program (1, 2, 4 or 8; None: V3_TUNED, else PRE_WARPS = 1). One warp holds a
-    program's [16, 128] record tiles in 96 (GDN) / 114 (KDA) registers per thread, 21 / 17 programs (warps) per SM;
-    at 4 warps ptxas sm_90 (Triton 3.8, offline) gives 40 / 56 registers, 12 / 9 programs (48 / 36 warps) per SM:
-    more loads in flight per SM, but more waves for the main launch to wait behind under PDL. Not yet timed
-    (bench arms v3_r32_prew2 / prew4); KDA's pre launch is 31.5 us of its 209 us per layer-step (session 10).
     heads_per_program: value heads per main-launch program, one after the other (it must divide HV): the program's
     first round trips (slot, ring row, h, flags), which session 8's step split points at as the main launch's floor
     (~110 us at B = 256 whatever the tile's bytes), are paid once per that many tiles. None: V3_TUNED (2 with an fp8
@@ -644,9 +639,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"fold_pipe_stages must be >= 0, got {fold_pipe}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
-    pre_warps = int(pre_warps if pre_warps is not None else tuned.get("pre_warps", PRE_WARPS))
-    if pre_warps not in (1, 2, 4, 8):
-        raise ValueError(f"pre_warps must be 1, 2, 4 or 8, got {pre_warps}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
     pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
@@ -707,7 +699,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
-            float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=pre_warps, num_stages=1,
+            float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             **pre_opts,
         )

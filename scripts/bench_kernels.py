@@ -315,10 +315,6 @@ SPLIT_ARMS = {
     "v3_rc_bf16_fp3": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_pipe_stages=3))),
     "v3_rc_bf16_dot_fp3": (torch.float32, None, dict(read_dtype="bf16", fold="dot3",
                                                       v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
-    # more warps per pre-launch program (pre_warps; one by default): KDA's pre launch is 31.5 of its 209 us
-    "v3_r32_prew2": (torch.float32, None, dict(v3_opts=dict(pre_warps=2))),
-    "v3_r32_prew4": (torch.float32, None, dict(v3_opts=dict(pre_warps=4))),
-    "v3_rc_bf16_prew4": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(pre_warps=4))),
 }
 
 

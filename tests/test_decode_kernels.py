@@ -531,17 +531,6 @@ def test_v3_pre_maxnreg_checks_and_runs():
     assert hz.run(6)["flushes"] > 0
 
 
-def test_v3_pre_warps_checks_and_runs():
-    """pre_warps (warps per pre-launch program) is checked, and a launch with it follows the float64 reference (the
-    interpreter runs one thread per program whatever the warps: this checks the plumbing, the GPU case the compiled
-    layout)."""
-    hz = Harness("kda", B=2, H=2, HV=2, K=32, V=16, L=4, seed=19, impl="v3", v3_opts=dict(pre_warps=3))
-    with pytest.raises(ValueError, match="pre_warps"):
-        hz.step()
-    hz = Harness("kda", B=2, H=2, HV=2, K=32, V=16, L=4, seed=19, impl="v3", v3_opts=dict(pre_warps=4))
-    assert hz.run(6)["flushes"] > 0
-
-
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_v3_pre_rows(kind):
     """The pre launch with several rows per program (pre_rows 2 and 3 over B = 5: the last program's rows run past
@@ -846,17 +835,6 @@ def test_gpu_real_shapes_pre_maxnreg(kind):
     """The pre launch compiled under a 64-register cap (spills on sm_90) at real head sizes, fp32 state and
     records, PDL, B = 96, against float64."""
     hz = _real_harness(kind, B=96, seed=8, impl="v3", v3_opts=dict(pre_maxnreg=64, pdl=True))
-    assert hz.run(20)["flushes"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("warps", [2, 4])
-def test_gpu_real_shapes_pre_warps(kind, warps):
-    """The pre launch at 2 and 4 warps per program (cross-warp reductions of its record tiles) at real head sizes,
-    fp32 state and records, PDL, B = 96, against float64."""
-    hz = _real_harness(kind, B=96, seed=12, impl="v3", v3_opts=dict(pre_warps=warps, pdl=True))
     assert hz.run(20)["flushes"] > 0
 
 
