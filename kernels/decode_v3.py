@@ -314,87 +314,6 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
 
 
 @triton.jit
-def _fold_tile(i_n, i_h, i_hk, i_hv, slot, rrow, h_old, flush, u_t, o_v, mask_v, p_x, a, A_log, dt_bias, state,
-               ring_u, ring_k, ring_g, rc, rc_scale, lower_bound, stride_a, stride_slot,
-               H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr, BCD: tl.constexpr, BKF: tl.constexpr,
-               IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-               HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, FOLD_PIPE: tl.constexpr):
-    """The chunked folds (fold "chunked" / "dot" / "dot3") of the V-rows o_v of row i_n's value head i_hv: the
-    checkpoint (state slot `slot`) and, with one, its read copy become e^{G_f} C + sum_j u_j k~_j^T (+ u_t k~^T on a
-    flush), G_f the fold's decay, from the h_old records of ring row rrow. Run by the main launch for its own tile
-    (the default) or by the fold launch (``fold_launch``), with u_t from the main launch's scratch."""
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
-    # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
-    # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
-    base_k = ring_k + (rrow * HK + i_hk) * CAP * K
-    base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-    tl.debug_barrier()  # every read of the tile above (other threads' layouts) precedes the writes below
-    kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
-    has = h_old > 0
-    if not IS_KDA:
-        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
-                         USE_LOWER_BOUND)
-        G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
-        G_f = tl.where(flush, G_last + g_t, G_last)
-    u_add = tl.where(flush, u_t, 0.0)
-    if FOLD_DOT:
-        # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
-        # independent of the others, where the record loop waits for each record's loads in turn (h of them,
-        # per chunk). GDN's per-record decay goes into U, KDA's per-(record, K) decay into the keys.
-        o_cd = tl.arange(0, BCD)
-        valid_d = o_cd < h_old
-        Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
-                     other=0).to(tl.float32)  # [BV, BCD]
-        if not IS_KDA:
-            g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
-            Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
-    amax = tl.zeros(o_v.shape, dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
-    NCH: tl.constexpr = BK // BKF
-    p_st = state + slot * stride_slot + i_hv * V * K
-    if not FOLD_DOT:
-        o_cd = tl.arange(0, BCD)  # (unused by the record-loop fold)
-        valid_d = o_cd < 0
-        Ud = tl.zeros([o_v.shape[0], BCD], dtype=tl.float32)
-    if IS_KDA:
-        G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
-    p_k_in = p_x + H * K + i_h * K
-    p_rc = rc + (rrow * HV + i_hv) * V * K  # this tile's read copy (unused without one)
-    if FOLD_PIPE > 0:
-        # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
-        # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
-        # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
-        for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
-            amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                               lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
-                               Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                               FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
-    else:
-        for c in tl.static_range(NCH):
-            amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                               lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
-                               Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                               FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
-    if HAS_RC:
-        if RC_FP8:
-            # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
-            # just written (exact for an fp32 state; with the record-loop fold the same thread wrote each
-            # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
-            sc = _rc_scale(amax)
-            tl.debug_barrier()
-            for c in tl.static_range(NCH):
-                o_kc = c * BKF + tl.arange(0, BKF)
-                m_c = mask_v[:, None] & (o_kc < K)[None, :]
-                S_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
-                _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
-            tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
-    tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
-
-
-@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -410,7 +329,7 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
-    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, u_scr=None, FOLD_SEP: tl.constexpr = False,
+    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -418,7 +337,6 @@ def replay_decode_v3_kernel(
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
-    tl.static_assert(FOLD_CHUNKED or not FOLD_SEP, "the fold launch runs a chunked fold")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
@@ -426,7 +344,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, u_scr, FOLD_SEP)
+                   FOLD_PIPE)
 
 
 @triton.jit
@@ -444,7 +362,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, u_scr, FOLD_SEP: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -532,14 +450,71 @@ def _main_tile(
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
     if (flush | prefold) & FOLD_CHUNKED:
-        if not FOLD_SEP:
-            _fold_tile(i_n, i_h, i_hk, i_hv, slot, rrow, h_old, flush, u_t, o_v, mask_v, p_x, a, A_log, dt_bias,
-                       state, ring_u, ring_k, ring_g, rc, rc_scale, lower_bound, stride_a, stride_slot,
-                       H, HV, HK, GK, K, V, CAP, BK, BCD, BKF, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC,
-                       HAS_RC, RC_FP8, FOLD_PIPE)
+        # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
+        # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
+        base_k = ring_k + (rrow * HK + i_hk) * CAP * K
+        base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
+        tl.debug_barrier()  # every read of the tile above (other threads' layouts) precedes the writes below
+        kf = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        n_k = tl.sqrt(tl.sum(kf * kf) + 1e-6)
+        has = h_old > 0
+        if not IS_KDA:
+            g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
+                             USE_LOWER_BOUND)
+            G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
+            G_f = tl.where(flush, G_last + g_t, G_last)
+        u_add = tl.where(flush, u_t, 0.0)
+        if FOLD_DOT:
+            # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
+            # independent of the others, where the record loop waits for each record's loads in turn (h of them,
+            # per chunk). GDN's per-record decay goes into U, KDA's per-(record, K) decay into the keys.
+            o_cd = tl.arange(0, BCD)
+            valid_d = o_cd < h_old
+            Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
+                         other=0).to(tl.float32)  # [BV, BCD]
+            if not IS_KDA:
+                g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
+                Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
+        amax = tl.zeros([BV], dtype=tl.float32)  # fp8 read copy: the V-rows' max |S| over K, for their scales
+        NCH: tl.constexpr = BK // BKF
+        p_st = state + slot * stride_slot + i_hv * V * K
+        if not FOLD_DOT:
+            o_cd = tl.arange(0, BCD)  # (unused by the record-loop fold)
+            valid_d = o_cd < 0
+            Ud = tl.zeros([BV, BCD], dtype=tl.float32)
+        if IS_KDA:
+            G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
+        p_k_in = p_x + H * K + i_h * K
+        p_rc = rc + (rrow * HV + i_hv) * V * K  # this tile's read copy (unused without one)
+        if FOLD_PIPE > 0:
+            # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
+            # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
+            # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
+            for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
         else:
-            # the fold launch folds this tile (and writes record 0 of a pre-fold that appends): it needs u_t
-            tl.store(u_scr + (i_n * HV + i_hv) * V + o_v, u_t, mask=mask_v)
+            for c in tl.static_range(NCH):
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+        if HAS_RC:
+            if RC_FP8:
+                # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
+                # just written (exact for an fp32 state; with the record-loop fold the same thread wrote each
+                # element, same layout; the dot folds store from the tensor-core layout and are refused with fp8)
+                sc = _rc_scale(amax)
+                tl.debug_barrier()
+                for c in tl.static_range(NCH):
+                    o_kc = c * BKF + tl.arange(0, BKF)
+                    m_c = mask_v[:, None] & (o_kc < K)[None, :]
+                    S_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
+                    _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
+                tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
+        tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
@@ -560,60 +535,8 @@ def _main_tile(
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
-    if FOLD_SEP:
-        append_u = (flush | prefold) == 0  # a pre-fold's record 0 is the fold launch's to write (after its fold)
-    else:
-        append_u = flush == 0
-    if append_u:
+    if flush == 0:
         tl.store(base_u + h_eff * V + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
-
-
-@triton.jit
-def replay_decode_v3_fold_kernel(
-    mixed_qkv, a, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-    u_scr, rc, rc_scale, lower_bound, L, stride_qkv, stride_a, stride_slot,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    CAP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BCD: tl.constexpr, BKF: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
-    FOLD_PIPE: tl.constexpr, USE_PDL: tl.constexpr = False, HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
-):
-    """The fold launch (``fold_launch``; between the main and post launches): grid (V / BV, B, HV), one program per
-    V-tile of a row's value head. A row that writes its checkpoint this step (flush or pre-fold: 1/L of them) folds
-    its records into it here (_fold_tile, u_t from the main launch's scratch u_scr), then a pre-fold that appends
-    writes u_t as record 0's u; every other program returns after reading its row's slot, h and flags, which no
-    launch of this step writes before the post launch, so with PDL it does so before waiting for the main launch.
-    Why a launch of its own: the main launch then holds no fold code (fewer registers, more programs per SM on
-    every step), and the checkpoint step's fold runs with more warps per tile (BV rows, num_warps) and each KDA
-    head's decayed keys exponentiated once per BV rows instead of once per 32."""
-    i_v = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
-    i_h = i_hv // (HV // H)
-    if IS_KDA:
-        i_hk = i_hv
-    else:
-        i_hk = i_h
-    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-    if slot >= 0:
-        if HAS_H_ROWS:
-            h_old = tl.load(h_rows + i_n).to(tl.int32)
-        else:
-            h_old = tl.load(ring_h + rrow).to(tl.int32)
-        prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
-        if (flush | prefold) != 0:
-            if USE_PDL:
-                gdc_wait()  # the main launch's u_t and its reads of this tile and of record 0 are done
-            o_v = i_v * BV + tl.arange(0, BV)
-            mask_v = o_v < V
-            u_t = tl.load(u_scr + (i_n * HV + i_hv) * V + o_v, mask=mask_v, other=0)
-            _fold_tile(i_n, i_h, i_hk, i_hv, slot, rrow, h_old, flush, u_t, o_v, mask_v, mixed_qkv + i_n * stride_qkv,
-                       a, A_log, dt_bias, state, ring_u, ring_k, ring_g, rc, rc_scale, lower_bound, stride_a,
-                       stride_slot, H, HV, HK, GK, K, V, CAP, BK, BCD, BKF, IS_KDA, USE_LOWER_BOUND, FOLD_DOT,
-                       DOT_PREC, HAS_RC, RC_FP8, FOLD_PIPE)
-            if flush == 0:
-                tl.store(ring_u + ((rrow * HV + i_hv) * CAP + h_eff) * V + o_v, u_t.to(ring_u.dtype.element_ty),
-                         mask=mask_v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -665,7 +588,6 @@ _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
                   ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}
-FOLD_LAUNCH_DEFAULT = (64, 4, 3)  # fold_launch=True: (BV, num_warps, fold_pipe_stages) of the fold launch
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -673,7 +595,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, fold_launch=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -699,11 +621,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
     read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
-    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)
-    fold_launch: fold the checkpoint in a launch of its own (replay_decode_v3_fold_kernel, between the main and post
-    launches) instead of in the main launch: (BV, num_warps) or (BV, num_warps, fold_pipe_stages) of its programs,
-    True for FOLD_LAUNCH_DEFAULT, None: V3_TUNED (else off). Needs a chunked fold ("chunked", "dot", "dot3"); the
-    main launch then writes each folding row's u_t to a [B, HV, V] fp32 scratch."""
+    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -719,22 +637,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
         raise ValueError(f"fold_pipe_stages must be >= 0, got {fold_pipe}")
-    fl = fold_launch if fold_launch is not None else tuned.get("fold_launch")
-    if fl is True:
-        fl = FOLD_LAUNCH_DEFAULT
-    fl = tuple(int(x) for x in fl) if fl else None
-    if fl is not None and not (len(fl) in (2, 3) and fl[0] >= 16 and fl[0] & (fl[0] - 1) == 0
-                               and fl[1] in (1, 2, 4, 8) and (len(fl) == 2 or fl[2] >= 0)):
-        raise ValueError(f"fold_launch must be (BV, num_warps[, fold_pipe_stages]) with BV a power of two >= 16, "
-                         f"num_warps 1, 2, 4 or 8 and stages >= 0, got {fold_launch!r}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
     if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
     pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
                 if pre_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
-    if _diag_parts not in ("all", "pre", "main", "fold", "post"):
-        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main', 'fold' or 'post', got {_diag_parts!r}")
+    if _diag_parts not in ("all", "pre", "main", "post"):
+        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
     lay = ring.layout
@@ -769,8 +679,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
-    if fl is not None and fold == "loop" and not has_rc:
-        raise ValueError("fold_launch needs a chunked fold: fold='chunked', 'dot' or 'dot3', not 'loop'")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies"); every
@@ -784,13 +692,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    run_pre, run_main, run_fold, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "fold", "post"))
+    run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
-    BKF = min(BK, max(16, fold_bytes // state.element_size()))
-    fold_dot = fold in ("dot", "dot3")
-    u_scr = torch.empty(B, HV, V, dtype=torch.float32, device=dev) if fl is not None else scal
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -808,21 +713,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
-            BKF=BKF,
+            BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            HPP=hpp, FOLD_PIPE=fold_pipe if fold_dot else 0, u_scr=u_scr, FOLD_SEP=fl is not None,
-            **common, **_pdl_kw(pdl),
-        )
-    if run_fold and fl is not None:
-        BVF = min(fl[0], triton.next_power_of_2(V))
-        fpipe = fl[2] if len(fl) == 3 else fold_pipe
-        _LAST["fold_kernel"] = replay_decode_v3_fold_kernel[(triton.cdiv(V, BVF), B, HV)](
-            mixed_qkv, a2, A_log, dt_bias, state, ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri,
-            u_scr, ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal, lb, L,
-            mixed_qkv.stride(0), a2.stride(0), state.stride(0),
-            V=V, BV=BVF, BCD=max(16, BC), BKF=BKF, FOLD_DOT=fold_dot, DOT_PREC="tf32x3" if fold == "dot3" else "ieee",
-            HAS_RC=has_rc, RC_FP8=rc_fp8, FOLD_PIPE=fpipe if fold_dot else 0, USE_PDL=pdl, num_warps=fl[1],
-            num_stages=max(1, fpipe if fold_dot else 1), rc_valid=ring.rc_valid if has_rc else None,
+            HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

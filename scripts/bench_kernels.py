@@ -315,15 +315,6 @@ SPLIT_ARMS = {
     "v3_rc_bf16_fp3": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_pipe_stages=3))),
     "v3_rc_bf16_dot_fp3": (torch.float32, None, dict(read_dtype="bf16", fold="dot3",
                                                       v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
-    # the checkpoint folded by a launch of its own (fold_launch=(BV, num_warps, fold_pipe_stages)): the main launch
-    # without fold code (ptxas sm_90: GDN 103 -> 90, KDA 138 -> 114 registers) and the fold with more warps per tile
-    "v3_r32_fl": (torch.float32, None, dict(v3_opts=dict(fold_launch=(64, 4, 3)))),
-    "v3_r32_fl32": (torch.float32, None, dict(v3_opts=dict(fold_launch=(32, 2, 3)))),
-    "v3_r32_fl128": (torch.float32, None, dict(v3_opts=dict(fold_launch=(128, 4, 3)))),
-    "v3_r32_fl128w8": (torch.float32, None, dict(v3_opts=dict(fold_launch=(128, 8, 3)))),
-    "v3_r32_fl_f128": (torch.float32, None, dict(v3_opts=dict(fold_launch=(64, 4, 3), fold_bytes=128))),
-    "v3_r32_fl_np": (torch.float32, None, dict(v3_opts=dict(fold_launch=(64, 4, 0)))),
-    "v3_rc_bf16_fl": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_launch=(64, 4, 3)))),
 }
 
 

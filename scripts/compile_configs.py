@@ -75,14 +75,12 @@ class Scenario:
     forced: bool = True
     lower_bound: float | None = None
     impl: str = "auto"
-    v3_opts: tuple = ()  # extra decode_v3.launch options as (name, value) pairs (impl "v3")
 
     @property
     def label(self) -> str:
         s = f"{self.op} {self.kind} state={self.state} rec={self.rec} read={self.read}"
         if self.op == "decode":
             s += f" L={self.L} impl={self.impl} forced={self.forced}"
-            s += "".join(f" {k}={v}" for k, v in self.v3_opts)
         else:
             s += f" T={T_VERIFY}"
         if self.lower_bound is not None:
@@ -96,8 +94,7 @@ def server_scenarios() -> list[Scenario]:
     (a bf16 copy of a bf16 state is no copy: pool.effective_read_dtype); windows 1 (w1) and 16 (v3: the
     server's window for fp32 pools at B > 64, bf16 only with REPLAYSSM_DECODE_WINDOW); forced flags given (track
     interval set) and, for the plain fp32 ring, not; KDA with and without the safe-gate lower bound; verify T=4.
-    Plus one v1 and one v2 decode and v3 with its fold launch (opt-in; not launched by the server, compiled so they
-    cannot rot)."""
+    Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -114,11 +111,6 @@ def server_scenarios() -> list[Scenario]:
     out.append(Scenario("decode", "kda", "fp32", "fp32", "fp8_e4m3", L_RING, lower_bound=-5.0))
     for impl in ("v1", "v2"):
         out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", L_RING, impl=impl))
-    # decode v3's opt-in fold launch (fold_launch: not a V3_TUNED default yet), fp32 pools, every read copy
-    for kind in ("gdn", "kda"):
-        for read in ("same", "bf16", "fp8_e4m3"):
-            out.append(Scenario("decode", kind, "fp32", "fp32", read, L_RING, impl="v3",
-                                v3_opts=(("fold_launch", True),)))
     return out
 
 
@@ -218,7 +210,7 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
         out = torch.empty(B, 1, HV, V, dtype=act)
         replay_decode(sc.kind, mixed, a, b, A_log, dt_bias, state, ring, slot_idx, out=out, forced=forced,
                       scale=scale, lower_bound=sc.lower_bound, L=sc.L, impl=sc.impl,
-                      ring_idx=ring_idx, v3_opts=dict(sc.v3_opts) or None)
+                      ring_idx=ring_idx)
         return
     ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, T, scale=scale, lower_bound=sc.lower_bound,
                 ring_idx=ring_idx)

@@ -598,34 +598,6 @@ def test_fold_pipe(kind, fold, read_dtype):
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype,fold", [("same", "dot3"), ("same", "chunked"), ("bf16", "dot3"),
-                                             ("fp8_e4m3", "chunked")])
-def test_fold_launch(kind, read_dtype, fold):
-    """fold_launch: the checkpoint folded by a launch of its own (V-tiles of 16 rows here, half the main launch's
-    32, pipelined chunk loop), u_t handed over through the scratch, record 0 of a pre-fold that appends written
-    after the fold: the state at every flush and pre-fold, outputs, records, the read copies and untouched slots
-    against the float64 reference, with forced flushes, window switches and padded rows."""
-    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=32, L=6, seed=57, windows=(6, 6, 6, 2),
-                 p_forced=0.05, impl="v3", fold=fold, read_dtype=read_dtype,
-                 v3_opts=dict(fold_launch=(16, 1, 2), fold_bytes=64))
-    st = hz.run(16)
-    assert st["flushes"] > 0 and st["prefold_appends"] > 0 and st["padded"] > 0
-
-
-@pytest.mark.parametrize("opts,match", [(dict(fold_launch=(24, 1)), "fold_launch"),
-                                        (dict(fold_launch=(32, 3)), "fold_launch"),
-                                        (dict(fold_launch=(32, 1, -1)), "fold_launch")])
-def test_fold_launch_refused(opts, match):
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3", v3_opts=opts)
-    with pytest.raises(ValueError, match=match):
-        hz.run(1)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="loop",
-                 v3_opts=dict(fold_launch=True))
-    with pytest.raises(ValueError, match="fold_launch needs a chunked fold"):
-        hz.run(1)
-
-
 def test_fold_pipe_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3",
                  v3_opts=dict(fold_pipe_stages=-1))
@@ -809,21 +781,6 @@ def test_gpu_real_shapes_fold_pipe(kind, read_dtype, stages):
                        v3_opts=dict(fold_pipe_stages=stages))
     st = hz.run(26)
     assert st["flushes"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("read_dtype,fl", [("same", (64, 4, 3)), ("bf16", (64, 4, 3)), ("fp8_e4m3", (64, 4, 3)),
-                                           ("same", (128, 4, 3)), ("same", (32, 2, 0))],
-                         ids=["same-64x4p3", "bf16-64x4p3", "fp8-64x4p3", "same-128x4p3", "same-32x2p0"])
-def test_gpu_real_shapes_fold_launch(kind, read_dtype, fl):
-    """The fold launch at real head sizes on the GPU with PDL (fp32 state and records, the V3_TUNED fold otherwise):
-    its early-exiting programs read h before waiting for the main launch."""
-    hz = _real_harness(kind, B=16, seed=6, impl="v3", read_dtype=read_dtype, fold=None,
-                       v3_opts=dict(fold_launch=fl, pdl=True))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
 @pytest.mark.gpu
