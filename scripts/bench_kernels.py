@@ -352,7 +352,7 @@ def run_step_split(args, dev, meta):
         arms = {"conv": arm_conv(c)}
         for n in names:
             rec, cfg, kw = SPLIT_ARMS[n]
-            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=True, **kw)
+            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered, **kw)
         for n, run in arms.items():
             try:
                 sp = step_split(c, run)
@@ -365,7 +365,8 @@ def run_step_split(args, dev, meta):
                 print(f"    {kn[:60]:60s} n={v['n']:3d} median {v['median_us']:7.1f} max {v['max_us']:7.1f} "
                       f"per step {v['mean_per_step_us']:7.1f}", flush=True)
             res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp))
-        _dump(args.out, dict(meta, mode="step-split, aligned cursors, eager steps under torch.profiler"), res)
+        cursors = "staggered" if args.split_staggered else "aligned"
+        _dump(args.out, dict(meta, mode=f"step-split, {cursors} cursors, eager steps under torch.profiler"), res)
         del c, arms
         torch.cuda.empty_cache()
     print(f"wrote {args.out}")
@@ -404,6 +405,9 @@ def main():
     ap.add_argument("--v3-sweep", action="store_true", help="first time decode_v3.V3_SWEEP (BVxwarps) at B=256")
     ap.add_argument("--v3-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
+    ap.add_argument("--split-staggered", action="store_true",
+                    help="--step-split with staggered cursors (row r starts at h = r %% L, as rows admitted at different "
+                         "steps are in a server): 1/L of the rows write their checkpoint on every step")
     ap.add_argument("--step-split", action="store_true", help="only the per-launch split by step of a window "
                     "(aligned cursors, fp32 states, the largest of --batches; conv and --split-arms): where a decode "
                     "step's time goes on the steps that write no checkpoint and on the one that does")
