@@ -199,31 +199,41 @@ def arm_upstream(c: Case, aligned=False):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None, aligned=False):
+             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False):
+    """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
+    ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
+    mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
+    mask is passed."""
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
     lay = ringmod.RingLayout.for_layer(c.kind, L=c.L, H=c.H, HV=c.HV, K=c.K, V=c.V)
     rings = []
+    n_rows = 2 * c.B if server_like else c.B
+    if server_like:
+        ring_idx = torch.randperm(n_rows, generator=torch.Generator().manual_seed(7))[:c.B].to(c.dev)  # int64
+        forced = torch.zeros(c.B, dtype=torch.int32, device=c.dev)
+    else:
+        ring_idx = forced = None
+    rr = ring_idx if server_like else c.slot_idx.long()  # the ring row of each batch row
     for _ in range(c.NL):
-        r = lay.allocate(c.B, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype)
+        r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype)
         if r.rc is not None:  # steady state: every copy current (a stale copy only follows a prefill)
             from replayssm_sglang import precision as P
 
-            pool = c.pools[len(rings) % c.NL].float()
+            src = c.pools[len(rings) % c.NL].float()[c.slot_idx.long()]  # each batch row's checkpoint
             if r.rc_scale is not None:
-                q, sc = P.quantize_fp8_rows(pool)
-                r.rc.copy_(q.to(c.dev))
-                r.rc_scale.copy_(sc.to(c.dev))
+                q, sc = P.quantize_fp8_rows(src)
+                r.rc.view(torch.uint8).index_copy_(0, rr, q.to(c.dev).view(torch.uint8))  # (no fp8 index_copy_)
+                r.rc_scale.index_copy_(0, rr, sc.to(c.dev))
             else:
-                r.rc.copy_(pool.to(torch.bfloat16))
+                r.rc.index_copy_(0, rr, src.to(torch.bfloat16))
             r.rc_valid.fill_(1)
-        # staggered cursors: slot s starts at (row of s) % L; zero records are valid records. aligned: every
+        # staggered cursors: batch row i starts at i % L; zero records are valid records. aligned: every
         # row on the same cursor (a batch that started together, as in the server's throughput runs: all rows
         # write their checkpoints in the same step, one step in L)
-        row_of_slot = torch.empty(c.B, dtype=torch.int32, device=c.dev)
-        row_of_slot[c.slot_idx.long()] = torch.arange(c.B, device=c.dev, dtype=torch.int32)
-        r.h.copy_(torch.zeros_like(row_of_slot) if aligned else row_of_slot % c.L)
+        rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
+        r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L)
         rings.append(r)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
@@ -231,6 +241,8 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
+        if server_like:
+            extra.update(ring_idx=ring_idx, forced=forced)
 
         def run(step):
             if rows:
@@ -352,7 +364,8 @@ def run_step_split(args, dev, meta):
         arms = {"conv": arm_conv(c)}
         for n in names:
             rec, cfg, kw = SPLIT_ARMS[n]
-            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered, **kw)
+            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered,
+                               server_like=args.split_server_like, **kw)
         for n, run in arms.items():
             try:
                 sp = step_split(c, run)
@@ -366,7 +379,9 @@ def run_step_split(args, dev, meta):
                       f"per step {v['mean_per_step_us']:7.1f}", flush=True)
             res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp))
         cursors = "staggered" if args.split_staggered else "aligned"
-        _dump(args.out, dict(meta, mode=f"step-split, {cursors} cursors, eager steps under torch.profiler"), res)
+        args_kind = ", server-like arguments (ring_idx, forced)" if args.split_server_like else ""
+        _dump(args.out, dict(meta, mode=f"step-split, {cursors} cursors{args_kind}, eager steps under torch.profiler"),
+              res)
         del c, arms
         torch.cuda.empty_cache()
     print(f"wrote {args.out}")
@@ -405,6 +420,9 @@ def main():
     ap.add_argument("--v3-sweep", action="store_true", help="first time decode_v3.V3_SWEEP (BVxwarps) at B=256")
     ap.add_argument("--v3-sweep-configs", default=None)
     ap.add_argument("--commit", default=os.environ.get("REPLAYSSM_COMMIT", "unknown"))
+    ap.add_argument("--split-server-like", action="store_true",
+                    help="--step-split with the arguments as the server passes them: the ring keyed by request row "
+                         "(ring_idx, twice as many ring rows as batch rows) and a forced-flush mask")
     ap.add_argument("--split-staggered", action="store_true",
                     help="--step-split with staggered cursors (row r starts at h = r %% L, as rows admitted at different "
                          "steps are in a server): 1/L of the rows write their checkpoint on every step")
