@@ -216,6 +216,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
     else:
         ring_idx = forced = None
     rr = ring_idx if server_like else c.slot_idx.long()  # the ring row of each batch row
+    rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)  # batch row indices
     for _ in range(c.NL):
         r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype)
         if r.rc is not None:  # steady state: every copy current (a stale copy only follows a prefill)
@@ -232,13 +233,11 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         # staggered cursors: batch row i starts at i % L; zero records are valid records. aligned: every
         # row on the same cursor (a batch that started together, as in the server's throughput runs: all rows
         # write their checkpoints in the same step, one step in L)
-        rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L)
         rings.append(r)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
-        rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)
         h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
         if server_like:
@@ -427,7 +426,7 @@ def main():
                     help="--step-split with staggered cursors (row r starts at h = r %% L, as rows admitted at different "
                          "steps are in a server): 1/L of the rows write their checkpoint on every step")
     ap.add_argument("--step-split", action="store_true", help="only the per-launch split by step of a window "
-                    "(aligned cursors, fp32 states, the largest of --batches; conv and --split-arms): where a decode "
+                    "(aligned cursors unless --split-staggered, fp32 states, the largest of --batches; conv and --split-arms): where a decode "
                     "step's time goes on the steps that write no checkpoint and on the one that does")
     ap.add_argument("--split-arms", default=",".join(SPLIT_ARMS), help="names from SPLIT_ARMS")
     args = ap.parse_args()
