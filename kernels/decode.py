@@ -121,15 +121,18 @@ def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, r
 def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
                           H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                           GK: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr, IS_KDA: tl.constexpr,
-                          USE_LOWER_BOUND: tl.constexpr):
+                          USE_LOWER_BOUND: tl.constexpr, PRED: tl.constexpr = False):
     """Record 0's parts shared by a row's programs, for every head: the l2-normalised keys and
     G_0 = g_t. Written by one program once every program of the row is done reading the old
-    record 0 (a pre-step fold that appends)."""
+    record 0 (a pre-step fold that appends). PRED (KDA, predecayed keys): the key is stored as k e^{-G_0}."""
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     for hk in range(HK):
         kk = tl.load(p_x + H * K + hk * K + o_k, mask=mask_k, other=0).to(tl.float32)
         kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
+        if PRED:  # (KDA: key head hk is value head hk)
+            kk = kk * tl.exp(-_load_gate(a, dt_bias, A_log, i_n, hk, stride_a, o_k, mask_k, lower_bound, K, True,
+                                         USE_LOWER_BOUND))
         tl.store(ring_k + (slot * HK + hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
     for hv in range(HV):
         gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
@@ -495,6 +498,9 @@ def replay_decode(
         raise ValueError(f"impl='w1' is the window-1 decode (L=1), called with L={L}")
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
+    if getattr(ring, "predecayed", False) and impl not in ("v3", "w1"):
+        raise ValueError(f"a ring with predecayed KDA keys (kda_keys='predecayed') runs impl 'auto', 'v3' or 'w1', "
+                         f"not {impl!r}")
     if impl != "v3" and fold is None:
         fold = "loop"
     if impl == "v3" and (records != "masked" or fold not in ("loop", "chunked", "dot", "dot3", None)):

@@ -42,12 +42,15 @@ from replayssm_sglang.kernels.decode import (_decode_rule, _decode_rule_rc, _loa
 
 @triton.jit
 def _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
-              V: tl.constexpr, K: tl.constexpr, GK: tl.constexpr, IS_KDA: tl.constexpr):
-    """S + u_j (k_j exp(G_f - G_j))^T for record j (nothing when j >= h_old)."""
+              V: tl.constexpr, K: tl.constexpr, GK: tl.constexpr, IS_KDA: tl.constexpr, PRED: tl.constexpr = False):
+    """S + u_j (k_j exp(G_f - G_j))^T for record j (nothing when j >= h_old). PRED (KDA records k_j e^{-G_j},
+    ring.kda_keys "predecayed"): the record already carries e^{-G_j}, so G_j is taken as 0 and not read."""
     ok = h_old > j
     u_j = tl.load(base_u + j * V + o_v, mask=mask_v & ok, other=0).to(tl.float32)
     k_j = tl.load(base_k + j * K + o_k, mask=mask_k & ok, other=0).to(tl.float32)
-    if IS_KDA:
+    if PRED:
+        g_j = 0.0
+    elif IS_KDA:
         g_j = tl.load(base_g + j * GK + o_k, mask=mask_k & ok, other=0)
     else:
         g_j = tl.load(base_g + j, mask=ok, other=0)
@@ -58,7 +61,7 @@ def _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k
 @triton.jit
 def _fold_records(C, G_f, n, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
                   V: tl.constexpr, K: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, IS_KDA: tl.constexpr,
-                  UNROLL: tl.constexpr = False):
+                  UNROLL: tl.constexpr = False, PRED: tl.constexpr = False):
     """C e^{G_f} + sum_{j < n} u_j (k_j e^{G_f - G_j})^T on one [BV, K-range] tile (o_k selects the K range;
     G_f is a scalar for GDN, a vector over that K range for KDA): the fold of every kernel that writes a
     checkpoint (decode v2 and v3, the track-slot materialization). UNROLL unrolls the record loop over the
@@ -69,10 +72,10 @@ def _fold_records(C, G_f, n, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
         S = C * tl.exp(G_f)
     if UNROLL:
         for j in tl.static_range(CAP):
-            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
     else:
         for j in range(n):
-            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA)
+            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
     return S
 
 
@@ -220,7 +223,8 @@ def replay_decode_v2_post_kernel(
     CAP: tl.constexpr, BK: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
-    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False,
+    HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None,
+    PRED: tl.constexpr = False,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
@@ -237,6 +241,14 @@ def replay_decode_v2_post_kernel(
         else:
             h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, h_new = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
+        if PRED:
+            # decode v3 with predecayed KDA keys: a row its pre launch flagged flushed (see decode_v3); the flag is
+            # cleared here, after the decode launch (whose programs read it) has finished
+            ov = tl.load(ovf + rrow) != 0
+            flush = flush | ov
+            prefold = prefold & (ov == 0)
+            h_new = tl.where(ov, 0, h_new)
+            tl.store(ovf + rrow, 0)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
         if HAS_RC:
@@ -244,7 +256,8 @@ def replay_decode_v2_post_kernel(
         if WRITE_REC0:
             if prefold & (flush == 0):
                 _store_record0_shared(mixed_qkv + i_n * stride_qkv, a, dt_bias, A_log, i_n, stride_a, lower_bound,
-                                      ring_k, ring_g, rrow, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND)
+                                      ring_k, ring_g, rrow, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND,
+                                      PRED)
 
 
 # ----------------------------------------------------------------------------------------------

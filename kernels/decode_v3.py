@@ -55,6 +55,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_sglang.kernels.decode import _decode_rule_rc, _load_gate, _slot_row, ring_rows
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
+from replayssm_sglang.ring import PREDECAYED_MIN_G
 
 
 @triton.jit
@@ -63,8 +64,10 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr):
-    """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel)."""
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
+    """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
+    PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only,
+    and a head whose G_t falls below min_g in any channel marks its row (ovf[ring row] = 1): the row flushes."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
     else:
@@ -98,16 +101,29 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
                              USE_LOWER_BOUND)
             base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-            rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
-            G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
-            G_t = G_last + g_t
-            kw = rk * tl.where(valid[:, None], tl.exp(G_t[None, :] - rg), 0.0)
             p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
-            tl.store(p_c, tl.sum(kw * q[None, :], 1))
-            tl.store(p_c + BC, tl.sum(kw * k[None, :], 1))
+            if PRED:
+                # records k_j e^{-G_j}: <k_j e^{G_t - G_j}, x> = <k_j e^{-G_j}, x e^{G_t}>; only G_{h-1} is read
+                G_last = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k & (h_old > 0), other=0)
+                G_t = G_last + g_t
+                e_t = tl.exp(G_t)
+                tl.store(p_c, tl.sum(rk * (q * e_t)[None, :], 1))
+                tl.store(p_c + BC, tl.sum(rk * (k * e_t)[None, :], 1))
+                ov = tl.min(tl.where(mask_k, G_t, 0.0), 0) < min_g
+                if ov:
+                    tl.store(ovf + rrow, 1)  # every head that sees it writes the same 1: no race
+                k_rec = tl.where(ov, 0.0, k * tl.exp(-tl.maximum(G_t, min_g)))  # (not committed when ov)
+            else:
+                rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
+                G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
+                G_t = G_last + g_t
+                kw = rk * tl.where(valid[:, None], tl.exp(G_t[None, :] - rg), 0.0)
+                tl.store(p_c, tl.sum(kw * q[None, :], 1))
+                tl.store(p_c + BC, tl.sum(kw * k[None, :], 1))
+                k_rec = k
             tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
             if append:
-                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
+                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k_rec.to(ring_k.dtype.element_ty),
                          mask=mask_k)
                 tl.store(base_g + h_eff * GK + o_k, G_t, mask=mask_k)
         else:
@@ -143,7 +159,7 @@ def replay_decode_v3_pre_kernel(
     CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
-    rc_valid=None, HAS_RC: tl.constexpr = False,
+    rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -158,7 +174,8 @@ def replay_decode_v3_pre_kernel(
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
-                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC)
+                     IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
+                     PRED)
 
 
 @triton.jit
@@ -274,7 +291,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
                 base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
                 IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-                HAS_RC: tl.constexpr, RC_FP8: tl.constexpr):
+                HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, PRED: tl.constexpr = False):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
     this token's u_add k^T on a flush), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
     running row max |S|. G_f: GDN's fold decay (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d:
@@ -294,7 +311,11 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
     if FOLD_DOT:
         m_d = valid_d[:, None] & mk[None, :]
         Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
-        if IS_KDA:
+        if PRED:
+            e_c = tl.exp(G_fc)  # records k_j e^{-G_j}: one e^{G_f} per K for all of them
+            Kd = Kd * e_c[None, :]
+            S_c = C_c * e_c[None, :]
+        elif IS_KDA:
             g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
             Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)
             S_c = C_c * tl.exp(G_fc)[None, :]
@@ -302,7 +323,8 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
             S_c = C_c * tl.exp(G_fc)
         S_c = tl.dot(Ud, Kd, acc=S_c, input_precision=DOT_PREC)
     else:
-        S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP, IS_KDA)
+        S_c = _fold_records(C_c, G_fc, h_old, base_u, base_k, base_g, o_v, o_kc, mask_v, mk, V, K, GK, CAP, IS_KDA,
+                            PRED=PRED)
     S_c += u_add[:, None] * k_c[None, :]
     tl.store(p_c_s, S_c.to(p_st.dtype.element_ty), mask=m_c)
     if HAS_RC:
@@ -329,7 +351,7 @@ def replay_decode_v3_kernel(
     FOLD_DOT: tl.constexpr = False, DOT_PREC: tl.constexpr = "ieee", BCD: tl.constexpr = 16,
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
-    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0,
+    HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -344,7 +366,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE)
+                   FOLD_PIPE, ovf, PRED)
 
 
 @triton.jit
@@ -362,7 +384,7 @@ def _main_tile(
     FOLD_CHUNKED: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -441,6 +463,13 @@ def _main_tile(
         Ck = Ck * e_t
 
     prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
+    if PRED:
+        # a head of this row would append a record past PREDECAYED_MIN_G (the pre launch's flag, visible after
+        # gdc_wait): the row flushes this step. Its tile above may have come from the read copy, as any plain
+        # step's; the fold below reads the recurrence copy.
+        ov = tl.load(ovf + rrow) != 0
+        flush = flush | ov
+        prefold = prefold & (ov == 0)
     valid = o_c < h_old
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
@@ -494,13 +523,13 @@ def _main_tile(
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         else:
             for c in tl.static_range(NCH):
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8)
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         if HAS_RC:
             if RC_FP8:
                 # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
@@ -531,7 +560,8 @@ def _main_tile(
         else:
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
         G_f = tl.where(flush, G_last + g_t, G_last)
-        S = _fold_records(C, G_f, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA)
+        S = _fold_records(C, G_f, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA,
+                          PRED=PRED)
         S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
@@ -677,6 +707,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
     if has_rc and h_rows is not None:
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
+    pred = kind == "kda" and getattr(ring, "predecayed", False)
+    if pred and (h_rows is not None or not advance_h):
+        # the post launch advances h by the flags the pre launch raised (and clears them); a caller-owned h would not
+        raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
     if has_rc:
@@ -701,7 +735,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](
@@ -715,7 +749,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
-            HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0,
+            HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
@@ -723,7 +757,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
-            rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **_pdl_kw(pdl),
+            rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, ovf=ring.ovf if pred else None, PRED=pred,
+            **_pdl_kw(pdl),
         )
     elif has_rc and _diag_parts == "all":
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)

@@ -41,6 +41,7 @@ def replay_decode_w1_kernel(
     H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     CAP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NPROG: tl.constexpr,
     IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr = False,
+    PRED: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -89,7 +90,8 @@ def replay_decode_w1_kernel(
             G_ref = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k, other=0)
         else:
             G_ref = tl.load(base_g + (h_old - 1))
-        b_h = _fold_records(b_h, G_ref, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA)
+        b_h = _fold_records(b_h, G_ref, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA,
+                            PRED=PRED)
         # h = 0 once every program of the row has read it: count arrivals (the increment depends on h_old, so
         # it is performed after this program's read of h); the last to arrive writes h and resets the counter
         cnt = tl.atomic_add(arrive + rrow, (h_old >= 0).to(tl.int32), sem="relaxed")
@@ -138,7 +140,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         H=lay.H, HV=HV, HK=lay.HK, GK=1 if kind == "gdn" else K, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV,
         NPROG=NV * HV, IS_KDA=(kind == "kda"), USE_LOWER_BOUND=lower_bound is not None,
-        HAS_RING_IDX=ring_idx is not None,
+        HAS_RING_IDX=ring_idx is not None, PRED=kind == "kda" and getattr(ring, "predecayed", False),
         num_warps=num_warps or W1_CONFIG[1], num_stages=1,
     )
     if ring.rc is not None:

@@ -104,9 +104,14 @@ class RingLayout:
         return self.cap * self.record_bytes(record_dtype) + 4
 
     def allocate(self, slots: int, device="cpu", record_dtype: torch.dtype = torch.float32,
-                 read_dtype: str = "same") -> "Ring":
+                 read_dtype: str = "same", kda_keys: str = "raw") -> "Ring":
         """A ring for ``slots`` slots; ``read_dtype`` "bf16" or "fp8_e4m3" also allocates the read copy
-        (invalid until written: every slot's first decode step then flushes)."""
+        (invalid until written: every slot's first decode step then flushes). ``kda_keys`` (KDA only):
+        "raw" (records hold k_j and G_j) or "predecayed" (records hold k_j e^{-G_j}; see ``Ring.kda_keys``)."""
+        if kda_keys not in KDA_KEYS:
+            raise ValueError(f"kda_keys must be one of {KDA_KEYS}, got {kda_keys!r}")
+        if kda_keys != "raw" and self.kind != "kda":
+            raise ValueError("kda_keys='predecayed' is for KDA rings (GDN's decay is one scalar per head)")
         s = self.shapes(slots)
         rc = rc_scale = rc_valid = None
         if read_dtype != "same":
@@ -124,8 +129,16 @@ class RingLayout:
             g=torch.zeros(s["g"], dtype=torch.float32, device=device),
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
             arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
-            rc=rc, rc_scale=rc_scale, rc_valid=rc_valid,
+            rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
+            ovf=torch.zeros(slots, dtype=torch.int32, device=device) if kda_keys == "predecayed" else None,
         )
+
+
+KDA_KEYS = ("raw", "predecayed")
+# predecayed KDA keys: the lowest cumulative log-decay G a ring record may carry (k_j e^{-G_j} <= e^{60} |k_j|,
+# far below fp32's 3.4e38 ~ e^{88}; the relative error of e^{G_t} e^{-G_j} against e^{G_t - G_j} is ~|G| 2^-24,
+# at most ~4e-6). A channel that decays past it within a window has forgotten all but e^{-60} of its records.
+PREDECAYED_MIN_G = -60.0
 
 
 @dataclass
@@ -145,6 +158,18 @@ class Ring:
     rc: torch.Tensor | None = None
     rc_scale: torch.Tensor | None = None
     rc_valid: torch.Tensor | None = None
+    # KDA key records (docs/design.md, "Pre-decayed KDA keys"): "raw" holds k_j and its cumulative log-decay G_j
+    # per (record, K), and every read of record j decays it by e^{G_t - G_j}; "predecayed" holds k_j e^{-G_j},
+    # so a read needs only e^{G_t} (G of the last record plus this step's gate) and the per-(record, K) gates
+    # are neither read nor exponentiated (ring.g still holds G_j, read at the last record only). A row whose
+    # G would fall below PREDECAYED_MIN_G in any channel of any head flushes that step instead of appending
+    # (ovf [slots] int32: the decode launch's per-row flag, 0 between launches), so e^{-G_j} stays finite.
+    kda_keys: str = "raw"
+    ovf: torch.Tensor | None = None
+
+    @property
+    def predecayed(self) -> bool:
+        return self.kda_keys == "predecayed"
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""

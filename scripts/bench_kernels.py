@@ -199,11 +199,11 @@ def arm_upstream(c: Case, aligned=False):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False):
+             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw"):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
-    mask is passed."""
+    mask is passed. kda_keys: the ring's KDA key records ("predecayed": k_j e^{-G_j}, ring.Ring.kda_keys)."""
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -218,7 +218,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
     rr = ring_idx if server_like else c.slot_idx.long()  # the ring row of each batch row
     rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)  # batch row indices
     for _ in range(c.NL):
-        r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype)
+        r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys)
         if r.rc is not None:  # steady state: every copy current (a stale copy only follows a prefill)
             from replayssm_sglang import precision as P
 
@@ -326,6 +326,9 @@ SPLIT_ARMS = {
     "v3_rc_bf16_fp3": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_pipe_stages=3))),
     "v3_rc_bf16_dot_fp3": (torch.float32, None, dict(read_dtype="bf16", fold="dot3",
                                                       v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
+    # KDA only: predecayed key records (no per-(record, K) gate read or exponentiated; ring.Ring.kda_keys)
+    "v3_r32_pred": (torch.float32, None, dict(kda_keys="predecayed")),
+    "v3_rc_bf16_pred": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed")),
 }
 
 
@@ -363,6 +366,8 @@ def run_step_split(args, dev, meta):
         arms = {"conv": arm_conv(c)}
         for n in names:
             rec, cfg, kw = SPLIT_ARMS[n]
+            if kw.get("kda_keys", "raw") != "raw" and kind != "kda":
+                continue  # (a KDA record layout)
             arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered,
                                server_like=args.split_server_like, **kw)
         for n, run in arms.items():

@@ -75,12 +75,15 @@ class Scenario:
     forced: bool = True
     lower_bound: float | None = None
     impl: str = "auto"
+    kda_keys: str = "raw"  # the ring's KDA key records (ring.Ring.kda_keys)
 
     @property
     def label(self) -> str:
         s = f"{self.op} {self.kind} state={self.state} rec={self.rec} read={self.read}"
         if self.op == "decode":
             s += f" L={self.L} impl={self.impl} forced={self.forced}"
+        if self.kda_keys != "raw":
+            s += f" keys={self.kda_keys}"
         else:
             s += f" T={T_VERIFY}"
         if self.lower_bound is not None:
@@ -111,6 +114,10 @@ def server_scenarios() -> list[Scenario]:
     out.append(Scenario("decode", "kda", "fp32", "fp32", "fp8_e4m3", L_RING, lower_bound=-5.0))
     for impl in ("v1", "v2"):
         out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", L_RING, impl=impl))
+    # KDA rings with predecayed key records (decode v3 and w1; fp32 pools, read copy same / bf16)
+    for read in ("same", "bf16"):
+        for L in (1, L_RING):
+            out.append(Scenario("decode", "kda", "fp32", "fp32", read, L, kda_keys="predecayed"))
     return out
 
 
@@ -191,7 +198,7 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
     B, slots, rows = 2, 3, 4
     T = T_VERIFY if sc.op == "verify" else 1
     lay = ringmod.RingLayout.for_layer(sc.kind, L=L_RING, H=H, HV=HV, K=K, V=V, T_max=T_VERIFY)
-    ring = lay.allocate(rows, record_dtype=DTYPE[sc.rec], read_dtype=sc.read)
+    ring = lay.allocate(rows, record_dtype=DTYPE[sc.rec], read_dtype=sc.read, kda_keys=sc.kda_keys)
     state = torch.zeros(slots, HV, V, K, dtype=DTYPE[sc.state])
     N = B * T
     act = torch.bfloat16  # activations (mixed_qkv, a, b) as the models run them

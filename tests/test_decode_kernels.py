@@ -48,8 +48,10 @@ class Harness:
 
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
-                 impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False):
+                 impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
+                 kda_keys="raw"):
         self.v3_opts = v3_opts
+        self.kda_keys = kda_keys
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
         self.p_pad, self.p_forced, self.windows = p_pad, p_forced, windows
@@ -81,7 +83,7 @@ class Harness:
             nr = self.slots
             self.slot_ring = torch.arange(self.slots)
             self.ring_untouched = self.untouched
-        self.ring = self.lay.allocate(nr, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype)
+        self.ring = self.lay.allocate(nr, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys)
         for t in (self.ring.u, self.ring.k, self.ring.g):  # records never written yet: poison them
             t.fill_(float("nan"))
             t[self.ring_untouched.to(DEV)] = SENTINEL
@@ -96,7 +98,8 @@ class Harness:
             self.ring.rc[self.ring_untouched.to(DEV)] = 7.0
             self.ref = P.TwoCopyReference(kind, self.state.cpu().double(), H=H, L=L, state_dtype="float32",
                                           read_dtype=read_dtype)
-        self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0)
+        self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0,
+                          ovf=0)
         self.tol_o, self.tol_s = tolerances(state_dtype, rec_dtype)
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
@@ -172,7 +175,28 @@ class Harness:
             self.rc_raw_before = self.ring.rc.cpu().clone()
         else:
             forced_ref = forced
-        o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
+        if self.ring.predecayed:
+            # predecayed KDA keys: a row whose G_t (G of its last record + this step's gate) falls below the launch's
+            # PREDECAYED_MIN_G in any channel of any head flushes this step (kernels/decode_v3.py)
+            from replayssm_sglang.kernels import decode_v3
+
+            ovf = torch.zeros(B, dtype=torch.bool)
+            for n in range(B):
+                s = int(slot_idx_ref[n])
+                if s < 0:
+                    continue
+                h = int(self.ref.h[s])
+                G_prev = self.ref.G[s, :, h - 1] if h > 0 else torch.zeros_like(xi.g[n], dtype=torch.float64)
+                ovf[n] = bool((G_prev + xi.g[n].double()).min() < decode_v3.PREDECAYED_MIN_G)
+            late = ovf & ~forced_ref.bool() & ~ringmod.decode_flushes(
+                torch.where(real, h_before[slot_idx.clamp(min=0).long()], 0), L)
+            self.stats["ovf"] += int(late.sum())
+            forced_ref = (forced_ref.bool() | ovf).to(torch.int32)
+        if self.ring.predecayed and self.read_dtype != "same":
+            # a threshold flush is decided after the row read its tile: from the read copy, as a plain step
+            o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L, late=late)
+        else:
+            o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
         slot_idx = slot_idx_ref
         out = out.cpu().squeeze(1)
 
@@ -184,6 +208,8 @@ class Harness:
         # h: the protocol's, for every slot; the arrival counters back to 0
         assert torch.equal(self.view(self.ring.h), self.ref.h), f"h {self.view(self.ring.h).tolist()} != ref {self.ref.h.tolist()}"
         assert int(self.ring.arrive.abs().sum()) == 0, "arrival counters must be 0 between launches"
+        if self.ring.ovf is not None:
+            assert int(self.ring.ovf.abs().sum()) == 0, "the predecayed keys' flush flags must be 0 between launches"
         # checkpoints: rows that flushed match the reference; every other slot is bit-identical
         flushed_slots = slot_idx[self.ref.flushed].long()
         st = self.state.cpu()
@@ -201,7 +227,10 @@ class Harness:
             h = int(self.ref.h[s])
             if h:
                 assert rms_ratio(ru[s, :, :h], self.ref.u[s, :, :h]) < self.tol_o
-                assert rms_ratio(rk[s, :, :h], self.ref.k[s, :, :h]) < self.tol_o
+                k_ref = self.ref.k[s, :, :h]
+                if self.ring.predecayed:  # the records hold k_j e^{-G_j}
+                    k_ref = k_ref * torch.exp(-self.ref.G[s, :, :h])
+                assert rms_ratio(rk[s, :, :h], k_ref) < self.tol_o
                 assert rms_ratio(rg[s, :, :h], self.ref.G[s, :, :h]) < 1e-5
         ut = self.ring_untouched.to(DEV)
         for new, old in ((self.ring.u, u_b), (self.ring.k, k_b), (self.ring.g, g_b)):
@@ -851,3 +880,79 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
                        p_pad=0.2)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
+
+
+# --- predecayed KDA keys (ring.kda_keys "predecayed", docs/design.md "Pre-decayed KDA keys") ----------------------
+# Records hold k_j e^{-G_j}; a row whose G would pass PREDECAYED_MIN_G flushes. The tests lower the threshold so
+# that the random gates (per-step decays down to about e^-3 per channel) cross it in some windows and not in others.
+PRED_TEST_MIN_G = -5.0
+
+
+@pytest.mark.parametrize("fold,read_dtype", [("loop", "same"), ("chunked", "same"), ("dot3", "same"),
+                                             ("dot3", "bf16"), ("chunked", "fp8_e4m3")])
+def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
+    """v3 on a predecayed ring: outputs, the state at every flush (including the rows that flush because a head's
+    G crossed the threshold) and h against float64, records = k_j e^{-G_j}, the flags back to 0 after each launch;
+    every fold and read copy."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    hz = Harness("kda", B=4, H=2, HV=2, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
+                 fold=fold, read_dtype=read_dtype, kda_keys="predecayed")
+    st = hz.run(14)
+    assert st["ovf"] > 0, st  # rows flushed by the threshold alone
+    assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
+
+
+def test_predecayed_kda_keys_default_threshold():
+    """At the shipped threshold the random gates never cross it: a full window of appends (L = 16) and flushes."""
+    hz = Harness("kda", B=3, H=2, HV=2, K=32, V=16, L=16, seed=62, p_forced=0.05, impl="v3", fold="dot3",
+                 kda_keys="predecayed")
+    st = hz.run(20)
+    assert st["ovf"] == 0 and st["flushes"] > 0, st
+
+
+def test_predecayed_kda_keys_w1(monkeypatch):
+    """impl="auto" alternating v3 (buffered windows) and w1 (window 1, which folds predecayed records first)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    hz = Harness("kda", B=3, H=2, HV=2, K=32, V=32, L=8, seed=63, block_v=16, windows=(8, 8, 8, 1, 8, 8, 1),
+                 p_forced=0.05, impl="auto", kda_keys="predecayed")
+    st = hz.run(14)
+    assert st["prefolds"] > 0 and st["flushes"] > 0, st
+
+
+def test_predecayed_kda_keys_refused():
+    """Kernels that do not read predecayed records refuse the ring, naming what runs it; GDN rings refuse it."""
+    lay = ringmod.RingLayout.for_layer("kda", L=4, H=2, HV=2, K=16, V=16)
+    ring = lay.allocate(3, device=DEV, kda_keys="predecayed")
+    x = [t.to(DEV) for t in R.random_decode_inputs("kda", 2, 2, 2, 16, 16)]
+    state = torch.zeros(3, 2, 16, 16, device=DEV)
+    slots = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    for impl in ("v1", "v2"):
+        with pytest.raises(ValueError, match="predecayed KDA keys.*'auto', 'v3' or 'w1'"):
+            replay_decode("kda", *x, state, ring, slots, impl=impl)
+    with pytest.raises(ValueError, match="advance_h=True and no h_rows"):
+        replay_decode("kda", *x, state, ring, slots, impl="v3", advance_h=False, may_prefold=True)
+    with pytest.raises(ValueError, match="kda_keys must be one of"):
+        lay.allocate(3, kda_keys="decayed")
+    with pytest.raises(ValueError, match="for KDA rings"):
+        ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16).allocate(3, kda_keys="predecayed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+@pytest.mark.parametrize("min_g", [None, -20.0])
+def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
+    """Predecayed KDA keys at real head sizes through the server's path (impl auto: v3 with its tuned defaults,
+    PDL, w1 at window 1), fp32 state and records, against float64; min_g -20: threshold flushes on real shapes."""
+    from replayssm_sglang.kernels import decode_v3
+
+    if min_g is not None:
+        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", min_g)
+    hz = _real_harness("kda", seed=5, impl="auto", read_dtype=read_dtype, kda_keys="predecayed")
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    assert (st["ovf"] > 0) == (min_g is not None), st
