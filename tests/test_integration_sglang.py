@@ -213,10 +213,14 @@ def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
     assert rows == 5 and mp.mamba_cache.temporal.shape[1] == 14, "request rows, not mamba slots"
     assert tuple(rp.u.shape) == (2, rows, HV, L, V) and tuple(rp.k.shape) == (2, rows, HK, L, K)
     assert tuple(rp.g.shape) == (2, rows, HV, L, GK) and tuple(rp.h.shape) == (2, rows)
+    # KDA without speculative decoding: predecayed key records (pool.kda_keys_for), the flags on the layer's ring
+    assert rp.kda_keys == ("predecayed" if kind == "kda" else "raw")
+    assert (rp.ring(1).ovf is not None) == (kind == "kda") and rp.ring(1).predecayed == (kind == "kda")
     # budget: what patch 0005 charges per request row is exactly what is allocated per row
     per_row = P.ring_bytes_per_row(cache_params(kind, [3, 7]), L)
     assert per_row * rows == rp.nbytes()
-    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8) + 4  # + the row's fresh flag
+    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8 + (4 if kind == "kda" else 0)) + 4  # + KDA's
+    # threshold-flush flag per layer (predecayed keys) + the row's fresh flag
     assert per_row == by_hand
     # and counted in the pool's reported usage
     off = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12, flag=False).mamba_pool

@@ -52,6 +52,7 @@ paths only).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,8 +140,10 @@ def ring_bytes_per_row(cache_params: Any, L: int, num_layers: int | None = None,
     rc = 0
     if effective_read_dtype(read_dtype, cache_params.dtype.temporal) != "same":
         rc = precision.read_copy_bytes(lay.HV, lay.V, lay.K, read_dtype) + 4  # + rc_valid (int32)
-    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid]; per row: ``fresh``
-    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc) + 4
+    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid] [+ KDA's ovf flag, int32];
+    # per row: ``fresh``
+    ovf = 4 if lay.kind == "kda" else 0
+    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc + ovf) + 4
 
 
 ring_bytes_per_slot = ring_bytes_per_row  # the name patch 0005 used while the ring was per slot
@@ -216,11 +219,19 @@ class ReplayPool:
     # Under the overlap scheduler the previous owner's last (discarded) decode may still be in flight
     # when the row is allocated and bump h after the allocation-time reset; this flag survives that.
     fresh: torch.Tensor | None = None
+    # KDA key records (ring.Ring.kda_keys): "predecayed" (k_j e^{-G_j}) where every kernel that reads this pool's
+    # records supports it (decode v3 and w1, the glue's folds); "raw" otherwise (kda_keys_for). ovf [layers, rows]
+    # int32: decode v3's per-row threshold-flush flags (0 between launches), used by predecayed pools; allocated for
+    # every KDA pool, so that the bytes patch 0005 charges per row (ring_bytes_per_row) do not depend on it.
+    kda_keys: str = "raw"
+    ovf: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
                  record_dtype: torch.dtype = torch.float32, track_interval: int | None = None,
-                 read_dtype: str = "same") -> "ReplayPool":
+                 read_dtype: str = "same", kda_keys: str = "raw") -> "ReplayPool":
+        if kda_keys not in ringmod.KDA_KEYS or (kda_keys != "raw" and layout.kind != "kda"):
+            raise ValueError(f"kda_keys {kda_keys!r}: 'raw', or 'predecayed' for a KDA layout")
         s = layout.shapes(rows)
         z = lambda shape, dt: torch.zeros((num_layers,) + tuple(shape), dtype=dt, device=device)  # noqa: E731
         rc = rc_scale = rc_valid = None
@@ -231,7 +242,8 @@ class ReplayPool:
             rc_valid = z((rows,), torch.int32)  # invalid: every slot's first decode step flushes
         return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
                    g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
-                   track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid)
+                   track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
+                   ovf=z((rows,), torch.int32) if layout.kind == "kda" else None)
 
     # --- shape facts ---------------------------------------------------------------------------
     @property
@@ -253,7 +265,8 @@ class ReplayPool:
         return "fp8_e4m3" if self.rc.dtype == torch.float8_e4m3fn else "bf16"
 
     def nbytes(self) -> int:
-        ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid, self.fresh)
+        ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid, self.fresh,
+              self.ovf)
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def ring(self, layer_idx: int) -> ringmod.Ring:
@@ -261,7 +274,8 @@ class ReplayPool:
         pick = lambda t: None if t is None else t[i]  # noqa: E731
         return ringmod.Ring(layout=self.layout, u=self.u[i], k=self.k[i], g=self.g[i], h=self.h[i],
                             arrive=self.arrive[i], rc=pick(self.rc), rc_scale=pick(self.rc_scale),
-                            rc_valid=pick(self.rc_valid))
+                            rc_valid=pick(self.rc_valid), kda_keys=self.kda_keys,
+                            ovf=pick(self.ovf) if self.kda_keys == "predecayed" else None)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _rows_of(self, rows) -> torch.Tensor:
@@ -350,6 +364,8 @@ class ReplayPool:
         last = (n - 1).clamp(min=0)
         G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
         G_ref = torch.where((n > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [m, HV, GK]
+        if self.kda_keys == "predecayed":  # the records hold k_j e^{-G_j}: decay them by e^{G_ref} alone
+            G = torch.zeros_like(G)
         w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
         kk = self.k[li, r][:, grp].to(acc)  # [m, HV, cap, K]
         uu = torch.where(valid[:, None, :, None], self.u[li, r].to(acc), torch.zeros((), dtype=acc, device=G.device))
@@ -380,6 +396,12 @@ class ReplayPool:
             C = self._state_after(temporal, li, s, h, r)
             temporal[li, s] = torch.where((h > 0).view(-1, 1, 1, 1), C.to(temporal.dtype), temporal[li, s])
             self.h[li, r] = 0
+
+    def _check_raw_keys(self, what: str) -> None:
+        """The verify kernels read raw KDA key records only (kda_keys_for picks raw whenever a verify can run)."""
+        if self.kda_keys != "raw":
+            raise RuntimeError(f"--enable-linear-replayssm: {what} on a ring with predecayed KDA keys (the verify "
+                               "kernels read raw keys; a pool for speculative decoding is allocated with raw keys)")
 
     # --- decode --------------------------------------------------------------------------------
     def forced_mask(self, forward_metadata: Any, seq_lens: torch.Tensor) -> torch.Tensor | None:
@@ -433,6 +455,7 @@ class ReplayPool:
         only by the pre-step fold (h + T > L). Returns [1, B*T, HV, V]."""
         from replayssm_sglang.kernels.verify import ring_verify
 
+        self._check_raw_keys("verify")
         if self.spec_T is None or int(T) != self.spec_T:
             raise RuntimeError(
                 f"--enable-linear-replayssm: a verify step of {T} draft tokens reached a ring sized for "
@@ -461,6 +484,8 @@ class ReplayPool:
         layer (kernels/verify.py: ring_materialize_): no host sync, so it can sit in the overlap
         scheduler's path; rows without a boundary return at once."""
         from replayssm_sglang.kernels.verify import ring_materialize_
+
+        self._check_raw_keys("materialize_")
 
         ring_idx = self._ring_idx(ring_idx, "materialize_")
         T = self.spec_T
@@ -501,6 +526,21 @@ class ReplayPool:
         ring_commit_(self.h.view(-1), flat.contiguous(), T, L, acc.contiguous())
 
 
+def kda_keys_for(kind: str, spec_T: int | None) -> str:
+    """The KDA key records a pool gets: "predecayed" (k_j e^{-G_j}: decode reads no per-(record, K) gate; H200,
+    B = 256, 2026-11-30: 209.8 -> 200.5 us per layer-step, docs/benchmarks.md) for KDA without speculative
+    decoding, "raw" with it (the verify kernels read raw keys) and for GDN. REPLAYSSM_KDA_KEYS=raw forces raw
+    keys (for measurements; "predecayed" is refused where it cannot run)."""
+    env = os.environ.get("REPLAYSSM_KDA_KEYS", "").strip()
+    if env and env not in ringmod.KDA_KEYS:
+        raise ValueError(f"REPLAYSSM_KDA_KEYS must be one of {', '.join(ringmod.KDA_KEYS)}, got {env!r}")
+    auto = "predecayed" if kind == "kda" and not spec_T else "raw"
+    if env == "predecayed" and auto != "predecayed":
+        raise ValueError("REPLAYSSM_KDA_KEYS=predecayed needs a KDA model without speculative decoding "
+                         "(the verify kernels read raw keys): unset it")
+    return env or auto
+
+
 def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_interval: int | None = None,
            spec_T: int | None = None, spec_state_size: int | None = None,
            read_dtype: str | None = None) -> ReplayPool:
@@ -534,7 +574,7 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
         raise ValueError(f"req_rows must be >= 1 (the request pool's rows), got {req_rows}")
     pool = ReplayPool.allocate(lay, layers, int(req_rows), device=temporal.device,
                                record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval,
-                               read_dtype=read_dtype)
+                               read_dtype=read_dtype, kda_keys=kda_keys_for(lay.kind, spec_T))
     pool.keyed_by = "request"
     pool.covers_all_rows = True  # rows == the request pool's rows (padding row 0 included)
     pool.fresh = torch.zeros(int(req_rows), dtype=torch.int32, device=temporal.device)
