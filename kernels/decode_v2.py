@@ -49,12 +49,14 @@ def _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k
     u_j = tl.load(base_u + j * V + o_v, mask=mask_v & ok, other=0).to(tl.float32)
     k_j = tl.load(base_k + j * K + o_k, mask=mask_k & ok, other=0).to(tl.float32)
     if PRED:
-        g_j = 0.0
-    elif IS_KDA:
-        g_j = tl.load(base_g + j * GK + o_k, mask=mask_k & ok, other=0)
+        e_h = tl.where(ok, tl.exp(0.5 * G_f), 0.0)  # e^{G_f} in two halves (see decode_v3._pre_row)
+        k_j = k_j * e_h * e_h
     else:
-        g_j = tl.load(base_g + j, mask=ok, other=0)
-    k_j = k_j * tl.where(ok, tl.exp(G_f - g_j), 0.0)
+        if IS_KDA:
+            g_j = tl.load(base_g + j * GK + o_k, mask=mask_k & ok, other=0)
+        else:
+            g_j = tl.load(base_g + j, mask=ok, other=0)
+        k_j = k_j * tl.where(ok, tl.exp(G_f - g_j), 0.0)
     return S + u_j[:, None] * k_j[None, :]
 
 

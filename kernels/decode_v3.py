@@ -106,9 +106,11 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 # records k_j e^{-G_j}: <k_j e^{G_t - G_j}, x> = <k_j e^{-G_j}, x e^{G_t}>; only G_{h-1} is read
                 G_last = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k & (h_old > 0), other=0)
                 G_t = G_last + g_t
-                e_t = tl.exp(G_t)
-                tl.store(p_c, tl.sum(rk * (q * e_t)[None, :], 1))
-                tl.store(p_c + BC, tl.sum(rk * (k * e_t)[None, :], 1))
+                # e^{G_t} in two halves, each applied in turn: k_j e^{-G_j} e^{G_t/2} stays in fp32's range, and a
+                # weight e^{G_t - G_j} survives where e^{G_t} alone would underflow (G_t < -87 on a flushing row)
+                e_h = tl.exp(0.5 * G_t)
+                tl.store(p_c, tl.sum(rk * (q * e_h)[None, :] * e_h[None, :], 1))
+                tl.store(p_c + BC, tl.sum(rk * (k * e_h)[None, :] * e_h[None, :], 1))
                 ov = tl.min(tl.where(mask_k, G_t, 0.0), 0) < min_g
                 if ov:
                     tl.store(ovf + rrow, 1)  # every head that sees it writes the same 1: no race
@@ -312,9 +314,10 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
         m_d = valid_d[:, None] & mk[None, :]
         Kd = tl.load(base_k + o_cd[:, None] * K + o_kc[None, :], mask=m_d, other=0).to(tl.float32)
         if PRED:
-            e_c = tl.exp(G_fc)  # records k_j e^{-G_j}: one e^{G_f} per K for all of them
-            Kd = Kd * e_c[None, :]
-            S_c = C_c * e_c[None, :]
+            # records k_j e^{-G_j}: one e^{G_f} per K for all of them, applied in two halves (see _pre_row)
+            e_h = tl.exp(0.5 * G_fc)
+            Kd = Kd * e_h[None, :] * e_h[None, :]
+            S_c = C_c * tl.exp(G_fc)[None, :]
         elif IS_KDA:
             g_dc = tl.load(base_g + o_cd[:, None] * GK + o_kc[None, :], mask=m_d, other=0)
             Kd = Kd * tl.where(m_d, tl.exp(G_fc[None, :] - g_dc), 0.0)

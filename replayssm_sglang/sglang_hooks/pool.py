@@ -187,7 +187,8 @@ class ReplayPool:
     """Per linear layer one ring (ring.Ring views into stacked tensors), rows indexed by mamba slot.
 
     ``u/k/g`` are ``[layers, rows, ...]``; ``h`` and ``arrive`` are ``[layers, rows]`` int32 (each
-    layer's kernel writes its own h; all layers hold the same value between steps).
+    layer's kernel writes its own h; all layers hold the same value between steps, except after a threshold
+    flush of predecayed KDA keys, which one layer takes alone).
     ``rows`` is the number of slots that own ring storage; a slot index >= rows has none (its h is
     0 by construction) -- today rows == the pool's slot count (see docs/integration.md, "Memory").
 
@@ -364,10 +365,15 @@ class ReplayPool:
         last = (n - 1).clamp(min=0)
         G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
         G_ref = torch.where((n > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [m, HV, GK]
-        if self.kda_keys == "predecayed":  # the records hold k_j e^{-G_j}: decay them by e^{G_ref} alone
-            G = torch.zeros_like(G)
-        w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
         kk = self.k[li, r][:, grp].to(acc)  # [m, HV, cap, K]
+        if self.kda_keys == "predecayed":
+            # the records hold k_j e^{-G_j}: decay them by e^{G_ref} alone, in two halves (decode_v3._pre_row)
+            e_h = torch.exp(0.5 * G_ref)[:, :, None, :]
+            w = torch.where(valid[:, None, :, None], e_h, torch.zeros_like(G))
+            kk = kk * w * e_h
+            w = torch.ones_like(w)
+        else:
+            w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
         uu = torch.where(valid[:, None, :, None], self.u[li, r].to(acc), torch.zeros((), dtype=acc, device=G.device))
         C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
         return C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
