@@ -95,8 +95,9 @@ ARMS = {
     # issue 7: the two-precision state (a low-precision read copy; the recurrence stays fp32)
     "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
     "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
-    # KDA's ring with raw key records (k_j and G_j per record, as before predecayed keys became KDA's default)
+    # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}, opt-in)
     "ours_rawkeys": ["--enable-linear-replayssm"],
+    "ours_predkeys": ["--enable-linear-replayssm"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -105,7 +106,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_bf16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},
-           "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"}}
+           "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
+           "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

@@ -533,18 +533,17 @@ class ReplayPool:
 
 
 def kda_keys_for(kind: str, spec_T: int | None) -> str:
-    """The KDA key records a pool gets: "predecayed" (k_j e^{-G_j}: decode reads no per-(record, K) gate; H200,
-    B = 256, 2026-11-30: 209.8 -> 200.5 us per layer-step, docs/benchmarks.md) for KDA without speculative
-    decoding, "raw" with it (the verify kernels read raw keys) and for GDN. REPLAYSSM_KDA_KEYS=raw forces raw
-    keys (for measurements; "predecayed" is refused where it cannot run)."""
+    """The KDA key records a pool gets: "raw" by default; REPLAYSSM_KDA_KEYS=predecayed (k_j e^{-G_j}: decode reads
+    no per-(record, K) gate) for a KDA model without speculative decoding (the verify kernels read raw keys).
+    Opt-in because it measured no faster end to end (H200, 2026-11-30, docs/benchmarks.md): the pre launch is 16 us
+    faster per layer-step in the server, but the main launch's plain step 41 us slower there."""
     env = os.environ.get("REPLAYSSM_KDA_KEYS", "").strip()
     if env and env not in ringmod.KDA_KEYS:
         raise ValueError(f"REPLAYSSM_KDA_KEYS must be one of {', '.join(ringmod.KDA_KEYS)}, got {env!r}")
-    auto = "predecayed" if kind == "kda" and not spec_T else "raw"
-    if env == "predecayed" and auto != "predecayed":
+    if env == "predecayed" and (kind != "kda" or spec_T):
         raise ValueError("REPLAYSSM_KDA_KEYS=predecayed needs a KDA model without speculative decoding "
-                         "(the verify kernels read raw keys): unset it")
-    return env or auto
+                         "(GDN has no per-K gates; the verify kernels read raw keys): unset it")
+    return env or "raw"
 
 
 def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_interval: int | None = None,
