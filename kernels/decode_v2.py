@@ -244,13 +244,22 @@ def replay_decode_v2_post_kernel(
             h_old = tl.load(ring_h + rrow).to(tl.int32)
         prefold, h_eff, flush, h_new = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         if PRED:
-            # decode v3 with predecayed KDA keys: a row its pre launch flagged flushed (see decode_v3); the flag is
-            # cleared here, after the decode launch (whose programs read it) has finished
-            ov = tl.load(ovf + rrow) != 0
+            # decode v3 with predecayed KDA keys (see decode_v3): a row its pre launch flagged flushed; a head it
+            # flagged was rebased by the decode launch, whose programs have read its records by now: they are
+            # zeroed (the pre launch wrote this step's as zeros). The flags are cleared for the next launch.
+            p_f = ovf + rrow * (HV + 1)
+            ov = tl.load(p_f + HV) != 0
             flush = flush | ov
             prefold = prefold & (ov == 0)
             h_new = tl.where(ov, 0, h_new)
-            tl.store(ovf + rrow, 0)
+            tl.store(p_f + HV, 0)
+            o_k = tl.arange(0, BK)
+            for hv in range(HV):  # (KDA: key head hv is value head hv)
+                if tl.load(p_f + hv) != 0:
+                    for j in range(h_old):
+                        tl.store(ring_k + ((rrow * HK + hv) * CAP + j) * K + o_k,
+                                 tl.zeros([BK], dtype=tl.float32).to(ring_k.dtype.element_ty), mask=o_k < K)
+                    tl.store(p_f + hv, 0)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
         if HAS_RC:

@@ -66,8 +66,10 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
              HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
-    PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only,
-    and a head whose G_t falls below min_g in any channel marks its row (ovf[ring row] = 1): the row flushes."""
+    PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
+    head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
+    zeros with G = 0: the main launch folds the head through this token) or, on a row that pre-folds, flushes the
+    row (ovf[ring row, HV] = 1)."""
     if IS_KDA:
         i_h = i_hk // (HV // H)  # HK = HV: key head = value head; q/k come from its query head
     else:
@@ -111,10 +113,13 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 e_h = tl.exp(0.5 * G_t)
                 tl.store(p_c, tl.sum(rk * (q * e_h)[None, :] * e_h[None, :], 1))
                 tl.store(p_c + BC, tl.sum(rk * (k * e_h)[None, :] * e_h[None, :], 1))
-                ov = tl.min(tl.where(mask_k, G_t, 0.0), 0) < min_g
-                if ov:
-                    tl.store(ovf + rrow, 1)  # every head that sees it writes the same 1: no race
-                k_rec = tl.where(ov, 0.0, k * tl.exp(-tl.maximum(G_t, min_g)))  # (not committed when ov)
+                rb = tl.min(tl.where(mask_k, G_t, 0.0), 0) < min_g
+                if rb & (prefold != 0):
+                    tl.store(ovf + rrow * (HV + 1) + HV, 1)  # the row flushes (any head may write the same 1)
+                if rb & append:
+                    tl.store(ovf + rrow * (HV + 1) + i_hv, 1)  # this head is rebased
+                k_rec = tl.where(rb, 0.0, k * tl.exp(-tl.maximum(G_t, min_g)))
+                G_t = tl.where(rb, 0.0, G_t)  # (as stored: a rebased head's G restarts at its new checkpoint)
             else:
                 rg = tl.load(base_g + o_c[:, None] * GK + o_k[None, :], mask=m_ck, other=0)  # [BC, BK]
                 G_last = tl.sum(tl.where(last[:, None], rg, 0.0), 0)  # [BK], 0 without records
@@ -295,7 +300,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
                 IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
                 HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, PRED: tl.constexpr = False):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
-    this token's u_add k^T on a flush), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
+    this token's u_add k^T when ``flush``: the fold takes this token, a flush or a rebased head), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
     running row max |S|. G_f: GDN's fold decay (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d:
     the dot folds' [BV, BCD] decayed corrections and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
@@ -466,13 +471,17 @@ def _main_tile(
         Ck = Ck * e_t
 
     prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
+    rebase = h_old < 0  # (false: no head is rebased without predecayed keys)
     if PRED:
-        # a head of this row would append a record past PREDECAYED_MIN_G (the pre launch's flag, visible after
-        # gdc_wait): the row flushes this step. Its tile above may have come from the read copy, as any plain
-        # step's; the fold below reads the recurrence copy.
-        ov = tl.load(ovf + rrow) != 0
+        # the pre launch's flags (visible after gdc_wait): a pre-folding row one of whose heads would pass
+        # PREDECAYED_MIN_G flushes whole; on a row that appends, such a head is rebased: folded through this
+        # token like a flush, the head alone (the post launch zeroes its records). Either way the tile above may
+        # have come from the read copy, as any plain step's; the fold below reads the recurrence copy.
+        ov = tl.load(ovf + rrow * (HV + 1) + HV) != 0
         flush = flush | ov
         prefold = prefold & (ov == 0)
+        rebase = (tl.load(ovf + rrow * (HV + 1) + i_hv) != 0) & (flush == 0) & (prefold == 0)
+    tok = flush | rebase  # the fold (if any) takes this token too
     valid = o_c < h_old
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
     ru = tl.load(base_u + o_c[:, None] * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
@@ -481,7 +490,7 @@ def _main_tile(
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
     tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
-    if (flush | prefold) & FOLD_CHUNKED:
+    if (flush | prefold | rebase) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
         # whole kernel (the hot path above needs few), so more programs per SM keep loads in flight
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -494,8 +503,8 @@ def _main_tile(
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
                              USE_LOWER_BOUND)
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
-            G_f = tl.where(flush, G_last + g_t, G_last)
-        u_add = tl.where(flush, u_t, 0.0)
+            G_f = tl.where(tok, G_last + g_t, G_last)
+        u_add = tl.where(tok, u_t, 0.0)
         if FOLD_DOT:
             # the fold as one product per K chunk over all (up to BCD) ring positions, masked by h: every load is
             # independent of the others, where the record loop waits for each record's loads in turn (h of them,
@@ -524,13 +533,13 @@ def _main_tile(
             # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
             for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         else:
             for c in tl.static_range(NCH):
                 amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                                   lower_bound, base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         if HAS_RC:
@@ -547,7 +556,7 @@ def _main_tile(
                     _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
                 tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
-    if (flush | prefold) & (not FOLD_CHUNKED):
+    if (flush | prefold | rebase) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
         # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
@@ -562,10 +571,10 @@ def _main_tile(
             G_last = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k & has, other=0)
         else:
             G_last = tl.load(base_g + (h_old - 1), mask=has, other=0)
-        G_f = tl.where(flush, G_last + g_t, G_last)
+        G_f = tl.where(tok, G_last + g_t, G_last)
         S = _fold_records(C, G_f, h_old, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, CAP, IS_KDA,
                           PRED=PRED)
-        S += tl.where(flush, u_t, 0.0)[:, None] * k[None, :]
+        S += tl.where(tok, u_t, 0.0)[:, None] * k[None, :]
         tl.debug_barrier()  # every read of this tile and of record 0 above precedes the writes below
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
     if flush == 0:

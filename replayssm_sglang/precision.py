@@ -222,19 +222,15 @@ class TwoCopyReference(R.ReplayReference):
         self.state = TwoCopyPool(self.state, state_dtype, read_dtype, generator, stochastic)
 
     def step(self, x: R.DecodeInputs, slot_idx: torch.Tensor, forced: torch.Tensor | None = None,
-             L: int | None = None, late: torch.Tensor | None = None) -> torch.Tensor:
+             L: int | None = None) -> torch.Tensor:
         """A step that writes the checkpoint (``ring.decode_flushes``: ring full, forced, or a pre-step
         fold) reads the recurrence copy only, for its fold and for its own output; every other
-        step reads the read copy only. ``late`` [B] bool: rows whose flush is decided after their read
-        (decode v3's threshold flush of predecayed KDA keys): their output reads the read copy, as a
-        plain step's does, and their fold the recurrence copy."""
+        step reads the read copy only."""
         L = self.L if L is None else L
         valid = slot_idx >= 0
         slots = slot_idx[valid].long()
         f = None if forced is None else forced[valid]
         flushes = ringmod.decode_flushes(self.h[slots], L, f)
-        if late is not None:
-            flushes = flushes & ~late[valid]
         self.state.rec_slots = {int(s) for s in slots[flushes]}
         try:
             return super().step(x, slot_idx, forced, L)

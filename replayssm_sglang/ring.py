@@ -130,7 +130,7 @@ class RingLayout:
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
             arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
             rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
-            ovf=torch.zeros(slots, dtype=torch.int32, device=device) if kda_keys == "predecayed" else None,
+            ovf=torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed" else None,
         )
 
 
@@ -164,9 +164,12 @@ class Ring:
     # KDA key records (docs/design.md, "Pre-decayed KDA keys"): "raw" holds k_j and its cumulative log-decay G_j
     # per (record, K), and every read of record j decays it by e^{G_t - G_j}; "predecayed" holds k_j e^{-G_j},
     # so a read needs only e^{G_t} (G of the last record plus this step's gate) and the per-(record, K) gates
-    # are neither read nor exponentiated (ring.g still holds G_j, read at the last record only). A row whose
-    # G would fall below PREDECAYED_MIN_G in any channel of any head flushes that step instead of appending
-    # (ovf [slots] int32: the decode launch's per-row flag, 0 between launches), so e^{-G_j} stays finite.
+    # are neither read nor exponentiated (ring.g still holds G_j, read at the last record only). A head whose G
+    # would fall below PREDECAYED_MIN_G in any channel is rebased that step instead: its checkpoint is folded
+    # through this token (the head alone), its key records are zeroed and its G restarts at 0, so e^{-G_j} stays
+    # finite and the row's cursor and other heads are untouched; a row that would fold first (a pre-step fold)
+    # flushes whole instead. ovf [slots, HV + 1] int32: the decode launch's flags, per head (rebase) and in the last
+    # column per row (flush); 0 between launches.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
 

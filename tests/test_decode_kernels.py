@@ -99,7 +99,7 @@ class Harness:
             self.ref = P.TwoCopyReference(kind, self.state.cpu().double(), H=H, L=L, state_dtype="float32",
                                           read_dtype=read_dtype)
         self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0,
-                          ovf=0)
+                          ovf=0, rebase=0)
         self.tol_o, self.tol_s = tolerances(state_dtype, rec_dtype)
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
@@ -175,28 +175,34 @@ class Harness:
             self.rc_raw_before = self.ring.rc.cpu().clone()
         else:
             forced_ref = forced
+        reb = None
         if self.ring.predecayed:
-            # predecayed KDA keys: a row whose G_t (G of its last record + this step's gate) falls below the launch's
-            # PREDECAYED_MIN_G in any channel of any head flushes this step (kernels/decode_v3.py)
+            # predecayed KDA keys (kernels/decode_v3.py): a head whose G_t (G of its last record + this step's gate)
+            # falls below the launch's PREDECAYED_MIN_G in any channel is rebased when its row appends (folded through
+            # this token, the head alone; its records zeroed, G restarting at 0); a pre-folding row with such a head
+            # flushes whole
             from replayssm_sglang.kernels import decode_v3
 
-            ovf = torch.zeros(B, dtype=torch.bool)
+            rb = torch.zeros(B, self.HV, dtype=torch.bool)
+            h_rows_ref = torch.zeros(B, dtype=torch.int32)
             for n in range(B):
                 s = int(slot_idx_ref[n])
                 if s < 0:
                     continue
-                h = int(self.ref.h[s])
+                h = h_rows_ref[n] = int(self.ref.h[s])
                 G_prev = self.ref.G[s, :, h - 1] if h > 0 else torch.zeros_like(xi.g[n], dtype=torch.float64)
-                ovf[n] = bool((G_prev + xi.g[n].double()).min() < decode_v3.PREDECAYED_MIN_G)
-            late = ovf & ~forced_ref.bool() & ~ringmod.decode_flushes(
-                torch.where(real, h_before[slot_idx.clamp(min=0).long()], 0), L)
-            self.stats["ovf"] += int(late.sum())
-            forced_ref = (forced_ref.bool() | ovf).to(torch.int32)
-        if self.ring.predecayed and self.read_dtype != "same":
-            # a threshold flush is decided after the row read its tile: from the read copy, as a plain step
-            o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L, late=late)
-        else:
-            o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
+                rb[n] = (G_prev + xi.g[n].double()).amin(-1) < decode_v3.PREDECAYED_MIN_G
+            row_ovf = rb.any(1) & ringmod.needs_prefold(h_rows_ref, 1, L) & real
+            forced_ref = (forced_ref.bool() | row_ovf).to(torch.int32)
+            reb = rb & real[:, None] & ~ringmod.decode_flushes(h_rows_ref, L, forced_ref)[:, None]
+            self.stats["ovf"] += int(row_ovf.sum())
+            self.stats["rebase"] += int(reb.sum())
+        o_ref = self.ref.step(xi, slot_idx_ref, forced_ref, L=L)
+        rebased_slots = []
+        if reb is not None:
+            for n, hv in reb.nonzero().tolist():
+                self._rebase_ref(int(slot_idx_ref[n]), hv)
+                rebased_slots.append(int(slot_idx_ref[n]))
         slot_idx = slot_idx_ref
         out = out.cpu().squeeze(1)
 
@@ -211,7 +217,8 @@ class Harness:
         if self.ring.ovf is not None:
             assert int(self.ring.ovf.abs().sum()) == 0, "the predecayed keys' flush flags must be 0 between launches"
         # checkpoints: rows that flushed match the reference; every other slot is bit-identical
-        flushed_slots = slot_idx[self.ref.flushed].long()
+        flushed_slots = torch.unique(torch.cat([slot_idx[self.ref.flushed].long(),
+                                                torch.tensor(rebased_slots, dtype=torch.long)]))
         st = self.state.cpu()
         ref_rec = self.ref.state.rec if self.read_dtype != "same" else self.ref.state
         for s in flushed_slots.tolist():
@@ -239,6 +246,24 @@ class Harness:
         if self.read_dtype != "same":
             self._check_read_copy(slot_idx, real, flushed_slots, rc_before, writes_rc)
         self.stats["steps"] += 1
+
+    def _rebase_ref(self, s: int, hv: int) -> None:
+        """The reference's side of a predecayed head's rebase after its step: slot s's checkpoint of head hv becomes
+        the exact state through this step's record (both copies, with a read copy), the head's key records are
+        zeroed (the checkpoint holds them now) and its last record's G, the reference for the next step, is 0."""
+        from replayssm_sglang import precision as P
+
+        h = int(self.ref.h[s])
+        S = self.ref._fold(s, h, self.ref.G[s, :, h - 1])[hv]
+        if self.read_dtype == "same":
+            self.ref.state[s, hv] = S
+        else:
+            pool = self.ref.state
+            rec = P.round_state(S, pool.state_dtype, pool.generator, pool.stochastic)
+            pool.rec[s, hv] = rec
+            pool.read[s, hv] = P.round_read(S, pool.read_dtype, state_value=rec)
+        self.ref.k[s, hv, :h] = 0
+        self.ref.G[s, hv, h - 1] = 0
 
     def _check_read_copy(self, slot_idx, real, flushed_slots, rc_before, writes_rc):
         """Two copies: the rows that wrote their checkpoint hold round(checkpoint) in the read copy (as
@@ -900,7 +925,7 @@ def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
     hz = Harness("kda", B=4, H=2, HV=2, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
                  fold=fold, read_dtype=read_dtype, kda_keys="predecayed")
     st = hz.run(14)
-    assert st["ovf"] > 0, st  # rows flushed by the threshold alone
+    assert st["rebase"] > 0 and st["ovf"] > 0, st  # heads rebased, pre-folding rows flushed by the threshold
     assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
 
 
@@ -909,7 +934,7 @@ def test_predecayed_kda_keys_default_threshold():
     hz = Harness("kda", B=3, H=2, HV=2, K=32, V=16, L=16, seed=62, p_forced=0.05, impl="v3", fold="dot3",
                  kda_keys="predecayed")
     st = hz.run(20)
-    assert st["ovf"] == 0 and st["flushes"] > 0, st
+    assert st["rebase"] == 0 and st["ovf"] == 0 and st["flushes"] > 0, st
 
 
 def test_predecayed_kda_keys_w1(monkeypatch):
@@ -955,4 +980,4 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
     hz = _real_harness("kda", seed=5, impl="auto", read_dtype=read_dtype, kda_keys="predecayed")
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0, st
-    assert (st["ovf"] > 0) == (min_g is not None), st
+    assert (st["rebase"] > 0) == (min_g is not None), st

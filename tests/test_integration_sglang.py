@@ -218,8 +218,8 @@ def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
     # budget: what patch 0005 charges per request row is exactly what is allocated per row
     per_row = P.ring_bytes_per_row(cache_params(kind, [3, 7]), L)
     assert per_row * rows == rp.nbytes()
-    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8 + (4 if kind == "kda" else 0)) + 4  # + KDA's
-    # threshold-flush flag per layer (predecayed keys) + the row's fresh flag
+    by_hand = 2 * (L * (4 * (HV * V + HK * K) + 4 * HV * GK) + 8 + (4 * (HV + 1) if kind == "kda" else 0)) + 4
+    # (+ KDA's threshold flags per layer, predecayed keys: one per head and one per row; + the row's fresh flag)
     assert per_row == by_hand
     # and counted in the pool's reported usage
     off = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12, flag=False).mamba_pool

@@ -140,9 +140,9 @@ def ring_bytes_per_row(cache_params: Any, L: int, num_layers: int | None = None,
     rc = 0
     if effective_read_dtype(read_dtype, cache_params.dtype.temporal) != "same":
         rc = precision.read_copy_bytes(lay.HV, lay.V, lay.K, read_dtype) + 4  # + rc_valid (int32)
-    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid] [+ KDA's ovf flag, int32];
-    # per row: ``fresh``
-    ovf = 4 if lay.kind == "kda" else 0
+    # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid] [+ KDA's ovf flags, int32 per
+    # head and one per row]; per row: ``fresh``
+    ovf = 4 * (lay.HV + 1) if lay.kind == "kda" else 0
     return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc + ovf) + 4
 
 
@@ -221,8 +221,9 @@ class ReplayPool:
     # when the row is allocated and bump h after the allocation-time reset; this flag survives that.
     fresh: torch.Tensor | None = None
     # KDA key records (ring.Ring.kda_keys): "predecayed" (k_j e^{-G_j}) where every kernel that reads this pool's
-    # records supports it (decode v3 and w1, the glue's folds); "raw" otherwise (kda_keys_for). ovf [layers, rows]
-    # int32: decode v3's per-row threshold-flush flags (0 between launches), used by predecayed pools; allocated for
+    # records supports it (decode v3 and w1, the glue's folds); "raw" otherwise (kda_keys_for). ovf [layers, rows,
+    # HV + 1] int32: decode v3's threshold flags (per head: rebase; last column: row flush; 0 between launches), used
+    # by predecayed pools; allocated for
     # every KDA pool, so that the bytes patch 0005 charges per row (ring_bytes_per_row) do not depend on it.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
@@ -244,7 +245,7 @@ class ReplayPool:
         return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
                    g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
                    track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
-                   ovf=z((rows,), torch.int32) if layout.kind == "kda" else None)
+                   ovf=z((rows, layout.HV + 1), torch.int32) if layout.kind == "kda" else None)
 
     # --- shape facts ---------------------------------------------------------------------------
     @property
