@@ -95,7 +95,8 @@ ARMS = {
     # issue 7: the two-precision state (a low-precision read copy; the recurrence stays fp32)
     "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
     "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
-    # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}, opt-in)
+    # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}; KDA's
+    # default without speculative decoding, as `ours`)
     "ours_rawkeys": ["--enable-linear-replayssm"],
     "ours_predkeys": ["--enable-linear-replayssm"],
 }

@@ -213,8 +213,9 @@ def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
     assert rows == 5 and mp.mamba_cache.temporal.shape[1] == 14, "request rows, not mamba slots"
     assert tuple(rp.u.shape) == (2, rows, HV, L, V) and tuple(rp.k.shape) == (2, rows, HK, L, K)
     assert tuple(rp.g.shape) == (2, rows, HV, L, GK) and tuple(rp.h.shape) == (2, rows)
-    # raw key records by default (predecayed KDA keys are opt-in: pool.kda_keys_for)
-    assert rp.kda_keys == "raw" and rp.ring(1).ovf is None and not rp.ring(1).predecayed
+    # KDA without speculative decoding: predecayed key records (pool.kda_keys_for), the flags on the layer's ring
+    assert rp.kda_keys == ("predecayed" if kind == "kda" else "raw")
+    assert (rp.ring(1).ovf is not None) == (kind == "kda") and rp.ring(1).predecayed == (kind == "kda")
     # budget: what patch 0005 charges per request row is exactly what is allocated per row
     per_row = P.ring_bytes_per_row(cache_params(kind, [3, 7]), L)
     assert per_row * rows == rp.nbytes()
@@ -728,7 +729,7 @@ def test_capabilities_match_the_rules():
 # --- through SGLang's own (patched) backend code -------------------------------------------------
 
 @pytest.mark.parametrize("kind,lower_bound,keys", [("gdn", None, ""), ("kda", None, ""), ("kda", -5.0, ""),
-                                                    ("kda", None, "predecayed")])
+                                                    ("kda", None, "raw")])
 def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bound, keys, monkeypatch):
     """GDNAttnBackend / KDAAttnBackend.forward_decode as patched (0003): after SGLang's conv1d
     (replaced by the identity here: conv is not ours) the step runs our kernel with the device
@@ -736,8 +737,8 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
     live slot into the extra_buffer track slot on boundary steps. The snapshots are exact; the
     live checkpoint between boundaries is not (records pending), so the test can fail.
     KDA's safe gate (lower_bound) goes through our kernel too (upstream silently falls back to an
-    unbuffered path there while its cursor advances). keys "predecayed": KDA's opt-in key records
-    (REPLAYSSM_KDA_KEYS=predecayed)."""
+    unbuffered path there while its cursor advances). keys: REPLAYSSM_KDA_KEYS ("": the default, predecayed
+    key records for KDA; "raw": k_j and G_j per record)."""
     from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -748,7 +749,7 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
     if keys:
         monkeypatch.setenv("REPLAYSSM_KDA_KEYS", keys)
     rtp = hybrid_pool(sg, kind, layers=(0, 1), extra_buffer=True, mamba_size=10)
-    assert rtp.mamba_pool.replayssm_pool.kda_keys == (keys or "raw")
+    assert rtp.mamba_pool.replayssm_pool.kda_keys == (keys or ("predecayed" if kind == "kda" else "raw"))
     rtp.mamba_pool.replayssm_pool.track_interval = interval
     m = Model(kind, rtp)
     for layer in m.layers.values():
@@ -1080,11 +1081,15 @@ def test_real_config_cache_params_shape_the_ring_per_rank(sg, real_args, kind, l
 
 
 def test_kda_keys_option(monkeypatch):
-    """REPLAYSSM_KDA_KEYS: raw by default; predecayed only for KDA without speculative decoding; junk refused."""
+    """KDA key records: predecayed for KDA without speculative decoding, raw with it and for GDN;
+    REPLAYSSM_KDA_KEYS=raw opts out, =predecayed is refused where it cannot run; junk refused."""
     from replayssm_sglang.sglang_hooks.pool import kda_keys_for
 
     monkeypatch.delenv("REPLAYSSM_KDA_KEYS", raising=False)
-    assert kda_keys_for("kda", None) == "raw" and kda_keys_for("gdn", None) == "raw"
+    assert kda_keys_for("kda", None) == "predecayed"
+    assert kda_keys_for("kda", 4) == "raw" and kda_keys_for("gdn", None) == "raw"
+    monkeypatch.setenv("REPLAYSSM_KDA_KEYS", "raw")
+    assert kda_keys_for("kda", None) == "raw"
     monkeypatch.setenv("REPLAYSSM_KDA_KEYS", "predecayed")
     assert kda_keys_for("kda", None) == "predecayed"
     for kind, spec_T in (("kda", 4), ("gdn", None)):

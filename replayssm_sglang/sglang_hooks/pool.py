@@ -534,17 +534,19 @@ class ReplayPool:
 
 
 def kda_keys_for(kind: str, spec_T: int | None) -> str:
-    """The KDA key records a pool gets: "raw" by default; REPLAYSSM_KDA_KEYS=predecayed (k_j e^{-G_j}: decode reads
-    no per-(record, K) gate) for a KDA model without speculative decoding (the verify kernels read raw keys).
-    Opt-in because it measured no faster end to end (H200, 2026-11-30, docs/benchmarks.md): the pre launch is 16 us
-    faster per layer-step in the server, but the main launch's plain step 41 us slower there."""
+    """The KDA key records a pool gets: "predecayed" (k_j e^{-G_j}: decode reads no per-(record, K) gate) for a KDA
+    model without speculative decoding, "raw" with it (the verify kernels read raw keys) and for GDN.
+    REPLAYSSM_KDA_KEYS=raw forces raw keys; =predecayed is refused where it cannot run. Measured on the H200
+    (2026-11-30, docs/benchmarks.md, tiny Kimi-Linear at B = 256): 1.251x conventional end to end against 1.224x /
+    1.229x with raw keys (other calls of the same session); kernel split 207.3 -> 196.6 us per layer-step."""
     env = os.environ.get("REPLAYSSM_KDA_KEYS", "").strip()
     if env and env not in ringmod.KDA_KEYS:
         raise ValueError(f"REPLAYSSM_KDA_KEYS must be one of {', '.join(ringmod.KDA_KEYS)}, got {env!r}")
-    if env == "predecayed" and (kind != "kda" or spec_T):
+    auto = "predecayed" if kind == "kda" and not spec_T else "raw"
+    if env == "predecayed" and auto != "predecayed":
         raise ValueError("REPLAYSSM_KDA_KEYS=predecayed needs a KDA model without speculative decoding "
                          "(GDN has no per-K gates; the verify kernels read raw keys): unset it")
-    return env or "raw"
+    return env or auto
 
 
 def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_interval: int | None = None,
