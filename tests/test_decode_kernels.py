@@ -929,6 +929,18 @@ def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
     assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
 
 
+def test_predecayed_kda_keys_ring_idx(monkeypatch):
+    """Predecayed keys on a ring keyed by request row (the server's): the rebase and row-flush flags are per ring row,
+    padded rows by either index touch none of them."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    hz = Harness("kda", B=4, H=2, HV=2, K=32, V=16, L=6, seed=64, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
+                 fold="dot3", ring_idx=True, kda_keys="predecayed")
+    st = hz.run(12)
+    assert st["rebase"] > 0 and st["padded"] > 0, st
+
+
 def test_predecayed_kda_keys_default_threshold():
     """At the shipped threshold the random gates never cross it: a full window of appends (L = 16) and flushes."""
     hz = Harness("kda", B=3, H=2, HV=2, K=32, V=16, L=16, seed=62, p_forced=0.05, impl="v3", fold="dot3",
