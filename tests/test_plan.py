@@ -219,6 +219,9 @@ def test_small_kda(tmp_path, capsys):
     assert lay["record_bytes"] == 256 + 128
     # decode: 1024 + 256 + 1.5*384 + 384 = 2240
     assert lay["replayssm_decode_bytes_per_token"] == 2240
+    # predecayed keys (the server's KDA default): the 1.5 records read carry no gate (256 each), the 3 steps of 4
+    # that hold records read the last record's gate (128): 1024 + 256 + 1.5*256 + 0.75*128 + 384 = 2144
+    assert lay["replayssm_decode_bytes_per_token_predecayed"] == 2144
     # conv: (4*8 + 2*4*8) = 96 channels * 3 * 2 B
     assert lay["conv_bytes"] == 96 * 3 * 2
 
@@ -304,6 +307,10 @@ def test_kimi_linear_48b_shape(capsys):
     assert d["per_request"]["replayssm_decode_bytes_per_token"] == 20 * (S + S // 16 + 8.5 * R)
     # device-facts.md: about 1.59x with the per-K gate in every record
     assert round(d["per_request"]["decode_ceiling_speedup"], 2) == 1.59
+    # predecayed keys: records read without their gate, the last record's gate read on 15 steps of 16
+    Gb = 32 * 128 * 4
+    assert d["per_request"]["replayssm_decode_bytes_per_token_predecayed"] == 20 * (
+        S + S // 16 + 7.5 * (R - Gb) + 15 / 16 * Gb + R)
 
 
 def test_text_output_mentions_capacity(tmp_path, capsys):
