@@ -226,7 +226,7 @@ def replay_decode_v2_post_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None,
-    PRED: tl.constexpr = False,
+    PRED: tl.constexpr = False, HVP: tl.constexpr = 1,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
@@ -254,12 +254,15 @@ def replay_decode_v2_post_kernel(
             h_new = tl.where(ov, 0, h_new)
             tl.store(p_f + HV, 0)
             o_k = tl.arange(0, BK)
-            for hv in range(HV):  # (KDA: key head hv is value head hv)
-                if tl.load(p_f + hv) != 0:
-                    for j in range(h_old):
-                        tl.store(ring_k + ((rrow * HK + hv) * CAP + j) * K + o_k,
-                                 tl.zeros([BK], dtype=tl.float32).to(ring_k.dtype.element_ty), mask=o_k < K)
-                    tl.store(p_f + hv, 0)
+            o_h = tl.arange(0, HVP)
+            # all head flags in one load: the loop below runs only on the (rare) rows with a rebased head
+            if tl.max(tl.load(p_f + o_h, mask=o_h < HV, other=0), 0) != 0:
+                for hv in range(HV):  # (KDA: key head hv is value head hv)
+                    if tl.load(p_f + hv) != 0:
+                        for j in range(h_old):
+                            tl.store(ring_k + ((rrow * HK + hv) * CAP + j) * K + o_k,
+                                     tl.zeros([BK], dtype=tl.float32).to(ring_k.dtype.element_ty), mask=o_k < K)
+                        tl.store(p_f + hv, 0)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
         if HAS_RC:
