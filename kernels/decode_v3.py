@@ -37,6 +37,9 @@ records); bf16 states stayed below conventional when last measured (docs/design.
 
 Options (``launch``; unset ones come from V3_TUNED): ``fold`` "loop" / "chunked" / "dot" / "dot3" (V3_FOLDS),
 ``pipe_stages`` (the software-pipelined tile read), ``chunk_bytes`` / ``fold_bytes`` (K-chunk widths).
+KDA rings with predecayed key records (``Ring.kda_keys``, docs/design.md "Pre-decayed KDA keys"; PRED in the kernels):
+records hold k_j e^{-G_j}, the pre launch reads no gate records, folds decay all records by one e^{G_f}; a head whose
+G would pass ring.PREDECAYED_MIN_G is rebased alone (main folds it through the token, post zeroes its key records).
 A ring with a read copy (``Ring.rc``, issue 7, ``--linear-replayssm-read-dtype``): rows that do not write their
 checkpoint read the bf16 / fp8 copy instead of the checkpoint; a flush writes both copies from the same fold
 (in K chunks; fp8 not with the dot folds); a row
@@ -300,9 +303,10 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
                 IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
                 HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, PRED: tl.constexpr = False):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
-    this token's u_add k^T when ``flush``: the fold takes this token, a flush or a rebased head), stored in place, and its bf16 read copy at p_rc; returns the fp8 read copy's
-    running row max |S|. G_f: GDN's fold decay (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d:
-    the dot folds' [BV, BCD] decayed corrections and ring positions (FOLD_DOT)."""
+    this token's u_add k^T when ``flush``, i.e. when the fold takes this token: a flush or a rebased head), stored in
+    place, and its bf16 read copy at p_rc; returns the fp8 read copy's running row max |S|. G_f: GDN's fold decay
+    (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d: the dot folds' [BV, BCD] decayed corrections
+    and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
     mk = o_kc < K
     m_c = mask_v[:, None] & mk[None, :]
@@ -558,7 +562,8 @@ def _main_tile(
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold | rebase) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
-        # launch appended nothing for these rows, so the ring holds exactly the h_old committed records
+        # launch appended nothing for these rows (a rebased head's zero record lies at h_old, past the h_old
+        # committed records folded here)
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
         base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
         C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits

@@ -984,7 +984,8 @@ def test_predecayed_kda_keys_refused():
 @pytest.mark.parametrize("min_g", [None, -10.0])
 def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
     """Predecayed KDA keys at real head sizes through the server's path (impl auto: v3 with its tuned defaults,
-    PDL, w1 at window 1), fp32 state and records, against float64; min_g -10: threshold flushes on real shapes (at -20 none came in 26 steps)."""
+    PDL, w1 at window 1), fp32 state and records, against float64; min_g -10: head rebases on real shapes (at -20
+    no row crossed in 26 steps)."""
     from replayssm_sglang.kernels import decode_v3
 
     if min_g is not None:
