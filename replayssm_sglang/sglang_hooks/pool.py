@@ -223,8 +223,8 @@ class ReplayPool:
     # KDA key records (ring.Ring.kda_keys): "predecayed" (k_j e^{-G_j}) where every kernel that reads this pool's
     # records supports it (decode v3 and w1, the glue's folds); "raw" otherwise (kda_keys_for). ovf [layers, rows,
     # HV + 1] int32: decode v3's threshold flags (per head: rebase; last column: row flush; 0 between launches), used
-    # by predecayed pools; allocated for
-    # every KDA pool, so that the bytes patch 0005 charges per row (ring_bytes_per_row) do not depend on it.
+    # by predecayed pools; allocated for every KDA pool, so that the bytes patch 0005 charges per row
+    # (ring_bytes_per_row) do not depend on the layout.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
 
@@ -370,14 +370,12 @@ class ReplayPool:
         if self.kda_keys == "predecayed":
             # the records hold k_j e^{-G_j}: decay them by e^{G_ref} alone, in two halves (decode_v3._pre_row)
             e_h = torch.exp(0.5 * G_ref)[:, :, None, :]
-            w = torch.where(valid[:, None, :, None], e_h, torch.zeros_like(G))
-            kk = kk * w * e_h
-            w = torch.ones_like(w)
+            kw = torch.where(valid[:, None, :, None], kk * e_h * e_h, torch.zeros((), dtype=acc, device=G.device))
         else:
-            w = torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
+            kw = kk * torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
         uu = torch.where(valid[:, None, :, None], self.u[li, r].to(acc), torch.zeros((), dtype=acc, device=G.device))
         C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
-        return C + torch.einsum("nhjv,nhjk->nhvk", uu, kk * w)
+        return C + torch.einsum("nhjv,nhjk->nhvk", uu, kw)
 
     def fold_(self, temporal: torch.Tensor, slots, rows=None) -> None:
         """Fold every committed record of ring rows ``rows`` into the checkpoints of ``slots`` (pairwise:
