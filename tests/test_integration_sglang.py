@@ -193,12 +193,19 @@ def extend_metadata(rtp, req_rows, extend_lens, mode="MIXED", original_batch_siz
 # --- allocation and budget -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind):
-    """The ring has one row per request row (SGLang's req_to_token rows: size + the padding row), not
-    one per mamba slot; allocation, the per-row charge and mem_usage agree."""
+def test_pool_holds_our_ring_not_upstreams_and_counts_it(sg, kind, caplog):
+    """The ring has one row per request row (SGLang's req_to_token rows: size + the padding
+    row), not one per mamba slot; allocation, the per-row charge and mem_usage agree; the server log says what
+    was allocated."""
+    import logging
+
     from replayssm_sglang.sglang_hooks import pool as P
 
-    rtp = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12)
+    with caplog.at_level(logging.INFO, logger="replayssm_sglang.sglang_hooks.pool"):
+        rtp = hybrid_pool(sg, kind, layers=(3, 7), size=4, mamba_size=12)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ReplaySSM ring:")]
+    assert len(said) == 1 and f"{kind.upper()}, 2 linear layers x 5 request rows, L={L}" in said[0], said
+    assert ("KDA keys predecayed" in said[0]) == (kind == "kda"), said
     mp = rtp.mamba_pool
     rp = mp.replayssm_pool
     assert rp is not None and rp.kind == kind and rp.keyed_by == "request"

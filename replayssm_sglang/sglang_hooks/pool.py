@@ -52,6 +52,7 @@ paths only).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ import torch
 
 from replayssm_sglang import precision
 from replayssm_sglang import ring as ringmod
+
+_log = logging.getLogger(__name__)
 
 READ_DTYPES = precision.READ_DTYPES
 _READ_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
@@ -590,6 +593,9 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
         pool.dropped_intermediate_bytes = layers * (int(spec_state_size or 0) + 1) * int(spec_T) * per_draft
     if hasattr(mamba_pool, "mem_usage"):
         mamba_pool.mem_usage += pool.nbytes() / (1 << 30)
+    _log.info("ReplaySSM ring: %s, %d linear layers x %d request rows, L=%d, records %s, read copy %s%s, %.2f GB",
+              lay.kind.upper(), layers, int(req_rows), lay.L, str(pool.k.dtype).replace("torch.", ""),
+              pool.read_dtype, f", KDA keys {pool.kda_keys}" if lay.kind == "kda" else "", pool.nbytes() / 1e9)
     return pool
 
 
