@@ -82,10 +82,10 @@ class Scenario:
         s = f"{self.op} {self.kind} state={self.state} rec={self.rec} read={self.read}"
         if self.op == "decode":
             s += f" L={self.L} impl={self.impl} forced={self.forced}"
-        if self.kda_keys != "raw":
-            s += f" keys={self.kda_keys}"
         else:
             s += f" T={T_VERIFY}"
+        if self.kda_keys != "raw":
+            s += f" keys={self.kda_keys}"
         if self.lower_bound is not None:
             s += f" lower_bound={self.lower_bound}"
         return s

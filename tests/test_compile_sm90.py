@@ -80,3 +80,22 @@ def test_resident_programs_estimate():
     # 246 x 8 warps: 1 by registers; 255 x 4: 2 by registers; 32 regs, 1 warp: 32 by the block limit; 40 x 8 warps:
     # 6 by registers (65536 / (40 x 256)); 64 regs with 100000 B of shared memory: 2 by shared memory
     assert out.stdout.split() == ["19", "12", "1", "2", "32", "6", "2"]
+
+
+def test_scenario_labels():
+    """Each server scenario's label names what it is (the --scenarios filter and the report key on it): decode
+    scenarios their window and no verify T, verify scenarios their T, KDA key layouts other than raw theirs; no
+    two scenarios share a label."""
+    code = ("import json, compile_configs as C; print(json.dumps([s.label for s in C.server_scenarios()]))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    labels = json.loads(out.stdout)
+    assert len(set(labels)) == len(labels)
+    for lab in labels:
+        if lab.startswith("decode"):
+            assert " L=" in lab and " T=" not in lab, lab
+        else:
+            assert lab.startswith("verify") and lab.endswith((" T=4", "lower_bound=-5.0")) and " T=4" in lab, lab
+    assert sum("keys=predecayed" in lab for lab in labels) == 4
