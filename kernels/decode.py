@@ -498,7 +498,7 @@ def replay_decode(
         raise ValueError(f"impl='w1' is the window-1 decode (L=1), called with L={L}")
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
-    if getattr(ring, "predecayed", False) and impl not in ("v3", "w1"):
+    if ring.predecayed and impl not in ("v3", "w1"):
         raise ValueError(f"a ring with predecayed KDA keys (kda_keys='predecayed') runs impl 'auto', 'v3' or 'w1', "
                          f"not {impl!r}")
     if impl != "v3" and fold is None:

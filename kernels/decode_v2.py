@@ -44,13 +44,13 @@ from replayssm_sglang.kernels.decode import (_decode_rule, _decode_rule_rc, _loa
 def _fold_one(S, j, h_old, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
               V: tl.constexpr, K: tl.constexpr, GK: tl.constexpr, IS_KDA: tl.constexpr, PRED: tl.constexpr = False):
     """S + u_j (k_j exp(G_f - G_j))^T for record j (nothing when j >= h_old). PRED (KDA records k_j e^{-G_j},
-    ring.kda_keys "predecayed"): the record already carries e^{-G_j}, so G_j is taken as 0 and not read."""
+    ring.kda_keys "predecayed"): the record already carries e^{-G_j}; G_f is then e^{G_f / 2} (computed once by
+    _fold_records), applied twice (see decode_v3._pre_row), and G_j is not read."""
     ok = h_old > j
     u_j = tl.load(base_u + j * V + o_v, mask=mask_v & ok, other=0).to(tl.float32)
     k_j = tl.load(base_k + j * K + o_k, mask=mask_k & ok, other=0).to(tl.float32)
     if PRED:
-        e_h = tl.where(ok, tl.exp(0.5 * G_f), 0.0)  # e^{G_f} in two halves (see decode_v3._pre_row)
-        k_j = k_j * e_h * e_h
+        k_j = k_j * G_f * G_f  # (k_j is 0 past h_old)
     else:
         if IS_KDA:
             g_j = tl.load(base_g + j * GK + o_k, mask=mask_k & ok, other=0)
@@ -72,12 +72,16 @@ def _fold_records(C, G_f, n, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k,
         S = C * tl.exp(G_f)[None, :]
     else:
         S = C * tl.exp(G_f)
+    if PRED:
+        w = tl.exp(0.5 * G_f)  # every predecayed record's weight is e^{G_f}: computed once, not per record
+    else:
+        w = G_f
     if UNROLL:
         for j in tl.static_range(CAP):
-            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
+            S = _fold_one(S, j, n, w, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
     else:
         for j in range(n):
-            S = _fold_one(S, j, n, G_f, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
+            S = _fold_one(S, j, n, w, base_u, base_k, base_g, o_v, o_k, mask_v, mask_k, V, K, GK, IS_KDA, PRED)
     return S
 
 

@@ -724,7 +724,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
     if has_rc and h_rows is not None:
         raise ValueError("h_rows with a read copy: the caller would advance h without the stale-copy flushes")
-    pred = kind == "kda" and getattr(ring, "predecayed", False)
+    pred = ring.predecayed  # (a KDA ring: RingLayout.allocate refuses it for GDN)
     if pred and (h_rows is not None or not advance_h):
         # the post launch advances h by the flags the pre launch raised (and clears them); a caller-owned h would not
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")

@@ -140,7 +140,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         H=lay.H, HV=HV, HK=lay.HK, GK=1 if kind == "gdn" else K, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV,
         NPROG=NV * HV, IS_KDA=(kind == "kda"), USE_LOWER_BOUND=lower_bound is not None,
-        HAS_RING_IDX=ring_idx is not None, PRED=kind == "kda" and getattr(ring, "predecayed", False),
+        HAS_RING_IDX=ring_idx is not None, PRED=ring.predecayed,
         num_warps=num_warps or W1_CONFIG[1], num_stages=1,
     )
     if ring.rc is not None:
