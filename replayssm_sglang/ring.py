@@ -130,7 +130,8 @@ class RingLayout:
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
             arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
             rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
-            ovf=torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed" else None,
+            ovf=(torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed"
+                 else None),
         )
 
 
@@ -138,9 +139,9 @@ KDA_KEYS = ("raw", "predecayed")
 # predecayed KDA keys: the lowest cumulative log-decay G a ring record may carry (k_j e^{-G_j} <= e^{80} |k_j| ~
 # 5.5e34, under fp32's 3.4e38 ~ e^{88.7}; readers apply e^{G_t} in two halves, e^{G_t/2} twice, so no product leaves
 # fp32's range; the relative error of e^{-G_j} e^{G_t} against e^{G_t - G_j} is ~|G| log2(e) 2^-24, <= ~7e-6).
-# A row one of whose channels passes it within a window flushes there (docs/design.md, "Pre-decayed KDA keys": in
-# the tiny Kimi-Linear model with random inputs, 0-1% of the rows of a layer do within 16 steps at -80, 8-34% at
-# -60, which staggers their cursors).
+# A head one of whose channels would pass it is rebased alone (see Ring.kda_keys). How often: on the tiny Kimi-Linear
+# model's own decode trajectories 60% of (layer, row, 16-step window) triples pass -80, 98% pass -60
+# (benchmarks/results/gate-probe-kda-20261130-2153.json; docs/design.md, "Pre-decayed KDA keys").
 PREDECAYED_MIN_G = -80.0
 
 
