@@ -118,6 +118,9 @@ def server_scenarios() -> list[Scenario]:
     for read in ("same", "bf16"):
         for L in (1, L_RING):
             out.append(Scenario("decode", "kda", "fp32", "fp32", read, L, kda_keys="predecayed"))
+    # a longer window (--linear-replayssm-cache-len 32): the ring's record tiles double (BC 16 -> 32)
+    out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", 2 * L_RING))
+    out.append(Scenario("decode", "kda", "fp32", "fp32", "same", 2 * L_RING, kda_keys="predecayed"))
     return out
 
 
@@ -197,7 +200,8 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
     GK = 1 if sc.kind == "gdn" else K
     B, slots, rows = 2, 3, 4
     T = T_VERIFY if sc.op == "verify" else 1
-    lay = ringmod.RingLayout.for_layer(sc.kind, L=L_RING, H=H, HV=HV, K=K, V=V, T_max=T_VERIFY)
+    ring_L = sc.L if sc.op == "decode" and sc.L > 1 else L_RING  # the ring holds the decode window
+    lay = ringmod.RingLayout.for_layer(sc.kind, L=ring_L, H=H, HV=HV, K=K, V=V, T_max=T_VERIFY)
     ring = lay.allocate(rows, record_dtype=DTYPE[sc.rec], read_dtype=sc.read, kda_keys=sc.kda_keys)
     state = torch.zeros(slots, HV, V, K, dtype=DTYPE[sc.state])
     N = B * T
