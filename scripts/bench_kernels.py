@@ -329,6 +329,12 @@ SPLIT_ARMS = {
     # KDA only: predecayed key records (no per-(record, K) gate read or exponentiated; ring.Ring.kda_keys)
     "v3_r32_pred": (torch.float32, None, dict(kda_keys="predecayed")),
     "v3_rc_bf16_pred": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed")),
+    # session 13: the options timed on raw keys (fold pipelined, two heads per program), now on predecayed keys,
+    # and the tile read in 64-byte chunks (8 stages' worth of a 512-byte row; the default is 128)
+    "v3_r32_pred_fp3": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_pipe_stages=3))),
+    "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
+    "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
+    "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
 }
 
 

@@ -929,6 +929,20 @@ def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
     assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
 
 
+@pytest.mark.parametrize("opts", [dict(fold_pipe_stages=3), dict(heads_per_program=2), dict(chunk_bytes=64)])
+def test_predecayed_kda_keys_v3_opts(opts, monkeypatch):
+    """The launch options the kernel split times on predecayed keys (scripts/bench_kernels.py, SPLIT_ARMS
+    v3_r32_pred_*): the pipelined fold loop, two value heads per program, the tile read in 64-byte chunks, with
+    rebases and row flushes against float64."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    hz = Harness("kda", B=4, H=2, HV=2, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
+                 fold="dot3", kda_keys="predecayed", v3_opts=dict(opts, pipe_stages=3, fold_bytes=64))
+    st = hz.run(14)
+    assert st["rebase"] > 0 and st["ovf"] > 0, st
+
+
 def test_predecayed_kda_keys_ring_idx(monkeypatch):
     """Predecayed keys on a ring keyed by request row (the server's): the rebase and row-flush flags are per ring row,
     padded rows by either index touch none of them."""
