@@ -297,6 +297,20 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
+def _whole_tile_dots(C, p_x, o_k, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
+                     H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """(C q~, C k~) [BV] of a [BV, BK] tile already in registers (ONE_READ); the same products as _tile_dots."""
+    m = o_k < K
+    q_in = tl.load(p_x + o_k, mask=m, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=m, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    q, k = _qk_tilde(p_x, o_k, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H, K, IS_KDA,
+                     USE_LOWER_BOUND)
+    return tl.sum(C * q[None, :], 1) * s_q, tl.sum(C * k[None, :], 1) * s_k
+
+
+@triton.jit
 def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
                 base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
@@ -364,6 +378,7 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
+    ONE_READ: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -371,6 +386,7 @@ def replay_decode_v3_kernel(
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
+    tl.static_assert(not ONE_READ or (not FOLD_CHUNKED and not HAS_RC), "ONE_READ keeps the whole tile: fold 'loop'")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
@@ -378,7 +394,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED)
+                   FOLD_PIPE, ovf, PRED, ONE_READ)
 
 
 @triton.jit
@@ -397,6 +413,7 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
+    ONE_READ: tl.constexpr = False,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -444,7 +461,13 @@ def _main_tile(
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    if from_rc:
+    if ONE_READ:
+        # the whole [BV, K] checkpoint tile loaded once and kept: a checkpoint-writing row folds this copy instead
+        # of re-reading the tile (session 13's probe of a one-read checkpoint step, opt-in ``one_read``)
+        C_one = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)
+        Cq, Ck = _whole_tile_dots(C_one, p_xq, o_k, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale,
+                                  lower_bound, H, K, IS_KDA, USE_LOWER_BOUND)
+    elif from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     else:
@@ -566,7 +589,10 @@ def _main_tile(
         # committed records folded here)
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
         base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-        C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
+        if ONE_READ:
+            C = C_one
+        else:
+            C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
         k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA,
@@ -642,7 +668,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, one_read=False):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -668,7 +694,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
     read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
-    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
+    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)
+    one_read (fold "loop", no read copy; opt-in, not yet timed): the main launch loads its whole [BV, K] checkpoint
+    tile once and keeps it, so a checkpoint-writing row folds that copy instead of reading the tile a second time;
+    with several warps per program (num_warps) the tile's registers are spread over them. Session 13's probe of
+    whether a checkpoint step can stream the state once, at the conventional kernel's rate."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -730,6 +760,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
+    if one_read and (fold != "loop" or has_rc):
+        raise ValueError(f"one_read keeps the whole checkpoint tile for the record-loop fold: it needs fold='loop' "
+                         f"and no read copy (got fold={fold!r}, read copy {has_rc})")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies"); every
@@ -767,6 +800,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
+            ONE_READ=bool(one_read),
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

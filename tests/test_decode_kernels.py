@@ -943,6 +943,30 @@ def test_predecayed_kda_keys_v3_opts(opts, monkeypatch):
     assert st["rebase"] > 0 and st["ovf"] > 0, st
 
 
+@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
+def test_v3_one_read(kind, keys, monkeypatch):
+    """one_read (the whole checkpoint tile loaded once and folded from registers) against float64: flushes,
+    forced flushes, pre-folds, padded rows, and for predecayed keys rebases and row flushes."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    hz = Harness(kind, B=4, H=2 if kind == "kda" else 1, HV=2, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2),
+                 p_forced=0.05, impl="v3", fold="loop", kda_keys=keys, v3_opts=dict(one_read=True))
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
+    if keys == "predecayed":
+        assert st["rebase"] > 0 and st["ovf"] > 0, st
+
+
+@pytest.mark.parametrize("fold,read_dtype", [("dot3", "same"), ("loop", "bf16")])
+def test_v3_one_read_refused(fold, read_dtype):
+    """one_read keeps the whole tile for the record-loop fold: other folds and read copies are refused by name."""
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold=fold, read_dtype=read_dtype,
+                 v3_opts=dict(one_read=True))
+    with pytest.raises(ValueError, match="one_read"):
+        hz.run(1)
+
+
 def test_predecayed_kda_keys_ring_idx(monkeypatch):
     """Predecayed keys on a ring keyed by request row (the server's): the rebase and row-flush flags are per ring row,
     padded rows by either index touch none of them."""
