@@ -378,23 +378,59 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
-    ONE_READ: tl.constexpr = False,
+    ONE_READ: tl.constexpr = False, SKIP_CKPT: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
-    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache."""
+    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache.
+    SKIP_CKPT (opt-in ``ckpt_launch``): the rows whose step writes their checkpoint by the decode rule (flush or
+    pre-fold) are left to replay_decode_v3_ckpt_kernel."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
     tl.static_assert(not ONE_READ or (not FOLD_CHUNKED and not HAS_RC), "ONE_READ keeps the whole tile: fold 'loop'")
+    tl.static_assert(not SKIP_CKPT or (not HAS_RC and not HAS_H_ROWS), "ckpt_launch: no read copy, no h_rows")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
                    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
-                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED, ONE_READ)
+                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX,
+                   rc_valid, FOLD_PIPE, ovf, PRED, ONE_READ, SKIP_CKPT)
+
+
+@triton.jit
+def replay_decode_v3_ckpt_kernel(
+    mixed_qkv, a, b, A_log, dt_bias, out, state,
+    ring_u, ring_k, ring_g, ring_h, slot_idx, forced, ring_idx, coef, scal,
+    scale, lower_bound, L,
+    stride_qkv, stride_a, stride_b, stride_slot,
+    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, BC: tl.constexpr, BCD: tl.constexpr,
+    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
+    HAS_RING_IDX: tl.constexpr, ovf, PRED: tl.constexpr, GROUPS: tl.constexpr,
+):
+    """The checkpoint launch (opt-in ``ckpt_launch``): grid (GROUPS, B), a program per row and group of value heads
+    that returns at once unless its row writes its checkpoint this step by the decode rule (flush or pre-fold), and
+    otherwise runs every V-tile of its heads one after the other with _main_tile's code, reading each tile once
+    (ONE_READ, fold "loop"). The main launch skips those rows (SKIP_CKPT). The predecayed keys' head rebases and ovf
+    row flushes (raised by the pre launch for other rows) stay in the main launch. No read copy, no h_rows."""
+    i_n = tl.program_id(1)
+    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
+    h0 = tl.load(ring_h + tl.maximum(rrow, 0)).to(tl.int32)  # (a padded row's ring row is -1: not used)
+    pf, _, fl, _ = _decode_rule_rc(h0, forced, i_n, L, HAS_FORCED, forced, rrow, False)
+    if (slot >= 0) & ((pf | fl) != 0):
+        for hv in tl.range(tl.program_id(0), HV, GROUPS):
+            for i_v in tl.range(0, tl.cdiv(V, BV)):
+                _main_tile(i_v, i_n, hv,
+                           mixed_qkv, a, b, A_log, dt_bias, out, state,
+                           ring_u, ring_k, ring_g, ring_h, slot_idx, slot_idx, forced, ring_idx, coef, scal, state,
+                           scal, scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
+                           H, HV, HK, GK, K, V, CAP, BK, BV, BC, BK, IS_KDA, HAS_FORCED, False,
+                           USE_LOWER_BOUND, False, False, False, False, "ieee", BCD, 0, 16,
+                           False, HAS_RING_IDX, forced, 0, ovf, PRED, True, False)
 
 
 @triton.jit
@@ -413,7 +449,7 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    ONE_READ: tl.constexpr = False,
+    ONE_READ: tl.constexpr = False, SKIP_CKPT: tl.constexpr = False,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -451,6 +487,11 @@ def _main_tile(
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     if not HAS_H_ROWS:
         h_old = tl.load(ring_h + rrow).to(tl.int32)
+    if SKIP_CKPT:
+        # the checkpoint launch takes this row's step (the tile read below then waits for h)
+        pfs, _, fls, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
+        if (pfs | fls) != 0:
+            return
     p_x = mixed_qkv + i_n * stride_qkv
     p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
@@ -668,7 +709,8 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, one_read=False):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, one_read=False,
+           ckpt_launch=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -698,7 +740,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     one_read (fold "loop", no read copy; opt-in, not yet timed): the main launch loads its whole [BV, K] checkpoint
     tile once and keeps it, so a checkpoint-writing row folds that copy instead of reading the tile a second time;
     with several warps per program (num_warps) the tile's registers are spread over them. Session 13's probe of
-    whether a checkpoint step can stream the state once, at the conventional kernel's rate."""
+    whether a checkpoint step can stream the state once, at the conventional kernel's rate.
+    ckpt_launch (opt-in, not yet timed): ``(BV, num_warps, groups)`` of a launch of its own for the rows whose step
+    writes their checkpoint (flush or pre-fold by the decode rule): the main launch returns for those rows before
+    its tile read, and the checkpoint launch (grid (groups, B): a program per row and group of value heads, so that
+    it returns within one wave on the steps where no row writes) runs them with the one-read fold. No read copy,
+    no h_rows."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -760,6 +807,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
+    if ckpt_launch is not None:
+        if has_rc or h_rows is not None:
+            raise ValueError("ckpt_launch is built for a ring without a read copy and with the launch's own h "
+                             "(no h_rows)")
+        if len(ckpt_launch) != 3 or min(int(x) for x in ckpt_launch) < 1:
+            raise ValueError(f"ckpt_launch is (BV, num_warps, groups) of positive ints, got {ckpt_launch!r}")
     if one_read and (fold != "loop" or has_rc):
         raise ValueError(f"one_read keeps the whole checkpoint tile for the record-loop fold: it needs fold='loop' "
                          f"and no read copy (got fold={fold!r}, read copy {has_rc})")
@@ -800,9 +853,22 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
-            ONE_READ=bool(one_read),
+            ONE_READ=bool(one_read), SKIP_CKPT=ckpt_launch is not None,
             **common, **_pdl_kw(pdl),
         )
+        if ckpt_launch is not None:
+            cbv, cnw, cng = (int(x) for x in ckpt_launch)
+            cbv = max(16, min(triton.next_power_of_2(cbv), triton.next_power_of_2(V)))
+            replay_decode_v3_ckpt_kernel[(min(cng, HV), B)](
+                mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+                ring.u, ring.k, ring.g, ring.h, slot_idx, f, ri, coef, scal,
+                float(scale), lb, L,
+                mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+                H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=cbv, BC=BC, BCD=max(16, BC),
+                IS_KDA=(kind == "kda"), HAS_FORCED=forced is not None, USE_LOWER_BOUND=lower_bound is not None,
+                HAS_RING_IDX=ring_idx is not None, ovf=ring.ovf if pred else None, PRED=pred, GROUPS=min(cng, HV),
+                num_warps=cnw, num_stages=1,
+            )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,

@@ -346,6 +346,14 @@ SPLIT_ARMS = {
                                   dict(v3_fold="loop", v3_opts=dict(one_read=(tag == "1r")),
                                        **({"kda_keys": "predecayed"} if r == "pred" else {})))
        for r in ("r32", "pred") for tag in ("1r", "loop") for bv, nw in ((32, 1), (32, 2), (32, 4), (64, 4))},
+    # session 13, not yet timed: the checkpoint launch of its own (decode_v3 ckpt_launch = (BV, warps, groups)) beside
+    # the tuned main launch, which skips the rows that write their checkpoint; the split shows
+    # replay_decode_v3_ckpt_kernel apart: its cost on the 15 steps that write nothing (early exits) and on the one
+    # that writes every checkpoint, and the main launch's on both
+    **{f"v3_{r}_ck{bv}x{nw}g{ng}": (torch.float32, None,
+                                     dict(v3_opts=dict(ckpt_launch=(bv, nw, ng)),
+                                          **({"kda_keys": "predecayed"} if r == "pred" else {})))
+       for r in ("r32", "pred") for bv, nw, ng in ((32, 4, 1), (32, 4, 4), (64, 8, 1), (64, 4, 2))},
 }
 
 

@@ -121,6 +121,10 @@ def server_scenarios() -> list[Scenario]:
     for read in ("same", "bf16"):
         for L in (1, L_RING):
             out.append(Scenario("decode", "kda", "fp32", "fp32", read, L, kda_keys="predecayed"))
+    # decode v3's opt-in checkpoint launch (ckpt_launch; a benchmark option, compiled so that it cannot rot)
+    out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", L_RING, impl="v3", v3=(("ckpt_launch", (32, 4, 1)),)))
+    out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, impl="v3", kda_keys="predecayed",
+                        v3=(("ckpt_launch", (32, 4, 1)),)))
     # a longer window (--linear-replayssm-cache-len 32): the ring's record tiles double (BC 16 -> 32)
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", 2 * L_RING))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", 2 * L_RING, kda_keys="predecayed"))
@@ -130,7 +134,8 @@ def server_scenarios() -> list[Scenario]:
 def probe_scenarios() -> list[Scenario]:
     """Benchmark configurations that the server does not launch (``--probes``), compiled to read their resources
     before GPU time is spent on them: session 13's one-read checkpoint step (decode_v3 ``one_read``, fold "loop",
-    the whole tile per program over 1-4 warps), GDN and KDA with predecayed keys."""
+    the whole tile per program over 1-4 warps) and the checkpoint launch of its own (``ckpt_launch``), GDN and KDA
+    with predecayed keys."""
     out = []
     for kind, keys in (("gdn", "raw"), ("kda", "predecayed")):
         for bv, nw in ((32, 1), (32, 2), (32, 4), (64, 4)):
@@ -138,6 +143,10 @@ def probe_scenarios() -> list[Scenario]:
                 out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
                                     v3=(("block_v", bv), ("num_warps", nw), ("fold", "loop"),
                                         ("one_read", one_read))))
+        # the checkpoint launch of its own (ckpt_launch = (BV, warps, groups)) beside the tuned main launch
+        for ck in ((32, 4, 1), (64, 4, 1), (64, 8, 1), (32, 4, 4)):
+            out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
+                                v3=(("ckpt_launch", ck),)))
     return out
 
 

@@ -958,6 +958,41 @@ def test_v3_one_read(kind, keys, monkeypatch):
         assert st["rebase"] > 0 and st["ovf"] > 0, st
 
 
+@pytest.mark.parametrize("kind,keys,ring_idx,cfg", [("gdn", "raw", False, (16, 4, 1)), ("gdn", "raw", True, (16, 2, 2)),
+                                                   ("kda", "raw", False, (16, 4, 2)),
+                                                   ("kda", "predecayed", True, (16, 4, 1))])
+def test_v3_ckpt_launch(kind, keys, ring_idx, cfg, monkeypatch):
+    """ckpt_launch: the rows whose step writes their checkpoint (flushes, forced flushes, pre-folds after a window
+    switch) run in a launch of their own (one program per row and group of heads, one-read fold) and the main launch
+    skips them; every output, state and record against float64, padded rows and rings keyed by request row
+    included; with predecayed keys the main launch keeps the head rebases and ovf row flushes."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    H, HV = (2, 2) if kind == "kda" else (2, 4)  # GDN: two value heads per key head, two groups of two heads
+    hz = Harness(kind, B=4, H=H, HV=HV, K=32, V=32, L=6, seed=61, windows=(6, 6, 6, 2),
+                 p_forced=0.1, impl="v3", kda_keys=keys, ring_idx=ring_idx, v3_opts=dict(ckpt_launch=cfg))
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["forced"] > 0 and st["padded"] > 0, st
+    if keys == "predecayed":
+        assert st["rebase"] > 0, st
+
+
+@pytest.mark.parametrize("opts", [dict(ckpt_launch=(16, 4)), dict(ckpt_launch=(16, 0, 1)),
+                                  dict(ckpt_launch=(16, 4, 1), h_rows=True)])
+def test_v3_ckpt_launch_refused(opts):
+    """ckpt_launch's shape is checked, and a read copy or the caller's h is refused by name."""
+    opts = dict(opts)
+    h_rows = opts.pop("h_rows", False)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=opts, h_rows=h_rows)
+    with pytest.raises(ValueError, match="ckpt_launch"):
+        hz.run(1)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", read_dtype="bf16",
+                 v3_opts=dict(ckpt_launch=(16, 4, 1)))
+    with pytest.raises(ValueError, match="ckpt_launch"):
+        hz.run(1)
+
+
 @pytest.mark.parametrize("fold,read_dtype", [("dot3", "same"), ("loop", "bf16")])
 def test_v3_one_read_refused(fold, read_dtype):
     """one_read keeps the whole tile for the record-loop fold: other folds and read copies are refused by name."""
