@@ -49,8 +49,9 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw"):
+                 kda_keys="raw", num_warps=None):
         self.v3_opts = v3_opts
+        self.num_warps = num_warps
         self.kda_keys = kda_keys
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
@@ -156,7 +157,7 @@ class Harness:
         if ring_idx is not None:
             kw["ring_idx"] = ring_idx.to(DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
-                      block_v=self.block_v, lower_bound=self.lower_bound, **kw)
+                      block_v=self.block_v, num_warps=self.num_warps, lower_bound=self.lower_bound, **kw)
         if self.h_rows:
             assert bool((self.ring.h == -7).all()), "the decode launch wrote h"
             self.ring.h.copy_(h_raw.to(DEV))
@@ -1049,6 +1050,36 @@ def test_predecayed_kda_keys_refused():
         lay.allocate(3, kda_keys="decayed")
     with pytest.raises(ValueError, match="for KDA rings"):
         ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16).allocate(3, kda_keys="predecayed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
+@pytest.mark.parametrize("cfg", [(32, 4, 1), (32, 4, 4), (64, 8, 1)])
+def test_gpu_real_shapes_ckpt_launch(kind, keys, cfg, monkeypatch):
+    """ckpt_launch at real head sizes beside the tuned main launch (PDL on), fp32 state and records, the server's
+    ring_idx, against float64; window switching (window 1 sends every row to the checkpoint launch); predecayed
+    keys with rebases forced (threshold -10)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -10.0)
+    hz = _real_harness(kind, seed=5, impl="v3", ring_idx=True, kda_keys=keys, v3_opts=dict(ckpt_launch=cfg))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    if keys == "predecayed":
+        assert st["rebase"] > 0, st
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "predecayed")])
+@pytest.mark.parametrize("bv,nw", [(32, 1), (32, 4), (64, 4)])
+def test_gpu_real_shapes_one_read(kind, keys, bv, nw):
+    """one_read at real head sizes (the whole tile in registers over nw warps), against float64."""
+    hz = _real_harness(kind, seed=5, impl="v3", fold="loop", kda_keys=keys, block_v=bv, num_warps=nw,
+                       v3_opts=dict(one_read=True))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
 
 
 @pytest.mark.gpu
