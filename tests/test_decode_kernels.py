@@ -979,6 +979,41 @@ def test_v3_ckpt_launch(kind, keys, ring_idx, cfg, monkeypatch):
         assert st["rebase"] > 0, st
 
 
+@pytest.mark.parametrize("env", [None, "16x4x2"])
+def test_v3_ckpt_launch_env(env, monkeypatch):
+    """REPLAYSSM_CKPT_LAUNCH (the end-to-end harness's ours_ckpt arms) turns the checkpoint launch on for v3 launches
+    that pass no ckpt_launch; unset, it stays off (the default: not timed yet). Results against float64 either way."""
+    from replayssm_sglang.kernels import decode_v3
+
+    grids = []
+    real = decode_v3.replay_decode_v3_ckpt_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_ckpt_kernel", Spy())
+    if env is None:
+        monkeypatch.delenv(decode_v3.CKPT_LAUNCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, env)
+    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3")
+    st = hz.run(6)
+    assert st["flushes"] > 0, st
+    assert len(grids) == (0 if env is None else 6) and all(g == (2, 3) for g in grids), grids
+
+
+@pytest.mark.parametrize("bad", ["32x4", "32x0x1", "big"])
+def test_v3_ckpt_launch_env_refused(bad, monkeypatch):
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, bad)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3")
+    with pytest.raises(ValueError, match="REPLAYSSM_CKPT_LAUNCH"):
+        hz.run(1)
+
+
 @pytest.mark.parametrize("opts", [dict(ckpt_launch=(16, 4)), dict(ckpt_launch=(16, 0, 1)),
                                   dict(ckpt_launch=(16, 4, 1), h_rows=True)])
 def test_v3_ckpt_launch_refused(opts):
