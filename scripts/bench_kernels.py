@@ -414,6 +414,7 @@ def run_step_split(args, dev, meta):
         del c, arms
         torch.cuda.empty_cache()
     print(f"wrote {args.out}")
+    print(table(args.out))
 
 
 def main():
@@ -691,9 +692,40 @@ def _dump(path, meta, rows):
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
 
 
+_SPLIT_SHORT = (("replay_decode_v3_ckpt_kernel", "ckpt"), ("replay_decode_v3_pre_kernel", "pre"),
+                 ("replay_decode_v3_kernel", "main"), ("replay_decode_v2_post_kernel", "post"))
+
+
+def split_table(d: dict) -> str:
+    """Markdown of a --step-split JSON: per kind and arm the kernels' us per step, x the conventional arm, and per
+    launch of ours the median (a step that writes no checkpoint with aligned cursors) / max (the one that does)."""
+    out = [f"step split, {d['meta'].get('mode', '')}, commit {d['meta'].get('commit')}, {d['meta'].get('gpu')}", "",
+           "| kind | arm | us per step | x conv | main: median / max | ckpt: median / max | pre: median |",
+           "|---|---|---|---|---|---|---|"]
+    conv = {r["kind"]: r["kernels_us_per_step"] for r in d["rows"] if r["arm"] == "conv"}
+    for r in d["rows"]:
+        per = {}
+        for name, v in r["kernels"].items():
+            for full, short in _SPLIT_SHORT:
+                if name.startswith(full) and short not in per:
+                    per[short] = v
+                    break
+
+        def cell(k, both=True):
+            v = per.get(k)
+            return "" if v is None else (f"{v['median_us']:.1f} / {v['max_us']:.1f}" if both else f"{v['median_us']:.1f}")
+        c = conv.get(r["kind"])
+        x = f"{c / r['kernels_us_per_step']:.2f}x" if c else ""
+        out.append(f"| {r['kind']} | {r['arm']} | {r['kernels_us_per_step']:.1f} | {x} | {cell('main')} | "
+                   f"{cell('ckpt')} | {cell('pre', False)} |")
+    return "\n".join(out)
+
+
 def table(path) -> str:
     """Markdown: per (kind, state dtype, B) the conventional time and each arm's speedup, TB/s, % of copy peak."""
     d = json.load(open(path))
+    if str(d.get("meta", {}).get("mode", "")).startswith("step-split"):
+        return split_table(d)
     rows = [r for r in d["rows"] if "speedup_vs_conv" in r]
     present = {r["arm"] for r in rows}
     arms = [a for a in ["upstream", "ours_r16", "ours_r32", "ours_L1", "v3_r16", "v3_r32", "v3_r16_rows", "v3_L1",
