@@ -67,8 +67,12 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr, EAGER: tl.constexpr = False):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
+    EAGER (opt-in ``pre_eager``, not yet timed): the key (and GDN's gate) records are loaded whole, not masked by h,
+    so that their loads need only the ring row and go out beside h's; the key records past h are zeroed after the
+    load (tl.where: whatever they hold, NaN included, never reaches a coefficient; the gates are selected by h where
+    they are used). Twice the record bytes on average for one dependent round trip less.
     PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
     head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
     zeros with G = 0: the main launch folds the head through this token) or, on a row that pre-folds, flushes the
@@ -99,8 +103,12 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         kq = tl.sum(k * q)
         m_ck = valid[:, None] & mask_k[None, :]
-        rk = tl.load(ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
-                     other=0).to(tl.float32)  # [BC, BK]
+        p_rk = ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :]
+        if EAGER:
+            rk = tl.where(m_ck, tl.load(p_rk, mask=(o_c < CAP)[:, None] & mask_k[None, :], other=0).to(tl.float32),
+                          0.0)  # [BC, BK]
+        else:
+            rk = tl.load(p_rk, mask=m_ck, other=0).to(tl.float32)  # [BC, BK]
         if IS_KDA:
             i_hv = i_hk
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
@@ -144,7 +152,10 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
                                  USE_LOWER_BOUND)
                 base_g = ring_g + (rrow * HV + i_hv) * CAP
-                rg = tl.load(base_g + o_c, mask=valid, other=0)
+                if EAGER:  # (both uses below select by valid / last, so positions past h need no zeroing)
+                    rg = tl.load(base_g + o_c, mask=o_c < CAP, other=0)
+                else:
+                    rg = tl.load(base_g + o_c, mask=valid, other=0)
                 G_last = tl.sum(tl.where(last, rg, 0.0), 0)
                 G_t = G_last + g_t
                 w = tl.where(valid, tl.exp(G_t - rg), 0.0)
@@ -170,6 +181,7 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
+    EAGER: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -185,7 +197,7 @@ def replay_decode_v3_pre_kernel(
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
-                     PRED)
+                     PRED, EAGER)
 
 
 @triton.jit
@@ -729,7 +741,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, one_read=False,
-           ckpt_launch=None):
+           ckpt_launch=None, pre_eager=False):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -764,7 +776,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     writes their checkpoint (flush or pre-fold by the decode rule): the main launch returns for those rows before
     its tile read, and the checkpoint launch (grid (groups, B): a program per row and group of value heads, so that
     it returns within one wave on the steps where no row writes) runs them with the one-read fold. No read copy,
-    no h_rows."""
+    no h_rows.
+    pre_eager (opt-in, not yet timed): the pre launch loads its key (GDN: and gate) records whole, without waiting
+    for h to mask them (one dependent round trip less, twice the record bytes on average)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -859,7 +873,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, EAGER=bool(pre_eager), **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](

@@ -354,6 +354,9 @@ SPLIT_ARMS = {
                                      dict(v3_opts=dict(ckpt_launch=(bv, nw, ng)),
                                           **({"kda_keys": "predecayed"} if r == "pred" else {})))
        for r in ("r32", "pred") for bv, nw, ng in ((32, 4, 1), (32, 4, 4), (64, 8, 1), (64, 4, 2))},
+    # session 13, not yet timed: the pre launch's records loaded without waiting for h (decode_v3 pre_eager)
+    "v3_r32_pe": (torch.float32, None, dict(v3_opts=dict(pre_eager=True))),
+    "v3_pred_pe": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(pre_eager=True))),
 }
 
 

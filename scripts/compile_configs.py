@@ -143,6 +143,9 @@ def probe_scenarios() -> list[Scenario]:
                 out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
                                     v3=(("block_v", bv), ("num_warps", nw), ("fold", "loop"),
                                         ("one_read", one_read))))
+        # the pre launch's records loaded without waiting for h (pre_eager)
+        out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
+                            v3=(("pre_eager", True),)))
         # the checkpoint launch of its own (ckpt_launch = (BV, warps, groups)) beside the tuned main launch
         for ck in ((32, 4, 1), (64, 4, 1), (64, 8, 1), (32, 4, 4)):
             out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,

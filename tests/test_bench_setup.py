@@ -30,9 +30,10 @@ def test_server_like_arm_same_outputs(kind, read_dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("kind,arm", [("gdn", "v3_r32_ck32x4g4"), ("gdn", "v3_r32_1r32x4"), ("kda", "v3_pred_ck64x8g1"),
-                                      ("kda", "v3_pred_1r32x2")])
+                                      ("kda", "v3_pred_1r32x2"), ("gdn", "v3_r32_pe"), ("kda", "v3_pred_pe")])
 def test_ckpt_and_one_read_arms(kind, arm, monkeypatch):
-    """Session 13's split arms (the checkpoint launch, the one-read fold) compute the decode the default arm does
+    """Session 13's split arms (the checkpoint launch, the one-read fold, the eager pre launch) compute the decode the
+    default arm does
     (staggered cursors: rows write their checkpoints in every step), up to the folds' different summation order."""
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
     outs = []
@@ -58,3 +59,23 @@ def test_split_table():
     t = bk.table(path)
     assert "| kda | v3_r32_pred | 194.4 | 1.41x | 148.3 / 584.2 |  | 18.0 |" in t, t
     assert "| gdn | v3_r32 | 181.3 | 1.50x | 143.0 / 501.3 |" in t, t
+
+
+@pytest.mark.parametrize("kind,arm", [("gdn", "v3_r32_ck32x4g4"), ("kda", "v3_pred_ck32x4g1"), ("gdn", "v3_r32_pe")])
+def test_session13_arms_server_like(kind, arm, monkeypatch):
+    """The checkpoint launch and the eager pre launch with the server's arguments (ring_idx, forced mask) give the
+    same decode, bit for bit, as with the plain setup (next GPU call's split runs them server-like)."""
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
+    outs = []
+    for server_like in (False, True):
+        rec, cfg, kw = bk.SPLIT_ARMS[arm]
+        c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
+        run = bk.arm_ours(c, rec, cfg=cfg, impl="v3", server_like=server_like, **kw)
+        steps = []
+        for st in range(6):
+            c.out.fill_(float("nan"))
+            run(st)
+            steps.append(c.out.float().clone())
+        outs.append(torch.stack(steps))
+    assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
+    assert torch.equal(outs[0], outs[1])

@@ -979,6 +979,20 @@ def test_v3_ckpt_launch(kind, keys, ring_idx, cfg, monkeypatch):
         assert st["rebase"] > 0, st
 
 
+@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
+def test_v3_pre_eager(kind, keys, monkeypatch):
+    """pre_eager: the pre launch loads every ring position's key (and GDN's gate) record, the NaN-poisoned ones
+    never written included, and zeroes those past h: outputs, states and records against float64."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
+    H, HV = (2, 2) if kind == "kda" else (2, 4)
+    hz = Harness(kind, B=4, H=H, HV=HV, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
+                 kda_keys=keys, ring_idx=True, v3_opts=dict(pre_eager=True))
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
+
+
 @pytest.mark.parametrize("env", [None, "16x4x2"])
 def test_v3_ckpt_launch_env(env, monkeypatch):
     """REPLAYSSM_CKPT_LAUNCH (the end-to-end harness's ours_ckpt arms) turns the checkpoint launch on for v3 launches
