@@ -840,12 +840,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
+    from_env = ckpt_launch is None and env_ckpt_launch() is not None
     if ckpt_launch is None:
         ckpt_launch = env_ckpt_launch()
     if ckpt_launch is not None:
         if has_rc or h_rows is not None:
-            raise ValueError("ckpt_launch is built for a ring without a read copy and with the launch's own h "
-                             "(no h_rows)")
+            raise ValueError(("REPLAYSSM_CKPT_LAUNCH: " if from_env else "")
+                             + "ckpt_launch is built for a ring without a read copy and with the launch's own h "
+                             "(no h_rows)" + (": unset REPLAYSSM_CKPT_LAUNCH for this server" if from_env else ""))
         if len(ckpt_launch) != 3 or min(int(x) for x in ckpt_launch) < 1:
             raise ValueError(f"ckpt_launch is (BV, num_warps, groups) of positive ints, got {ckpt_launch!r}")
     if one_read and (fold != "loop" or has_rc):

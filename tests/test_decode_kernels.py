@@ -1018,12 +1018,14 @@ def test_v3_ckpt_launch_env(env, monkeypatch):
     assert len(grids) == (0 if env is None else 6) and all(g == (2, 3) for g in grids), grids
 
 
-@pytest.mark.parametrize("bad", ["32x4", "32x0x1", "big"])
+@pytest.mark.parametrize("bad", ["32x4", "32x0x1", "big", "read copy"])
 def test_v3_ckpt_launch_env_refused(bad, monkeypatch):
+    """Malformed values, and the knob on a ring it cannot serve (a read copy), are refused naming the variable."""
     from replayssm_sglang.kernels import decode_v3
 
-    monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, bad)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3")
+    monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, "32x4x1" if bad == "read copy" else bad)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3",
+                 read_dtype="bf16" if bad == "read copy" else "same")
     with pytest.raises(ValueError, match="REPLAYSSM_CKPT_LAUNCH"):
         hz.run(1)
 
