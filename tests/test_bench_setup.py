@@ -12,19 +12,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_kernels as bk  # noqa: E402
 
 
+def _decode_outputs(kind, rec, **arm_kw):
+    """Six decode steps of one bench arm (bk.arm_ours, impl v3) on 6 rows at L = 4 with staggered cursors, so every
+    step has rows that write their checkpoint; the outputs [6, B, 1, HV, V] (each step's poisoned with NaN first)."""
+    c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
+    run = bk.arm_ours(c, rec, impl="v3", **arm_kw)
+    steps = []
+    for st in range(6):
+        c.out.fill_(float("nan"))
+        run(st)
+        steps.append(c.out.float().clone())
+    return torch.stack(steps)
+
+
 @pytest.mark.parametrize("kind,read_dtype", [("gdn", "bf16"), ("kda", "fp8_e4m3"), ("kda", "same")])
 def test_server_like_arm_same_outputs(kind, read_dtype, monkeypatch):
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
-    outs = []
-    for server_like in (False, True):
-        c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
-        run = bk.arm_ours(c, torch.float32, impl="v3", read_dtype=read_dtype, server_like=server_like)
-        steps = []
-        for st in range(6):  # staggered cursors over L = 4: every step has rows that write their checkpoint
-            c.out.fill_(float("nan"))
-            run(st)
-            steps.append(c.out.float().clone())
-        outs.append(torch.stack(steps))
+    outs = [_decode_outputs(kind, torch.float32, read_dtype=read_dtype, server_like=server_like)
+            for server_like in (False, True)]
     assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
     assert torch.equal(outs[0], outs[1])
 
@@ -33,20 +38,12 @@ def test_server_like_arm_same_outputs(kind, read_dtype, monkeypatch):
                                       ("kda", "v3_pred_1r32x2"), ("gdn", "v3_r32_pe"), ("kda", "v3_pred_pe")])
 def test_ckpt_and_one_read_arms(kind, arm, monkeypatch):
     """Session 13's split arms (the checkpoint launch, the one-read fold, the eager pre launch) compute the decode the
-    default arm does
-    (staggered cursors: rows write their checkpoints in every step), up to the folds' different summation order."""
+    default arm does (staggered cursors: rows write their checkpoints in every step), up to the folds' different summation order."""
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
     outs = []
     for name in ("v3_r32_pred" if "pred" in arm else "v3_r32", arm):
         rec, cfg, kw = bk.SPLIT_ARMS[name]
-        c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
-        run = bk.arm_ours(c, rec, cfg=cfg, impl="v3", **kw)
-        steps = []
-        for st in range(6):
-            c.out.fill_(float("nan"))
-            run(st)
-            steps.append(c.out.float().clone())
-        outs.append(torch.stack(steps))
+        outs.append(_decode_outputs(kind, rec, cfg=cfg, **kw))
     assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-3)  # (bf16 outputs)
 
@@ -66,16 +63,7 @@ def test_session13_arms_server_like(kind, arm, monkeypatch):
     """The checkpoint launch and the eager pre launch with the server's arguments (ring_idx, forced mask) give the
     same decode, bit for bit, as with the plain setup (next GPU call's split runs them server-like)."""
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
-    outs = []
-    for server_like in (False, True):
-        rec, cfg, kw = bk.SPLIT_ARMS[arm]
-        c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
-        run = bk.arm_ours(c, rec, cfg=cfg, impl="v3", server_like=server_like, **kw)
-        steps = []
-        for st in range(6):
-            c.out.fill_(float("nan"))
-            run(st)
-            steps.append(c.out.float().clone())
-        outs.append(torch.stack(steps))
+    rec, cfg, kw = bk.SPLIT_ARMS[arm]
+    outs = [_decode_outputs(kind, rec, cfg=cfg, server_like=server_like, **kw) for server_like in (False, True)]
     assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
     assert torch.equal(outs[0], outs[1])
