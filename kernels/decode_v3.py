@@ -840,8 +840,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
-    from_env = ckpt_launch is None and env_ckpt_launch() is not None
-    if ckpt_launch is None:
+    from_env = ckpt_launch is None  # (read only where the knob gave one)
+    if from_env:
         ckpt_launch = env_ckpt_launch()
     if ckpt_launch is not None:
         if has_rc or h_rows is not None:
