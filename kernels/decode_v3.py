@@ -257,6 +257,15 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 
 
 @triton.jit
+def _qk_scales(p_x, o_k, scale, H: tl.constexpr, K: tl.constexpr):
+    """scale / |q| and 1 / |k| of this row's raw q and k (p_x at q; k is H * K later): the l2 norms the tile dots
+    apply to their reduced products."""
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    return scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6), 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+
+
+@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
@@ -271,10 +280,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     2026-11-30 01:21: GDN 172 -> 204 us). PIPE = 0: the chunks unrolled into registers (q, k loaded per chunk),
     the products accumulated element-wise and reduced once at the end."""
     o_k = tl.arange(0, BK)
-    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    s_q, s_k = _qk_scales(p_x, o_k, scale, H, K)
     NC: tl.constexpr = BK // BKT
     if PIPE > 0:
         o_ch = tl.arange(0, NC)
@@ -313,10 +319,7 @@ def _whole_tile_dots(C, p_x, o_k, p_gl, has, a, dt_bias, A_log, i_n, i_hv, strid
                      H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
     """(C q~, C k~) [BV] of a [BV, BK] tile already in registers (ONE_READ); the same products as _tile_dots."""
     m = o_k < K
-    q_in = tl.load(p_x + o_k, mask=m, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=m, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    s_q, s_k = _qk_scales(p_x, o_k, scale, H, K)
     q, k = _qk_tilde(p_x, o_k, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H, K, IS_KDA,
                      USE_LOWER_BOUND)
     return tl.sum(C * q[None, :], 1) * s_q, tl.sum(C * k[None, :], 1) * s_k
