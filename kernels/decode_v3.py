@@ -67,12 +67,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr, EAGER: tl.constexpr = False):
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
-    EAGER (opt-in ``pre_eager``, not yet timed): the key (and GDN's gate) records are loaded whole, not masked by h,
-    so that their loads need only the ring row and go out beside h's; the key records past h are zeroed after the
-    load (tl.where: whatever they hold, NaN included, never reaches a coefficient; the gates are selected by h where
-    they are used). Twice the record bytes on average for one dependent round trip less.
     PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
     head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
     zeros with G = 0: the main launch folds the head through this token) or, on a row that pre-folds, flushes the
@@ -103,12 +99,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         kq = tl.sum(k * q)
         m_ck = valid[:, None] & mask_k[None, :]
-        p_rk = ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :]
-        if EAGER:
-            rk = tl.where(m_ck, tl.load(p_rk, mask=(o_c < CAP)[:, None] & mask_k[None, :], other=0).to(tl.float32),
-                          0.0)  # [BC, BK]
-        else:
-            rk = tl.load(p_rk, mask=m_ck, other=0).to(tl.float32)  # [BC, BK]
+        rk = tl.load(ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K + o_k[None, :], mask=m_ck,
+                     other=0).to(tl.float32)  # [BC, BK]
         if IS_KDA:
             i_hv = i_hk
             g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, True,
@@ -152,10 +144,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
                                  USE_LOWER_BOUND)
                 base_g = ring_g + (rrow * HV + i_hv) * CAP
-                if EAGER:  # (both uses below select by valid / last, so positions past h need no zeroing)
-                    rg = tl.load(base_g + o_c, mask=o_c < CAP, other=0)
-                else:
-                    rg = tl.load(base_g + o_c, mask=valid, other=0)
+                rg = tl.load(base_g + o_c, mask=valid, other=0)
                 G_last = tl.sum(tl.where(last, rg, 0.0), 0)
                 G_t = G_last + g_t
                 w = tl.where(valid, tl.exp(G_t - rg), 0.0)
@@ -181,7 +170,6 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
-    EAGER: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -197,7 +185,7 @@ def replay_decode_v3_pre_kernel(
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
-                     PRED, EAGER)
+                     PRED)
 
 
 @triton.jit
@@ -257,15 +245,6 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 
 
 @triton.jit
-def _qk_scales(p_x, o_k, scale, H: tl.constexpr, K: tl.constexpr):
-    """scale / |q| and 1 / |k| of this row's raw q and k (p_x at q; k is H * K later): the l2 norms the tile dots
-    apply to their reduced products."""
-    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
-    return scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6), 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
-
-
-@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
@@ -280,7 +259,10 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     2026-11-30 01:21: GDN 172 -> 204 us). PIPE = 0: the chunks unrolled into registers (q, k loaded per chunk),
     the products accumulated element-wise and reduced once at the end."""
     o_k = tl.arange(0, BK)
-    s_q, s_k = _qk_scales(p_x, o_k, scale, H, K)
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
     NC: tl.constexpr = BK // BKT
     if PIPE > 0:
         o_ch = tl.arange(0, NC)
@@ -312,17 +294,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
         dq = tl.sum(acc_q, 1)
         dk = tl.sum(acc_k, 1)
     return dq * s_q, dk * s_k
-
-
-@triton.jit
-def _whole_tile_dots(C, p_x, o_k, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
-                     H: tl.constexpr, K: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
-    """(C q~, C k~) [BV] of a [BV, BK] tile already in registers (ONE_READ); the same products as _tile_dots."""
-    m = o_k < K
-    s_q, s_k = _qk_scales(p_x, o_k, scale, H, K)
-    q, k = _qk_tilde(p_x, o_k, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H, K, IS_KDA,
-                     USE_LOWER_BOUND)
-    return tl.sum(C * q[None, :], 1) * s_q, tl.sum(C * k[None, :], 1) * s_k
 
 
 @triton.jit
@@ -393,59 +364,21 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
-    ONE_READ: tl.constexpr = False, SKIP_CKPT: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
-    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache.
-    SKIP_CKPT (opt-in ``ckpt_launch``): the rows whose step writes their checkpoint by the decode rule (flush or
-    pre-fold) are left to replay_decode_v3_ckpt_kernel."""
+    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
-    tl.static_assert(not ONE_READ or (not FOLD_CHUNKED and not HAS_RC), "ONE_READ keeps the whole tile: fold 'loop'")
-    tl.static_assert(not SKIP_CKPT or (not HAS_RC and not HAS_H_ROWS), "ckpt_launch: no read copy, no h_rows")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
                    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
-                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX,
-                   rc_valid, FOLD_PIPE, ovf, PRED, ONE_READ, SKIP_CKPT)
-
-
-@triton.jit
-def replay_decode_v3_ckpt_kernel(
-    mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, slot_idx, forced, ring_idx, coef, scal,
-    scale, lower_bound, L,
-    stride_qkv, stride_a, stride_b, stride_slot,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, BCD: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, ovf, PRED: tl.constexpr, GROUPS: tl.constexpr,
-):
-    """The checkpoint launch (opt-in ``ckpt_launch``): grid (GROUPS, B), a program per row and group of value heads
-    that returns at once unless its row writes its checkpoint this step by the decode rule (flush or pre-fold), and
-    otherwise runs every V-tile of its heads one after the other with _main_tile's code, reading each tile once
-    (ONE_READ, fold "loop"). The main launch skips those rows (SKIP_CKPT). The predecayed keys' head rebases and ovf
-    row flushes (raised by the pre launch for other rows) stay in the main launch. No read copy, no h_rows."""
-    i_n = tl.program_id(1)
-    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-    h0 = tl.load(ring_h + tl.maximum(rrow, 0)).to(tl.int32)  # (a padded row's ring row is -1: not used)
-    pf, _, fl, _ = _decode_rule_rc(h0, forced, i_n, L, HAS_FORCED, forced, rrow, False)
-    if (slot >= 0) & ((pf | fl) != 0):
-        for hv in tl.range(tl.program_id(0), HV, GROUPS):
-            for i_v in tl.range(0, tl.cdiv(V, BV)):
-                _main_tile(i_v, i_n, hv,
-                           mixed_qkv, a, b, A_log, dt_bias, out, state,
-                           ring_u, ring_k, ring_g, ring_h, slot_idx, slot_idx, forced, ring_idx, coef, scal, state,
-                           scal, scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
-                           H, HV, HK, GK, K, V, CAP, BK, BV, BC, BK, IS_KDA, HAS_FORCED, False,
-                           USE_LOWER_BOUND, False, False, False, False, "ieee", BCD, 0, 16,
-                           False, HAS_RING_IDX, forced, 0, ovf, PRED, True, False)
+                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
+                   FOLD_PIPE, ovf, PRED)
 
 
 @triton.jit
@@ -464,7 +397,6 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    ONE_READ: tl.constexpr = False, SKIP_CKPT: tl.constexpr = False,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -502,11 +434,6 @@ def _main_tile(
     p_s = state + slot * stride_slot + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     if not HAS_H_ROWS:
         h_old = tl.load(ring_h + rrow).to(tl.int32)
-    if SKIP_CKPT:
-        # the checkpoint launch takes this row's step (the tile read below then waits for h)
-        pfs, _, fls, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
-        if (pfs | fls) != 0:
-            return
     p_x = mixed_qkv + i_n * stride_qkv
     p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
@@ -517,13 +444,7 @@ def _main_tile(
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    if ONE_READ:
-        # the whole [BV, K] checkpoint tile loaded once and kept: a checkpoint-writing row folds this copy instead
-        # of re-reading the tile (session 13's probe of a one-read checkpoint step, opt-in ``one_read``)
-        C_one = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)
-        Cq, Ck = _whole_tile_dots(C_one, p_xq, o_k, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale,
-                                  lower_bound, H, K, IS_KDA, USE_LOWER_BOUND)
-    elif from_rc:
+    if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
     else:
@@ -645,10 +566,7 @@ def _main_tile(
         # committed records folded here)
         base_k = ring_k + (rrow * HK + i_hk) * CAP * K
         base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-        if ONE_READ:
-            C = C_one
-        else:
-            C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
+        C = tl.load(p_s, mask=m_vk, other=0).to(tl.float32)  # read a moment ago: expected cache hits
         k = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, IS_KDA,
@@ -717,25 +635,6 @@ _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
                   ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}
-# a measurement knob (the end-to-end harness's ours_ckpt arms): ckpt_launch for every v3 launch that passes none,
-# "BVxWARPSxGROUPS" (e.g. 32x4x1); unset: none (ckpt_launch is not timed yet, docs/design.md "Session 13")
-CKPT_LAUNCH_ENV = "REPLAYSSM_CKPT_LAUNCH"
-
-
-def env_ckpt_launch() -> tuple[int, int, int] | None:
-    """ckpt_launch from REPLAYSSM_CKPT_LAUNCH, or None when it is unset or empty."""
-    v = os.environ.get(CKPT_LAUNCH_ENV, "").strip()
-    if not v:
-        return None
-    try:
-        parts = tuple(int(x) for x in v.lower().split("x"))
-    except ValueError:
-        parts = ()
-    if len(parts) != 3 or min(parts) < 1:
-        raise ValueError(f"{CKPT_LAUNCH_ENV} must be BVxWARPSxGROUPS of positive ints (e.g. 32x4x1), got {v!r}")
-    return parts
-
-
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -743,8 +642,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, one_read=False,
-           ckpt_launch=None, pre_eager=False):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -770,18 +668,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
     read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
-    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)
-    one_read (fold "loop", no read copy; opt-in, not yet timed): the main launch loads its whole [BV, K] checkpoint
-    tile once and keeps it, so a checkpoint-writing row folds that copy instead of reading the tile a second time;
-    with several warps per program (num_warps) the tile's registers are spread over them. Session 13's probe of
-    whether a checkpoint step can stream the state once, at the conventional kernel's rate.
-    ckpt_launch (opt-in, not yet timed): ``(BV, num_warps, groups)`` of a launch of its own for the rows whose step
-    writes their checkpoint (flush or pre-fold by the decode rule): the main launch returns for those rows before
-    its tile read, and the checkpoint launch (grid (groups, B): a program per row and group of value heads, so that
-    it returns within one wave on the steps where no row writes) runs them with the one-read fold. No read copy,
-    no h_rows.
-    pre_eager (opt-in, not yet timed): the pre launch loads its key (GDN: and gate) records whole, without waiting
-    for h to mask them (one dependent round trip less, twice the record bytes on average)."""
+    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -843,19 +730,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError("predecayed KDA keys need advance_h=True and no h_rows (the launch's own flushes set h)")
     if fold not in V3_FOLDS:
         raise ValueError(f"v3 fold must be one of {sorted(V3_FOLDS)}, got {fold!r}")
-    from_env = ckpt_launch is None  # (read only where the knob gave one)
-    if from_env:
-        ckpt_launch = env_ckpt_launch()
-    if ckpt_launch is not None:
-        if has_rc or h_rows is not None:
-            raise ValueError(("REPLAYSSM_CKPT_LAUNCH: " if from_env else "")
-                             + "ckpt_launch is built for a ring without a read copy and with the launch's own h "
-                             "(no h_rows)" + (": unset REPLAYSSM_CKPT_LAUNCH for this server" if from_env else ""))
-        if len(ckpt_launch) != 3 or min(int(x) for x in ckpt_launch) < 1:
-            raise ValueError(f"ckpt_launch is (BV, num_warps, groups) of positive ints, got {ckpt_launch!r}")
-    if one_read and (fold != "loop" or has_rc):
-        raise ValueError(f"one_read keeps the whole checkpoint tile for the record-loop fold: it needs fold='loop' "
-                         f"and no read copy (got fold={fold!r}, read copy {has_rc})")
     if has_rc:
         # a stale read copy (the checkpoint was written by something else) makes the row's step a flush:
         # it reads the recurrence copy and rewrites both (docs/design.md, "Precision: two copies"); every
@@ -878,7 +752,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, EAGER=bool(pre_eager), **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](
@@ -893,22 +767,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
-            ONE_READ=bool(one_read), SKIP_CKPT=ckpt_launch is not None,
             **common, **_pdl_kw(pdl),
         )
-        if ckpt_launch is not None:
-            cbv, cnw, cng = (int(x) for x in ckpt_launch)
-            cbv = max(16, min(triton.next_power_of_2(cbv), triton.next_power_of_2(V)))
-            replay_decode_v3_ckpt_kernel[(min(cng, HV), B)](
-                mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-                ring.u, ring.k, ring.g, ring.h, slot_idx, f, ri, coef, scal,
-                float(scale), lb, L,
-                mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-                H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=cbv, BC=BC, BCD=max(16, BC),
-                IS_KDA=(kind == "kda"), HAS_FORCED=forced is not None, USE_LOWER_BOUND=lower_bound is not None,
-                HAS_RING_IDX=ring_idx is not None, ovf=ring.ovf if pred else None, PRED=pred, GROUPS=min(cng, HV),
-                num_warps=cnw, num_stages=1,
-            )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,

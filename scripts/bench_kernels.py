@@ -199,13 +199,11 @@ def arm_upstream(c: Case, aligned=False):
 
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
-             v3_fold=None):
+             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw"):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
-    mask is passed. kda_keys: the ring's KDA key records ("predecayed": k_j e^{-G_j}, ring.Ring.kda_keys).
-    v3_fold: v3's fold by name, "loop" included (fold="loop", the default, leaves v3 at its tuned fold)."""
+    mask is passed. kda_keys: the ring's KDA key records ("predecayed": k_j e^{-G_j}, ring.Ring.kda_keys)."""
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -248,8 +246,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         def run(step):
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
-            vx = (dict(fold=fold, records=records) if impl == "v2"
-                  else dict(fold=v3_fold) if v3_fold else ({} if fold == "loop" else dict(fold=fold)))
+            vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
@@ -338,25 +335,6 @@ SPLIT_ARMS = {
     "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
     "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
     "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
-    # session 13, not yet timed: one read of the checkpoint tile on the checkpoint-writing step (decode_v3 one_read:
-    # the whole [BV, K] tile kept in registers over 1-4 warps and folded by the record loop), against the same
-    # configuration reading the tile twice; the checkpoint step's main-launch time is the number to read
-    # (the conventional step reads and writes every state in ~272 us; the tuned in-main fold takes ~501)
-    **{f"v3_{r}_{tag}{bv}x{nw}": (torch.float32, (bv, nw),
-                                  dict(v3_fold="loop", v3_opts=dict(one_read=(tag == "1r")),
-                                       **({"kda_keys": "predecayed"} if r == "pred" else {})))
-       for r in ("r32", "pred") for tag in ("1r", "loop") for bv, nw in ((32, 1), (32, 2), (32, 4), (64, 4))},
-    # session 13, not yet timed: the checkpoint launch of its own (decode_v3 ckpt_launch = (BV, warps, groups)) beside
-    # the tuned main launch, which skips the rows that write their checkpoint; the split shows
-    # replay_decode_v3_ckpt_kernel apart: its cost on the 15 steps that write nothing (early exits) and on the one
-    # that writes every checkpoint, and the main launch's on both
-    **{f"v3_{r}_ck{bv}x{nw}g{ng}": (torch.float32, None,
-                                     dict(v3_opts=dict(ckpt_launch=(bv, nw, ng)),
-                                          **({"kda_keys": "predecayed"} if r == "pred" else {})))
-       for r in ("r32", "pred") for bv, nw, ng in ((32, 4, 1), (32, 4, 4), (64, 8, 1), (64, 4, 2))},
-    # session 13, not yet timed: the pre launch's records loaded without waiting for h (decode_v3 pre_eager)
-    "v3_r32_pe": (torch.float32, None, dict(v3_opts=dict(pre_eager=True))),
-    "v3_pred_pe": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(pre_eager=True))),
 }
 
 

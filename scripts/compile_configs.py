@@ -76,7 +76,6 @@ class Scenario:
     lower_bound: float | None = None
     impl: str = "auto"
     kda_keys: str = "raw"  # the ring's KDA key records (ring.Ring.kda_keys)
-    v3: tuple = ()  # (name, value) pairs: decode_v3.launch options and block_v / num_warps (--probes only)
 
     @property
     def label(self) -> str:
@@ -87,8 +86,6 @@ class Scenario:
             s += f" T={T_VERIFY}"
         if self.kda_keys != "raw":
             s += f" keys={self.kda_keys}"
-        if self.v3:
-            s += " " + " ".join(f"{k}={v}" for k, v in self.v3)
         if self.lower_bound is not None:
             s += f" lower_bound={self.lower_bound}"
         return s
@@ -121,35 +118,9 @@ def server_scenarios() -> list[Scenario]:
     for read in ("same", "bf16"):
         for L in (1, L_RING):
             out.append(Scenario("decode", "kda", "fp32", "fp32", read, L, kda_keys="predecayed"))
-    # decode v3's opt-in checkpoint launch (ckpt_launch; a benchmark option, compiled so that it cannot rot)
-    out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", L_RING, impl="v3", v3=(("ckpt_launch", (32, 4, 1)),)))
-    out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, impl="v3", kda_keys="predecayed",
-                        v3=(("ckpt_launch", (32, 4, 1)),)))
     # a longer window (--linear-replayssm-cache-len 32): the ring's record tiles double (BC 16 -> 32)
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", 2 * L_RING))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", 2 * L_RING, kda_keys="predecayed"))
-    return out
-
-
-def probe_scenarios() -> list[Scenario]:
-    """Benchmark configurations that the server does not launch (``--probes``), compiled to read their resources
-    before GPU time is spent on them: session 13's one-read checkpoint step (decode_v3 ``one_read``, fold "loop",
-    the whole tile per program over 1-4 warps) and the checkpoint launch of its own (``ckpt_launch``), GDN and KDA
-    with predecayed keys."""
-    out = []
-    for kind, keys in (("gdn", "raw"), ("kda", "predecayed")):
-        for bv, nw in ((32, 1), (32, 2), (32, 4), (64, 4)):
-            for one_read in (False, True):
-                out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
-                                    v3=(("block_v", bv), ("num_warps", nw), ("fold", "loop"),
-                                        ("one_read", one_read))))
-        # the pre launch's records loaded without waiting for h (pre_eager)
-        out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
-                            v3=(("pre_eager", True),)))
-        # the checkpoint launch of its own (ckpt_launch = (BV, warps, groups)) beside the tuned main launch
-        for ck in ((32, 4, 1), (64, 4, 1), (64, 8, 1), (32, 4, 4)):
-            out.append(Scenario("decode", kind, "fp32", "fp32", "same", L_RING, impl="v3", kda_keys=keys,
-                                v3=(("ckpt_launch", ck),)))
     return out
 
 
@@ -248,11 +219,9 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
     if sc.op == "decode":
         forced = torch.zeros(B, dtype=torch.int32) if sc.forced else None  # flush.forced_flush_mask: int32
         out = torch.empty(B, 1, HV, V, dtype=act)
-        v3 = dict(sc.v3)
-        bv, nw, fold = v3.pop("block_v", None), v3.pop("num_warps", None), v3.pop("fold", None)
         replay_decode(sc.kind, mixed, a, b, A_log, dt_bias, state, ring, slot_idx, out=out, forced=forced,
                       scale=scale, lower_bound=sc.lower_bound, L=sc.L, impl=sc.impl,
-                      ring_idx=ring_idx, block_v=bv, num_warps=nw, fold=fold, **(dict(v3_opts=v3) if v3 else {}))
+                      ring_idx=ring_idx)
         return
     ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, T, scale=scale, lower_bound=sc.lower_bound,
                 ring_idx=ring_idx)
@@ -418,16 +387,12 @@ def main(argv=None) -> int:
                     help="also read each configuration's registers, spills, shared memory and the programs per SM "
                          "they allow (ptxas -v, nvdisasm; a static count, not a timing)")
     ap.add_argument("--scenarios", default="", help="only scenarios whose label contains this (e.g. 'decode gdn')")
-    ap.add_argument("--probes", action="store_true",
-                    help="the benchmark-only configurations of probe_scenarios() instead of the server's")
     a = ap.parse_args(argv)
     t0 = time.time()
-    pool = probe_scenarios() if a.probes else server_scenarios()
-    configs = distinct_configs(record_all([sc for sc in pool if a.scenarios in sc.label]))
+    configs = distinct_configs(record_all([sc for sc in server_scenarios() if a.scenarios in sc.label]))
     if a.only:
         configs = [c for c in configs if a.only in c.name]
-    uncovered = (sorted(all_kernels() - {c.name for c in configs}) if not (a.only or a.scenarios or a.probes)
-                 else [])
+    uncovered = sorted(all_kernels() - {c.name for c in configs}) if not (a.only or a.scenarios) else []
     if uncovered:
         print(f"kernels no server scenario launches (add a scenario): {', '.join(uncovered)}", flush=True)
     counts: dict[str, int] = {}

@@ -99,10 +99,6 @@ ARMS = {
     # default without speculative decoding, as `ours`)
     "ours_rawkeys": ["--enable-linear-replayssm"],
     "ours_predkeys": ["--enable-linear-replayssm"],
-    # decode v3's checkpoint launch of its own (kernels/decode_v3.py ckpt_launch, REPLAYSSM_CKPT_LAUNCH; not a
-    # default): the server's path otherwise; ours_w16_ckpt forces the buffered window for the correctness task
-    "ours_ckpt": ["--enable-linear-replayssm"],
-    "ours_w16_ckpt": ["--enable-linear-replayssm"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -112,9 +108,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
-           "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},
-           "ours_ckpt": {"REPLAYSSM_CKPT_LAUNCH": "32x4x1"},
-           "ours_w16_ckpt": {"REPLAYSSM_CKPT_LAUNCH": "32x4x1", "REPLAYSSM_DECODE_WINDOW": "16"}}
+           "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

@@ -34,20 +34,6 @@ def test_server_like_arm_same_outputs(kind, read_dtype, monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("kind,arm", [("gdn", "v3_r32_ck32x4g4"), ("gdn", "v3_r32_1r32x4"), ("kda", "v3_pred_ck64x8g1"),
-                                      ("kda", "v3_pred_1r32x2"), ("gdn", "v3_r32_pe"), ("kda", "v3_pred_pe")])
-def test_ckpt_and_one_read_arms(kind, arm, monkeypatch):
-    """Session 13's split arms (the checkpoint launch, the one-read fold, the eager pre launch) compute the decode the
-    default arm does (staggered cursors: rows write their checkpoints in every step), up to the folds' different summation order."""
-    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
-    outs = []
-    for name in ("v3_r32_pred" if "pred" in arm else "v3_r32", arm):
-        rec, cfg, kw = bk.SPLIT_ARMS[name]
-        outs.append(_decode_outputs(kind, rec, cfg=cfg, **kw))
-    assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
-    torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-3)  # (bf16 outputs)
-
-
 def test_split_table():
     """--table on a --step-split JSON: one row per (kind, arm), the speed-up against the conventional arm, and the
     launches' median / max."""
@@ -56,14 +42,3 @@ def test_split_table():
     t = bk.table(path)
     assert "| kda | v3_r32_pred | 194.4 | 1.41x | 148.3 / 584.2 |  | 18.0 |" in t, t
     assert "| gdn | v3_r32 | 181.3 | 1.50x | 143.0 / 501.3 |" in t, t
-
-
-@pytest.mark.parametrize("kind,arm", [("gdn", "v3_r32_ck32x4g4"), ("kda", "v3_pred_ck32x4g1"), ("gdn", "v3_r32_pe")])
-def test_session13_arms_server_like(kind, arm, monkeypatch):
-    """The checkpoint launch and the eager pre launch with the server's arguments (ring_idx, forced mask) give the
-    same decode, bit for bit, as with the plain setup (next GPU call's split runs them server-like)."""
-    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=32), "kda": dict(H=2, HV=2, K=32, V=32)})
-    rec, cfg, kw = bk.SPLIT_ARMS[arm]
-    outs = [_decode_outputs(kind, rec, cfg=cfg, server_like=server_like, **kw) for server_like in (False, True)]
-    assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
-    assert torch.equal(outs[0], outs[1])

@@ -49,9 +49,8 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw", num_warps=None):
+                 kda_keys="raw"):
         self.v3_opts = v3_opts
-        self.num_warps = num_warps
         self.kda_keys = kda_keys
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
@@ -157,7 +156,7 @@ class Harness:
         if ring_idx is not None:
             kw["ring_idx"] = ring_idx.to(DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
-                      block_v=self.block_v, num_warps=self.num_warps, lower_bound=self.lower_bound, **kw)
+                      block_v=self.block_v, lower_bound=self.lower_bound, **kw)
         if self.h_rows:
             assert bool((self.ring.h == -7).all()), "the decode launch wrote h"
             self.ring.h.copy_(h_raw.to(DEV))
@@ -944,116 +943,6 @@ def test_predecayed_kda_keys_v3_opts(opts, monkeypatch):
     assert st["rebase"] > 0 and st["ovf"] > 0, st
 
 
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
-def test_v3_one_read(kind, keys, monkeypatch):
-    """one_read (the whole checkpoint tile loaded once and folded from registers) against float64: flushes,
-    forced flushes, pre-folds, padded rows, and for predecayed keys rebases and row flushes."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
-    hz = Harness(kind, B=4, H=2 if kind == "kda" else 1, HV=2, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2),
-                 p_forced=0.05, impl="v3", fold="loop", kda_keys=keys, v3_opts=dict(one_read=True))
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
-    if keys == "predecayed":
-        assert st["rebase"] > 0 and st["ovf"] > 0, st
-
-
-@pytest.mark.parametrize("kind,keys,ring_idx,cfg", [("gdn", "raw", False, (16, 4, 1)), ("gdn", "raw", True, (16, 2, 2)),
-                                                   ("kda", "raw", False, (16, 4, 2)),
-                                                   ("kda", "predecayed", True, (16, 4, 1))])
-def test_v3_ckpt_launch(kind, keys, ring_idx, cfg, monkeypatch):
-    """ckpt_launch: the rows whose step writes their checkpoint (flushes, forced flushes, pre-folds after a window
-    switch) run in a launch of their own (one program per row and group of heads, one-read fold) and the main launch
-    skips them; every output, state and record against float64, padded rows and rings keyed by request row
-    included; with predecayed keys the main launch keeps the head rebases and ovf row flushes."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
-    H, HV = (2, 2) if kind == "kda" else (2, 4)  # GDN: two value heads per key head, two groups of two heads
-    hz = Harness(kind, B=4, H=H, HV=HV, K=32, V=32, L=6, seed=61, windows=(6, 6, 6, 2),
-                 p_forced=0.1, impl="v3", kda_keys=keys, ring_idx=ring_idx, v3_opts=dict(ckpt_launch=cfg))
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["forced"] > 0 and st["padded"] > 0, st
-    if keys == "predecayed":
-        assert st["rebase"] > 0, st
-
-
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
-def test_v3_pre_eager(kind, keys, monkeypatch):
-    """pre_eager: the pre launch loads every ring position's key (and GDN's gate) record, the NaN-poisoned ones
-    never written included, and zeroes those past h: outputs, states and records against float64."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
-    H, HV = (2, 2) if kind == "kda" else (2, 4)
-    hz = Harness(kind, B=4, H=H, HV=HV, K=32, V=16, L=6, seed=61, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
-                 kda_keys=keys, ring_idx=True, v3_opts=dict(pre_eager=True))
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
-
-
-@pytest.mark.parametrize("env", [None, "16x4x2"])
-def test_v3_ckpt_launch_env(env, monkeypatch):
-    """REPLAYSSM_CKPT_LAUNCH (the end-to-end harness's ours_ckpt arms) turns the checkpoint launch on for v3 launches
-    that pass no ckpt_launch; unset, it stays off (the default: not timed yet). Results against float64 either way."""
-    from replayssm_sglang.kernels import decode_v3
-
-    grids = []
-    real = decode_v3.replay_decode_v3_ckpt_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_ckpt_kernel", Spy())
-    if env is None:
-        monkeypatch.delenv(decode_v3.CKPT_LAUNCH_ENV, raising=False)
-    else:
-        monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, env)
-    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3")
-    st = hz.run(6)
-    assert st["flushes"] > 0, st
-    assert len(grids) == (0 if env is None else 6) and all(g == (2, 3) for g in grids), grids
-
-
-@pytest.mark.parametrize("bad", ["32x4", "32x0x1", "big", "read copy"])
-def test_v3_ckpt_launch_env_refused(bad, monkeypatch):
-    """Malformed values, and the knob on a ring it cannot serve (a read copy), are refused naming the variable."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setenv(decode_v3.CKPT_LAUNCH_ENV, "32x4x1" if bad == "read copy" else bad)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3",
-                 read_dtype="bf16" if bad == "read copy" else "same")
-    with pytest.raises(ValueError, match="REPLAYSSM_CKPT_LAUNCH"):
-        hz.run(1)
-
-
-@pytest.mark.parametrize("opts", [dict(ckpt_launch=(16, 4)), dict(ckpt_launch=(16, 0, 1)),
-                                  dict(ckpt_launch=(16, 4, 1), h_rows=True)])
-def test_v3_ckpt_launch_refused(opts):
-    """ckpt_launch's shape is checked, and a read copy or the caller's h is refused by name."""
-    opts = dict(opts)
-    h_rows = opts.pop("h_rows", False)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=opts, h_rows=h_rows)
-    with pytest.raises(ValueError, match="ckpt_launch"):
-        hz.run(1)
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", read_dtype="bf16",
-                 v3_opts=dict(ckpt_launch=(16, 4, 1)))
-    with pytest.raises(ValueError, match="ckpt_launch"):
-        hz.run(1)
-
-
-@pytest.mark.parametrize("fold,read_dtype", [("dot3", "same"), ("loop", "bf16")])
-def test_v3_one_read_refused(fold, read_dtype):
-    """one_read keeps the whole tile for the record-loop fold: other folds and read copies are refused by name."""
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold=fold, read_dtype=read_dtype,
-                 v3_opts=dict(one_read=True))
-    with pytest.raises(ValueError, match="one_read"):
-        hz.run(1)
-
-
 def test_predecayed_kda_keys_ring_idx(monkeypatch):
     """Predecayed keys on a ring keyed by request row (the server's): the rebase and row-flush flags are per ring row,
     padded rows by either index touch none of them."""
@@ -1101,36 +990,6 @@ def test_predecayed_kda_keys_refused():
         lay.allocate(3, kda_keys="decayed")
     with pytest.raises(ValueError, match="for KDA rings"):
         ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16).allocate(3, kda_keys="predecayed")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
-@pytest.mark.parametrize("cfg", [(32, 4, 1), (32, 4, 4), (64, 8, 1)])
-def test_gpu_real_shapes_ckpt_launch(kind, keys, cfg, monkeypatch):
-    """ckpt_launch at real head sizes beside the tuned main launch (PDL on), fp32 state and records, the server's
-    ring_idx, against float64; window switching (window 1 sends every row to the checkpoint launch); predecayed
-    keys with rebases forced (threshold -10)."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -10.0)
-    hz = _real_harness(kind, seed=5, impl="v3", ring_idx=True, kda_keys=keys, v3_opts=dict(ckpt_launch=cfg))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0, st
-    if keys == "predecayed":
-        assert st["rebase"] > 0, st
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "predecayed")])
-@pytest.mark.parametrize("bv,nw", [(32, 1), (32, 4), (64, 4)])
-def test_gpu_real_shapes_one_read(kind, keys, bv, nw):
-    """one_read at real head sizes (the whole tile in registers over nw warps), against float64."""
-    hz = _real_harness(kind, seed=5, impl="v3", fold="loop", kda_keys=keys, block_v=bv, num_warps=nw,
-                       v3_opts=dict(one_read=True))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0, st
 
 
 @pytest.mark.gpu
