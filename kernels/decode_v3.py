@@ -297,23 +297,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-             H: tl.constexpr, K: tl.constexpr, BKF: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
-    """FOLD_FIRST: (fq, fk) plus K chunk c's products of the folded checkpoint chunk S_c [BV, BKF] with this row's raw
-    q and k (p_xq at its q), KDA's times this step's decay e^{g_t} per K (the folded checkpoint is the state just
-    before this token); the l2 norms and GDN's scalar decay are applied once, after the last chunk."""
-    o_kc = c * BKF + tl.arange(0, BKF)
-    mk = o_kc < K
-    q_c = tl.load(p_xq + o_kc, mask=mk, other=0).to(tl.float32)
-    k_c = tl.load(p_xq + H * K + o_kc, mask=mk, other=0).to(tl.float32)
-    if IS_KDA:
-        e = tl.exp(_load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True, USE_LOWER_BOUND))
-        q_c = q_c * e
-        k_c = k_c * e
-    return fq + tl.sum(S_c * q_c[None, :], 1), fk + tl.sum(S_c * k_c[None, :], 1)
-
-
-@triton.jit
 def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
                 base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
@@ -321,8 +304,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
                 HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, PRED: tl.constexpr = False):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
     this token's u_add k^T when ``flush``, i.e. when the fold takes this token: a flush or a rebased head), stored in
-    place, and its bf16 read copy at p_rc; returns the fp8 read copy's running row max |S| and the chunk as stored
-    (before any rounding to the state's dtype). G_f: GDN's fold decay
+    place, and its bf16 read copy at p_rc; returns the fp8 read copy's running row max |S|. G_f: GDN's fold decay
     (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d: the dot folds' [BV, BCD] decayed corrections
     and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
@@ -362,7 +344,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
             amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
         else:
             _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, amax, m_c, False)
-    return amax, S_c
+    return amax
 
 
 @triton.jit
@@ -382,7 +364,6 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
-    FOLD_FIRST: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -397,7 +378,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED, FOLD_FIRST)
+                   FOLD_PIPE, ovf, PRED)
 
 
 @triton.jit
@@ -416,7 +397,6 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    FOLD_FIRST: tl.constexpr = 0,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -464,16 +444,9 @@ def _main_tile(
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    ff = False  # this row folds first (FOLD_FIRST): no read of the old checkpoint here
-    if FOLD_FIRST:
-        pf1, _, fl1, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
-        ff = (pf1 != 0) & (fl1 == 0)
     if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-    elif ff:
-        Cq = tl.zeros([BV], dtype=tl.float32)
-        Ck = tl.zeros([BV], dtype=tl.float32)
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
@@ -512,18 +485,6 @@ def _main_tile(
         flush = flush | ov
         prefold = prefold & (ov == 0)
         rebase = (tl.load(ovf + rrow * (HV + 1) + i_hv) != 0) & (flush == 0) & (prefold == 0)
-    if FOLD_FIRST:
-        if ff & (prefold == 0):
-            # (predecayed keys) the pre launch turned this pre-fold into a whole-row flush through the token: that
-            # needs the token's output from the old checkpoint, read now (rare: a head crossing the threshold at
-            # the window's end)
-            Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
-                                A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
-                                USE_LOWER_BOUND)
-            if not IS_KDA:
-                Cq = Cq * e_t
-                Ck = Ck * e_t
-        ff = ff & (prefold != 0)
     tok = flush | rebase  # the fold (if any) takes this token too
     valid = o_c < h_old
     base_u = ring_u + (rrow * HV + i_hv) * CAP * V
@@ -531,7 +492,7 @@ def _main_tile(
                  other=0).to(tl.float32)  # [BC, BV]
     u_t = beta * (v - (Ck + tl.sum(ru * ck[:, None], 0)))
     o = Cq + tl.sum(ru * cq[:, None], 0) + u_t * kq
-    tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v & (ff == 0))
+    tl.store(p_o, o.to(p_o.dtype.element_ty), mask=mask_v)
 
     if (flush | prefold | rebase) & FOLD_CHUNKED:
         # the same fold, one K chunk at a time ([BV, BKF] live instead of [BV, K]): fewer registers for the
@@ -570,29 +531,21 @@ def _main_tile(
             G_f = 0.0  # (KDA's decay is per K: _fold_chunk loads it per chunk)
         p_k_in = p_x + H * K + i_h * K
         p_rc = rc + (rrow * HV + i_hv) * V * K  # this tile's read copy (unused without one)
-        fq = tl.zeros([BV], dtype=tl.float32)  # FOLD_FIRST: the folded checkpoint's products with q~ and k~
-        fk = tl.zeros([BV], dtype=tl.float32)
         if FOLD_PIPE > 0:
             # the chunk loop software-pipelined over FOLD_PIPE stages (the dot folds): the next chunks' checkpoint and
             # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
             # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
             for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
-                amax, S_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv,
-                                        stride_a, lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add,
-                                        o_cd, valid_d, Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                                        FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
-                if FOLD_FIRST == 1:
-                    fq, fk = _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                                      H, K, BKF, IS_KDA, USE_LOWER_BOUND)
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         else:
             for c in tl.static_range(NCH):
-                amax, S_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv,
-                                        stride_a, lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add,
-                                        o_cd, valid_d, Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
-                                        FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
-                if FOLD_FIRST == 1:
-                    fq, fk = _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                                      H, K, BKF, IS_KDA, USE_LOWER_BOUND)
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                   lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
+                                   Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
+                                   FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         if HAS_RC:
             if RC_FP8:
                 # second pass: the codes need the whole row's scale; the chunks are re-read from the checkpoint
@@ -606,23 +559,6 @@ def _main_tile(
                     S_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
                     _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, sc, m_c, True)
                 tl.store(rc_scale + (rrow * HV + i_hv) * V + o_v, sc, mask=mask_v)
-        if FOLD_FIRST:
-            # a row that folds first: this token from the checkpoint just folded (the ring is empty now), with q~ and
-            # k~ relative to it, i.e. times this step's decay only: u_t = beta (v - e C' k~), o = e C' q~ + u_t <k, q>
-            if FOLD_FIRST == 1:  # the products were summed chunk by chunk as the fold wrote them
-                q_in = tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32)
-                fq = fq * (scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6))
-                fk = fk / n_k
-            else:  # re-read from the tile just written (this program's own stores: expected cache hits)
-                tl.debug_barrier()  # every thread's fold stores precede the re-read (other threads' layouts)
-                fq, fk = _tile_dots(p_st, o_v, mask_v, p_xq, p_gl, h_old < 0, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                                    scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
-            if not IS_KDA:
-                fq = fq * tl.exp(g_t)
-                fk = fk * tl.exp(g_t)
-            u_ff = beta * (v - fk)
-            tl.store(p_o, (fq + u_ff * kq).to(p_o.dtype.element_ty), mask=mask_v & ff)
-            u_t = tl.where(ff, u_ff, u_t)
         tl.debug_barrier()  # the fold's reads of record 0 precede its rewrite below (a pre-fold that appends)
     if (flush | prefold | rebase) & (not FOLD_CHUNKED):
         # write the checkpoint (1/L of the rows): v2's fold, from the ring and this token's inputs; the pre
@@ -706,7 +642,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, fold_first=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -732,13 +668,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
     read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
-    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)
-    fold_first: a row that pre-folds (h = L: the ring filled in the last step; ring.fill_flush) skips the tile read
-    for its token's output: it folds its records into the checkpoint chunk by chunk, then computes the token from the
-    folded checkpoint, its products with q~ and k~ either summed from the chunks as the fold writes them (True or
-    "dots") or read back from the tile just written ("reread": the main launch's tile read, on cache hits). One read
-    of the checkpoint from memory and one write, instead of two reads and a write. Needs a chunked fold (not "loop").
-    None: V3_TUNED."""
+    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -750,10 +680,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
-    fold_first = fold_first if fold_first is not None else tuned.get("fold_first", False)
-    fold_first = {False: 0, True: 1, "dots": 1, "reread": 2}.get(fold_first, -1)
-    if fold_first < 0:
-        raise ValueError("fold_first must be False, True / 'dots' or 'reread'")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -817,8 +743,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    if fold_first and fold == "loop":
-        raise ValueError("fold_first folds chunk by chunk: pass fold='chunked', 'dot' or 'dot3', not 'loop'")
     run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
@@ -843,7 +767,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
-            FOLD_FIRST=fold_first,
             **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):

@@ -335,20 +335,6 @@ SPLIT_ARMS = {
     "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
     "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
     "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
-    # session 14: fold_first, the pre-folding rows' token computed from the checkpoint as they fold it (one read of
-    # the checkpoint on the step that writes it), with and without the pipelined fold loop
-    "v3_r32_ff": (torch.float32, None, dict(v3_opts=dict(fold_first=True))),
-    "v3_r32_ff_fp3": (torch.float32, None, dict(v3_opts=dict(fold_first=True, fold_pipe_stages=3))),
-    "v3_r32_pred_ff": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_first=True))),
-    "v3_r32_pred_ff_fp3": (torch.float32, None, dict(kda_keys="predecayed",
-                                                    v3_opts=dict(fold_first=True, fold_pipe_stages=3))),
-    "v3_rc_bf16_ff": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_first=True))),
-    "v3_r32_ffr": (torch.float32, None, dict(v3_opts=dict(fold_first="reread"))),
-    "v3_r32_ffr_fp3": (torch.float32, None, dict(v3_opts=dict(fold_first="reread", fold_pipe_stages=3))),
-    "v3_r32_pred_ffr": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_first="reread"))),
-    "v3_r32_pred_ffr_fp3": (torch.float32, None, dict(kda_keys="predecayed",
-                                                     v3_opts=dict(fold_first="reread", fold_pipe_stages=3))),
-    "v3_rc_bf16_ffr": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(fold_first="reread"))),
 }
 
 

@@ -358,7 +358,7 @@ def test_matches_reference_over_windows(kind, L, impl):
 def test_gdn_L32(impl):
     """L = 32: a full window and then some (one head, small K/V to keep the interpreter fast)."""
     hz = Harness("gdn", B=2, H=1, HV=1, K=16, V=16, L=32, seed=3, p_forced=0.0, p_pad=0.05, impl=impl)
-    st = hz.run(36)
+    st = hz.run(34)
     assert st["flushes"] > 0 and st["staggered"] > 0
 
 
@@ -839,25 +839,6 @@ def test_gpu_real_shapes_fold_pipe(kind, read_dtype, stages):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
-@pytest.mark.parametrize("read_dtype,stages,mode", [("same", 0, "dots"), ("same", 3, "dots"), ("same", 0, "reread"),
-                                                    ("bf16", 3, "reread"), ("fp8_e4m3", 0, "reread")])
-def test_gpu_real_shapes_fold_first(kind, keys, read_dtype, stages, mode, monkeypatch):
-    """fold_first at real head sizes on the GPU (fp32 state and records; the V3_TUNED launch and fold otherwise, PDL
-    included): the pre-folding rows' tokens from the checkpoint as they fold it; predecayed keys at min_g -10 (head
-    rebases and the row flushes of a crossing pre-fold)."""
-    from replayssm_sglang.kernels import decode_v3
-
-    if keys == "predecayed":
-        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -10.0)
-    hz = _real_harness(kind, seed=6, impl="v3", read_dtype=read_dtype, fold=None, kda_keys=keys,
-                       v3_opts=dict(fold_first=mode, fold_pipe_stages=stages))
-    st = hz.run(26)
-    assert st["prefold_appends"] > 0, st
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16", "fp8_e4m3"])
 def test_gpu_real_shapes_heads_per_program(kind, read_dtype):
@@ -946,36 +927,6 @@ def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
     st = hz.run(14)
     assert st["rebase"] > 0 and st["ovf"] > 0, st  # heads rebased, pre-folding rows flushed by the threshold
     assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
-
-
-@pytest.mark.parametrize("kind,keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
-@pytest.mark.parametrize("fold,read_dtype,fold_pipe", [("dot3", "same", 0), ("dot3", "same", 3), ("chunked", "same", 0),
-                                                      ("dot3", "bf16", 3), ("chunked", "fp8_e4m3", 0)])
-@pytest.mark.parametrize("mode", ["dots", "reread"])
-def test_v3_fold_first(kind, keys, fold, read_dtype, fold_pipe, mode, monkeypatch):
-    """fold_first: a row that pre-folds (every L-th step of plain decode) computes its token from the checkpoint it
-    folds, chunk by chunk (K = 64 in 64-byte chunks: 4 per row), without reading the old one first. Outputs, the state
-    at every flush and pre-fold, the records (record 0 after the fold is this token's) against float64, with forced
-    flushes, window switches, padded rows, a ring keyed by request row, read copies and, on predecayed keys, head
-    rebases and the row flushes a threshold crossing turns a pre-fold into (the late tile read); the token's products
-    summed from the fold's chunks ("dots") or read back from the folded tile ("reread")."""
-    from replayssm_sglang.kernels import decode_v3
-
-    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", PRED_TEST_MIN_G)
-    H, HV = (2, 2) if kind == "kda" else (1, 2)
-    hz = Harness(kind, B=4, H=H, HV=HV, K=64, V=16, L=6, seed=63, windows=(6, 6, 6, 2), p_forced=0.05, impl="v3",
-                 fold=fold, read_dtype=read_dtype, kda_keys=keys, ring_idx=True,
-                 v3_opts=dict(fold_first=mode, fold_bytes=64, fold_pipe_stages=fold_pipe, pipe_stages=3))
-    st = hz.run(16)
-    assert st["prefold_appends"] > 0 and st["forced"] > 0 and st["padded"] > 0 and st["staggered"] > 0, st
-    if keys == "predecayed":
-        assert st["rebase"] > 0 and st["ovf"] > 0, st
-
-
-def test_v3_fold_first_refused_with_loop_fold():
-    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="loop", v3_opts=dict(fold_first=True))
-    with pytest.raises(ValueError, match="fold_first"):
-        hz.run(1)
 
 
 @pytest.mark.parametrize("opts", [dict(fold_pipe_stages=3), dict(heads_per_program=2), dict(chunk_bytes=64)])
