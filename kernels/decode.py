@@ -11,16 +11,15 @@ decided per row on the device:
     full [BV, K] tile (so L = 1 is the conventional decode, bit for bit under the interpreter);
   * otherwise the output comes from the checkpoint read once (C q and C k from the same K-chunk
     loads, NK chunks) plus dot products against the h cached keys; a non-flush step appends its
-    record, a flush step (forced) re-reads the checkpoint chunks (cache hits) and folds the records
-    (rank-1 updates, one record at a time) and this token into it;
-  * a pre-step fold (h >= L: the ring filled in the last step, as every L tokens of plain decode, or
-    after a verify step, or a shorter window from the policy) folds the records into the checkpoint
-    first and writes it.
+    record, a flush step re-reads the checkpoint chunks (cache hits) and folds the records (rank-1
+    updates, one record at a time) and this token into it;
+  * a pre-step fold (h >= L: after a verify step, or a shorter window from the policy) folds the
+    records into the checkpoint first and writes it.
 
-Per row (ring.py: decode is the T = 1 case of the verify protocol; only window 1 flushes unforced):
+Per row:
   prefold  = h >= L             (h + T > L with T = 1)
   h_eff    = 0 if prefold else h
-  flush    = forced or L = 1    (ring.fill_flush)
+  flush    = h_eff + 1 >= L or forced
   h_new    = 0 if flush else h_eff + 1
 The kernel writes h itself, on the device: every program of a row reads h first; the row's
 programs count their arrival on a per-slot counter (``arrive``, always 0 between launches) and the
@@ -93,7 +92,7 @@ def _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX: tl.constexpr):
 @triton.jit
 def _decode_rule(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr):
     """ring.py's rule for a T = 1 decode step of row i_n, in Triton (the one copy every decode
-    kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = forced or L = 1;
+    kernel uses): prefold = h >= L; h_eff = 0 if prefold else h; flush = h_eff + 1 >= L or forced;
     h_new = 0 if flush else h_eff + 1. (_decode_rule_rc without a read copy.)"""
     return _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, forced, i_n, False)
 
@@ -113,7 +112,7 @@ def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, r
         is_forced = is_forced | (tl.load(rc_valid + rrow) == 0)
     prefold = h_old >= L
     h_eff = tl.where(prefold, 0, h_old)
-    flush = (L <= 1) | is_forced  # ring.fill_flush: only window 1 folds its token unforced
+    flush = ((h_eff + 1) >= L) | is_forced
     h_new = tl.where(flush, 0, h_eff + 1)
     return prefold, h_eff, flush, h_new
 

@@ -49,7 +49,6 @@ launch.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -68,7 +67,7 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr, FOLD_LAUNCH: tl.constexpr = False):
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
     PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
     head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
@@ -118,13 +117,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 tl.store(p_c, tl.sum(rk * (q * e_h)[None, :] * e_h[None, :], 1))
                 tl.store(p_c + BC, tl.sum(rk * (k * e_h)[None, :] * e_h[None, :], 1))
                 rb = tl.min(tl.where(mask_k, G_t, 0.0), 0) < min_g
-                # the row flushes (any head may write the same 1), unless the fold launch takes it: it computes the
-                # token from the folded checkpoint, which needs no e^{G_t} over the old records
-                row_flush = rb & (prefold != 0)
-                if FOLD_LAUNCH:
-                    row_flush = row_flush & (flush != 0)
-                if row_flush:
-                    tl.store(ovf + rrow * (HV + 1) + HV, 1)
+                if rb & (prefold != 0):
+                    tl.store(ovf + rrow * (HV + 1) + HV, 1)  # the row flushes (any head may write the same 1)
                 if rb & append:
                     tl.store(ovf + rrow * (HV + 1) + i_hv, 1)  # this head is rebased
                 k_rec = tl.where(rb, 0.0, k * tl.exp(-tl.maximum(G_t, min_g)))
@@ -176,7 +170,6 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
-    FOLD_LAUNCH: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -192,7 +185,7 @@ def replay_decode_v3_pre_kernel(
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
-                     PRED, FOLD_LAUNCH)
+                     PRED)
 
 
 @triton.jit
@@ -304,183 +297,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
-def _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-             H: tl.constexpr, K: tl.constexpr, BKF: tl.constexpr, IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
-    """The fold launch: (fq, fk) plus K chunk c's products of the folded checkpoint chunk S_c [BV, BKF] with this
-    row's raw q and k (p_xq at its q), KDA's times this step's decay e^{g_t} per K (the folded checkpoint is the
-    state just before this token); the l2 norms and GDN's scalar decay are applied once, after the last chunk."""
-    o_kc = c * BKF + tl.arange(0, BKF)
-    mk = o_kc < K
-    q_c = tl.load(p_xq + o_kc, mask=mk, other=0).to(tl.float32)
-    k_c = tl.load(p_xq + H * K + o_kc, mask=mk, other=0).to(tl.float32)
-    if IS_KDA:
-        e = tl.exp(_load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_kc, mk, lower_bound, K, True, USE_LOWER_BOUND))
-        q_c = q_c * e
-        k_c = k_c * e
-    return fq + tl.sum(S_c * q_c[None, :], 1), fk + tl.sum(S_c * k_c[None, :], 1)
-
-
-@triton.jit
-def _fold_first_tile(
-    i_v, i_n, i_hv, slot, rrow, h_old,
-    mixed_qkv, a, b, A_log, dt_bias, out, state, ring_u, ring_k, ring_g,
-    scale, lower_bound, stride_qkv, stride_a, stride_b, stride_slot,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    CAP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKF: tl.constexpr, BCD: tl.constexpr,
-    IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr,
-    FOLD_PIPE: tl.constexpr, PRED: tl.constexpr,
-):
-    """V-tile i_v of value head i_hv of row i_n, whose step pre-folds (h_old >= L, not forced): the h_old records
-    folded into the checkpoint relative to the last one's G (the state just before this token), written chunk by
-    chunk; this token's products with the folded chunks summed as they are written, then
-        u_t = beta (v - e C' k~),  o = e C' q~ + u_t <k~, q~>
-    (e: this step's decay, per K for KDA), the output stored, and u_t stored as record 0 of this V-tile (the post
-    launch writes record 0's shared parts, the key and G, once every program has read the old ones)."""
-    i_h = i_hv // (HV // H)
-    if IS_KDA:
-        i_hk = i_hv
-    else:
-        i_hk = i_h
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
-    mask_v = o_v < V
-    mask_k = o_k < K
-    p_x = mixed_qkv + i_n * stride_qkv
-    p_xq = p_x + i_h * K
-    p_k_in = p_x + H * K + i_h * K
-    base_u = ring_u + (rrow * HV + i_hv) * CAP * V
-    base_k = ring_k + (rrow * HK + i_hk) * CAP * K
-    base_g = ring_g + (rrow * HV + i_hv) * CAP * GK
-    p_st = state + slot * stride_slot + i_hv * V * K
-    q_in = tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32)
-    k_in = tl.load(p_k_in + o_k, mask=mask_k, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    n_k = tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
-    kq = tl.sum(q_in * k_in) * s_q / n_k  # <k~, q~>: the pre launch's kq, made here (this launch needs no scratch)
-    has = h_old > 0
-    tok = h_old < 0  # (false: the fold does not take this token)
-    if IS_KDA:
-        G_f = 0.0  # (per K: _fold_chunk loads it per chunk)
-    else:
-        g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False, USE_LOWER_BOUND)
-        G_f = tl.load(base_g + (h_old - 1))
-    o_cd = tl.arange(0, BCD)
-    valid_d = o_cd < h_old
-    if FOLD_DOT:
-        Ud = tl.load(base_u + o_cd[None, :] * V + o_v[:, None], mask=mask_v[:, None] & valid_d[None, :],
-                     other=0).to(tl.float32)  # [BV, BCD]
-        if not IS_KDA:
-            g_d = tl.load(base_g + o_cd, mask=valid_d, other=0)
-            Ud = Ud * tl.where(valid_d, tl.exp(G_f - g_d), 0.0)[None, :]
-    else:
-        Ud = tl.zeros([BV, BCD], dtype=tl.float32)
-    u_add = tl.zeros([BV], dtype=tl.float32)
-    amax = tl.zeros([BV], dtype=tl.float32)
-    fq = tl.zeros([BV], dtype=tl.float32)
-    fk = tl.zeros([BV], dtype=tl.float32)
-    NCH: tl.constexpr = BK // BKF
-    if FOLD_PIPE > 0:  # the K-chunk loop software-pipelined (asynchronous copies of the next chunks)
-        for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
-            amax, S_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                                    lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
-                                    Ud, p_st, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, False,
-                                    False, PRED)
-            fq, fk = _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H, K, BKF,
-                              IS_KDA, USE_LOWER_BOUND)
-    else:
-        for c in tl.static_range(NCH):
-            amax, S_c = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
-                                    lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
-                                    Ud, p_st, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC, False,
-                                    False, PRED)
-            fq, fk = _ff_dots(fq, fk, S_c, c, p_xq, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H, K, BKF,
-                              IS_KDA, USE_LOWER_BOUND)
-    fq = fq * s_q
-    fk = fk / n_k
-    if not IS_KDA:
-        fq = fq * tl.exp(g_t)
-        fk = fk * tl.exp(g_t)
-    v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
-    b_val = tl.load(b + i_n * stride_b + i_hv).to(tl.float32)
-    if IS_KDA:
-        beta = tl.sigmoid(b_val).to(tl.float32)
-    else:
-        beta = tl.sigmoid(b_val).to(b.dtype.element_ty).to(tl.float32)
-    u_t = beta * (v - fk)
-    p_o = out + (i_n * HV + i_hv) * V + o_v
-    tl.store(p_o, (fq + u_t * kq).to(p_o.dtype.element_ty), mask=mask_v)
-    tl.debug_barrier()  # every thread's reads of record 0's corrections (the fold) precede its rewrite
-    tl.store(base_u + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
-
-
-@triton.jit
-def replay_decode_v3_fold_kernel(
-    mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, slot_idx, forced, ring_idx,
-    scale, lower_bound, L, B,
-    stride_qkv, stride_a, stride_b, stride_slot,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    CAP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKF: tl.constexpr, BCD: tl.constexpr,
-    BLOCK_B: tl.constexpr, NPROG: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr,
-    FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, FOLD_PIPE: tl.constexpr, PRED: tl.constexpr,
-):
-    """The fold launch (option ``fold_launch``), between the main and post launches. NPROG = 0: grid (V / BV, B, HV),
-    one program per tile, which returns at once unless its row pre-folds unforced. Otherwise: NPROG programs (a few per SM)
-    share the work items (row, value head, V-tile) of the rows whose step pre-folds without a forced flush (under
-    ring.py's rule, every L-th step of a row: the ring filled in its last step), which the main launch leaves
-    alone. Each program finds those rows itself (the batch's h, slots and flags in one [BLOCK_B] load: no scratch,
-    no counter to reset), then takes every NPROG-th item (_fold_first_tile). On a step where no row pre-folds it
-    returns after that load. Its own launch, so that its registers and tile shape (measured by scripts/bench_fold.py:
-    a fold at copy speed wants 64-wide K chunks, pipelined) do not weigh on the main launch's plain steps."""
-    if NPROG == 0:
-        i_n = tl.program_id(1)
-        slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-        h_old = tl.load(ring_h + tl.maximum(rrow, 0)).to(tl.int32)
-        go = (slot >= 0) & (h_old >= L) & (L > 1)
-        if HAS_FORCED:
-            go = go & (tl.load(forced + i_n) == 0)
-        if go:
-            _fold_first_tile(tl.program_id(0), i_n, tl.program_id(2), slot, rrow, h_old,
-                             mixed_qkv, a, b, A_log, dt_bias, out, state, ring_u, ring_k, ring_g,
-                             scale, lower_bound, stride_qkv, stride_a, stride_b, stride_slot,
-                             H, HV, HK, GK, K, V, CAP, BK, BV, BKF, BCD, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC,
-                             FOLD_PIPE, PRED)
-    else:
-        o_b = tl.arange(0, BLOCK_B)
-        mb = o_b < B
-        slot_b = tl.load(slot_idx + o_b, mask=mb, other=-1).to(tl.int32)
-        if HAS_RING_IDX:
-            rrow_b = tl.load(ring_idx + o_b, mask=mb, other=-1).to(tl.int32)
-            slot_b = tl.where(rrow_b < 0, -1, slot_b)
-            rrow_b = tl.where(slot_b < 0, -1, rrow_b)
-        else:
-            rrow_b = slot_b
-        real = slot_b >= 0
-        h_b = tl.load(ring_h + tl.maximum(rrow_b, 0), mask=real, other=0).to(tl.int32)
-        flag = real & (h_b >= L) & (L > 1)
-        if HAS_FORCED:
-            flag = flag & (tl.load(forced + o_b, mask=mb, other=0) == 0)
-        flag_i = flag.to(tl.int32)
-        csum = tl.cumsum(flag_i, 0)
-        NV: tl.constexpr = (V + BV - 1) // BV
-        n_items = tl.sum(flag_i, 0) * (HV * NV)
-        for it in range(tl.program_id(0), n_items, NPROG):
-            r = it // (HV * NV)
-            rem = it % (HV * NV)
-            sel = flag & (csum == r + 1)  # the r-th pre-folding row, in batch order
-            i_n = tl.sum(tl.where(sel, o_b, 0), 0)
-            slot = tl.sum(tl.where(sel, slot_b, 0), 0)
-            rrow = tl.sum(tl.where(sel, rrow_b, 0), 0)
-            h_old = tl.sum(tl.where(sel, h_b, 0), 0)
-            _fold_first_tile(rem % NV, i_n, rem // NV, slot, rrow, h_old,
-                             mixed_qkv, a, b, A_log, dt_bias, out, state, ring_u, ring_k, ring_g,
-                             scale, lower_bound, stride_qkv, stride_a, stride_b, stride_slot,
-                             H, HV, HK, GK, K, V, CAP, BK, BV, BKF, BCD, IS_KDA, USE_LOWER_BOUND, FOLD_DOT, DOT_PREC,
-                             FOLD_PIPE, PRED)
-
-
-@triton.jit
 def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
                 base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
@@ -488,8 +304,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
                 HAS_RC: tl.constexpr, RC_FP8: tl.constexpr, PRED: tl.constexpr = False):
     """K chunk c ([BV, BKF]) of the main launch's chunked fold (the checkpoint tile at p_st, ring records at base_*,
     this token's u_add k^T when ``flush``, i.e. when the fold takes this token: a flush or a rebased head), stored in
-    place, and its bf16 read copy at p_rc; returns the fp8 read copy's running row max |S| and the chunk as stored
-    (before any rounding to the state's dtype). G_f: GDN's fold decay
+    place, and its bf16 read copy at p_rc; returns the fp8 read copy's running row max |S|. G_f: GDN's fold decay
     (scalar); KDA loads its per-K decay for the chunk. Ud, o_cd, valid_d: the dot folds' [BV, BCD] decayed corrections
     and ring positions (FOLD_DOT)."""
     o_kc = c * BKF + tl.arange(0, BKF)
@@ -529,7 +344,7 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
             amax = tl.maximum(amax, tl.max(tl.abs(S_c), 1), propagate_nan=tl.PropagateNan.ALL)
         else:
             _store_read_copy(p_rc + o_v[:, None] * K + o_kc[None, :], S_c, amax, m_c, False)
-    return amax, S_c
+    return amax
 
 
 @triton.jit
@@ -549,7 +364,6 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
-    FOLD_LAUNCH: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -564,7 +378,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED, FOLD_LAUNCH)
+                   FOLD_PIPE, ovf, PRED)
 
 
 @triton.jit
@@ -583,11 +397,8 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    FOLD_LAUNCH: tl.constexpr = False,
 ):
-    """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring).
-    FOLD_LAUNCH: a row that pre-folds without a forced flush is the fold launch's (replay_decode_v3_fold_kernel):
-    nothing here."""
+    """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
     if IS_KDA:
         i_hk = i_hv
@@ -627,10 +438,6 @@ def _main_tile(
     p_xq = p_x + i_h * K  # this row's q of the key head; its k follows H * K later
     p_gl = ring_g + ((rrow * HV + i_hv) * CAP + (h_old - 1)) * GK  # KDA: G of the last record (h_old > 0)
     has = h_old > 0
-    if FOLD_LAUNCH:
-        pf_l, _, fl_l, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
-        if (pf_l != 0) & (fl_l == 0):
-            return
     from_rc = False  # without a read copy (constexpr branch) every row reads the checkpoint
     if HAS_RC:
         pf0, _, fl0, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
@@ -729,13 +536,13 @@ def _main_tile(
             # key loads are in flight as asynchronous copies while this chunk folds and stores; unrolled (below),
             # each chunk's loads wait behind the previous chunk's store, which the compiler cannot move them above
             for c in tl.range(0, NCH, num_stages=FOLD_PIPE):
-                amax, _chunk = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
         else:
             for c in tl.static_range(NCH):
-                amax, _chunk = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                amax = _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                    lower_bound, base_u, base_k, base_g, h_old, has, tok, G_f, u_add, o_cd, valid_d,
                                    Ud, p_rc, K, V, GK, CAP, BKF, IS_KDA, USE_LOWER_BOUND,
                                    FOLD_DOT, DOT_PREC, HAS_RC, RC_FP8, PRED)
@@ -835,7 +642,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, fold_launch=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -861,13 +668,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
     checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
     read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
-    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)
-    fold_launch: (BV, num_warps, programs per SM (0: a program per tile), K-chunk bytes, pipeline stages), or None /
-    False for none: the rows
-    that pre-fold without a forced flush (every L-th step of a row under ring.py's rule) are left by the main launch
-    to a launch of their own between main and post (replay_decode_v3_fold_kernel), which folds each tile at the
-    fold's own tile shape and computes the token from the folded checkpoint (one read and one write of it). Not with
-    a read copy or h_rows. None: V3_TUNED."""
+    chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -879,17 +680,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
-    fold_launch = fold_launch if fold_launch is not None else tuned.get("fold_launch")
-    if fold_launch:
-        if (len(fold_launch) != 5 or min(int(x) for i, x in enumerate(fold_launch) if i != 2) < 1
-                or int(fold_launch[2]) < 0 or int(fold_launch[0]) < 16):
-            raise ValueError(f"fold_launch must be (BV >= 16, num_warps, programs per SM (0: one per tile), K-chunk "
-                             f"bytes, stages), all >= 1 but the programs, got {fold_launch!r}")
-        if has_rc or h_rows is not None or not advance_h:
-            raise ValueError("fold_launch: not with a read copy, h_rows or advance_h=False (the post launch it "
-                             "precedes advances h)")
-        if fold not in ("dot", "dot3", "chunked"):
-            raise ValueError(f"fold_launch folds in K chunks: fold 'dot', 'dot3' or 'chunked', not {fold!r}")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -900,8 +690,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
     pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
                 if pre_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
-    if _diag_parts not in ("all", "pre", "main", "fold", "post"):
-        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main', 'fold' or 'post', got {_diag_parts!r}")
+    if _diag_parts not in ("all", "pre", "main", "post"):
+        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
     lay = ring.layout
@@ -953,7 +743,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    run_pre, run_main, run_fold, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "fold", "post"))
+    run_pre, run_main, run_post = (_diag_parts in ("all", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -962,8 +752,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, FOLD_LAUNCH=bool(fold_launch),
-            **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
         )
     if run_main:
         _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](
@@ -978,23 +767,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
-            FOLD_LAUNCH=bool(fold_launch), **common, **_pdl_kw(pdl),
-        )
-    if run_fold and fold_launch:
-        fbv, fnw, fpps, fbytes, fst = (int(x) for x in fold_launch)
-        fbv = min(fbv, triton.next_power_of_2(V))
-        nprog = fpps * _sm_count(dev)
-        grid = (nprog,) if nprog else (triton.cdiv(V, fbv), B, HV)
-        replay_decode_v3_fold_kernel[grid](
-            mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx, f, ri,
-            float(scale), lb, L, B, mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
-            H=lay.H, HV=HV, HK=lay.HK, GK=GK, K=K, V=V, CAP=lay.cap, BK=BK, BV=fbv,
-            BKF=min(BK, max(16, fbytes // state.element_size())), BCD=max(16, BC),
-            BLOCK_B=max(16, triton.next_power_of_2(B)), NPROG=nprog, IS_KDA=(kind == "kda"),
-            HAS_FORCED=forced is not None, USE_LOWER_BOUND=lower_bound is not None,
-            HAS_RING_IDX=ring_idx is not None, FOLD_DOT=fold in ("dot", "dot3"),
-            DOT_PREC="tf32x3" if fold == "dot3" else "ieee", FOLD_PIPE=fst if fst > 1 else 0, PRED=pred,
-            num_warps=fnw, num_stages=max(1, fst),
+            **common, **_pdl_kw(pdl),
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
@@ -1008,13 +781,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)
     # every real row now holds round(checkpoint) in its read copy
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (the fold launch's programs per SM times this is its grid); 1 off
-    the GPU (the interpreter runs programs one after the other)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def compiled_for_cuda(device: torch.device) -> bool:

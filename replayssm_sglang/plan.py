@@ -308,17 +308,14 @@ class Traffic:
 def replayssm_traffic(L: int, T: int = 1, accepted: int | None = None, read_copy: bool = False) -> Traffic:
     """Steady-state traffic of the ring protocol, per committed token.
 
-    Steps follow ``replayssm_sglang.ring`` exactly: a T = 1 step is a decode step (auto-commit;
-    ``decode_flushes`` / ``h_after_decode``: the T = 1 case of the verify rule, so for L >= 2 the
-    ring fills to L records and the next step folds them first, and only L = 1 flushes every step);
-    a T > 1 step is a verify step that commits ``accepted`` tokens (``needs_prefold`` /
-    ``h_after_verify``). Starting from h = 0 the committed count is iterated until it repeats; the
-    averages are over that cycle (decode, L >= 2: h = 1..L, the step at h = L pre-folding).
+    Steps follow ``replayssm_sglang.ring`` exactly: a T = 1 step is a decode step (auto-commit,
+    flush when the ring fills: ``decode_flushes`` / ``h_after_decode``); a T > 1 step is a verify
+    step that commits ``accepted`` tokens (``needs_prefold`` / ``h_after_verify``). Starting from
+    h = 0 the committed count is iterated until it repeats; the averages are over that cycle.
 
     Per step: the checkpoint is read once (the read copy on a step that writes no checkpoint, when
-    ``read_copy``), the h committed records are read (by a pre-step fold, the records it folds), T
-    records are written, and a step that folds writes the checkpoint (and refreshes the read copy,
-    when ``read_copy``).
+    ``read_copy``), the h committed records are read, T records are written, and a step that folds
+    writes the checkpoint (and refreshes the read copy, when ``read_copy``).
     """
     import torch
 
@@ -668,10 +665,9 @@ Bytes model (per linear layer, per request; see docs/design.md, "Bytes model"):
   R = ring.RingLayout.record_bytes()      one ring record: u (V per value head), k (K per key
                                            head), fp32 cumulative log-decay (1 or K per value head)
   conventional decode       = 2 S                      (read + write every token)
-  ReplaySSM decode          = S + S/L + (L+1)/2 R + R  (checkpoint read, one write per L tokens,
-                                           the mean h over a window h = 1..L records read (the
-                                           step at h = L folds them first), one record written;
-                                           L = 1: 2 S + R, every step flushes, reads no record)
+  ReplaySSM decode          = S + S/L + (L-1)/2 R + R  (checkpoint read, one write per L tokens,
+                                           the mean h over a window h = 0..L-1 records read, one
+                                           record written)
   conventional spec verify  = (T + 3) S / a            (read, T per-draft snapshots, commit copy;
                                            a = tokens accepted per step, bonus included)
   ReplaySSM spec verify     = averaged over the cycle of h that ring.py's rule produces:

@@ -223,9 +223,9 @@ class TwoCopyReference(R.ReplayReference):
 
     def step(self, x: R.DecodeInputs, slot_idx: torch.Tensor, forced: torch.Tensor | None = None,
              L: int | None = None) -> torch.Tensor:
-        """A step that writes the checkpoint (``ring.decode_flushes``: a pre-step fold of a full ring, a
-        forced flush, or any step at L = 1) reads the recurrence copy only, for its fold and for its own
-        output; every other step reads the read copy only."""
+        """A step that writes the checkpoint (``ring.decode_flushes``: ring full, forced, or a pre-step
+        fold) reads the recurrence copy only, for its fold and for its own output; every other
+        step reads the read copy only."""
         L = self.L if L is None else L
         valid = slot_idx >= 0
         slots = slot_idx[valid].long()
@@ -341,9 +341,8 @@ def error_study(kind: str = "gdn", regime: str = "slow", dtype: str = "bf16", *,
                 K: int = 128, V: int = 128, L: int = 16, seed: int = 0, key_rank: int | None = None,
                 arms: tuple[str, ...] = ARMS, generator_seed: int | None = None) -> dict[str, torch.Tensor]:
     """Relative output error per step, ||o_arm - o|| / ||o||, of each arm against the exact
-    float64 recurrence, one head (H = HV = 1), from a zero state, plain decode (a checkpoint write
-    every L tokens: the deferred fold, ring.py's T = 1 rule: the ring fills in L steps and the next
-    step folds it before its own token). Also returned: ``norm`` (||o|| per step).
+    float64 recurrence, one head (H = HV = 1), from a zero state, plain decode (a flush every L
+    tokens). Also returned: ``norm`` (||o|| per step).
 
     ``dtype`` is the low precision under study (``bf16`` or ``fp8_e4m3``): ``a_every_step`` rounds
     the state to it every step (round to nearest), ``b_checkpoint`` keeps one checkpoint in it
@@ -352,16 +351,10 @@ def error_study(kind: str = "gdn", regime: str = "slow", dtype: str = "bf16", *,
 
     Batched over the arms with one [arms, V, K] tensor so that 4096 steps at K = V = 128 take a few
     seconds. It uses two equalities of the protocol (checked against ``TwoCopyReference`` and
-    ``RoundedConventional`` step by step in tests/test_precision.py): between folds, the output
+    ``RoundedConventional`` step by step in tests/test_precision.py): between flushes, the output
     computed from a read copy Cr plus the ring equals the conventional recurrence started from Cr
     (the unrolled identity of docs/design.md); and C Diag(exp Gamma) + sum_j u_j w_j^T, what the
-    pre-folding step folds, equals that running state plus (C - Cr) Diag(exp Gamma). The pre-folding
-    step computes its own token from the recurrence copy it wrote; the steps after it read the read
-    copy (and the record that step appended).
-
-    ``recurrence_<arm>``: the recurrence copy's error at every checkpoint write, after L, 2L, ...
-    tokens; the last window's (after ``steps`` tokens, when L divides it) is the checkpoint the next
-    step would write, computed but not stepped."""
+    flush step sees and folds, equals that running state plus (C - Cr) Diag(exp Gamma)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # [arms, 128, 128] ops: threading costs more than it gives
     try:
@@ -383,17 +376,26 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
     idx = {n: i for i, n in enumerate(names)}
     ring_arms = [n for n in arms if n != "a_every_step"]
     out = torch.empty(steps, N, V, dtype=F64)
-    rec_err = {n: [] for n in ring_arms}  # ||C - S_exact|| / ||S_exact|| at every checkpoint write
-    for t in range(steps + 1):
-        # plain decode is the T = 1 case of the verify rule (ring.decode_flushes / ring.needs_prefold): steps
-        # t - L .. t - 1 filled the ring (h == L), so step t folds those L records into the checkpoint first and
-        # computes its token from what it wrote. (At L = 1, ring.fill_flush, step t - 1 folded its own token into the
-        # checkpoint: the same value, written one step earlier, and every output reads it.)
-        prefold = t > 0 and t % L == 0
-        if prefold:
+    rec_err = {n: [] for n in ring_arms}  # ||C - S_exact|| / ||S_exact|| at every flush
+    for t in range(steps):
+        g, k, q = x.g[t], x.k[t], x.q[t]
+        flush = (t + 1) % L == 0  # plain decode: ring.decode_flushes is true when h + 1 == L
+        if flush:  # this step reads the recurrence copy: switch to the trajectory from C
             for n in ring_arms:
                 i = idx[n]
-                F = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])  # the fold: the recurrence copy plus the records
+                S[i] = S[i] + (C[i] - Cr[i]) * torch.exp(Gw[i])
+        S = S * torch.exp(g)  # [N, V, K] * [GK]
+        u = x.beta[t] * (x.v[t] - S @ k)  # [N, V]
+        S = S + u[:, :, None] * k
+        out[t] = S @ q
+        Gw = Gw + g
+        if "a_every_step" in idx:
+            i = idx["a_every_step"]
+            S[i] = round_nearest(S[i], dtype)
+        if flush:
+            for n in ring_arms:
+                i = idx[n]
+                F = S[i]
                 if n == "b_checkpoint":
                     C[i] = round_nearest(F, dtype)
                     Cr[i] = C[i]
@@ -405,30 +407,15 @@ def _error_study(kind, regime, dtype, steps, K, V, L, seed, key_rank, arms, gene
                     Cr[i] = round_read(F, dtype)
                 else:
                     raise ValueError(f"unknown arm {n!r}")
-                S[i] = C[i]  # this step reads the recurrence copy it wrote
+                S[i] = Cr[i]
                 rec_err[n].append(float(torch.linalg.vector_norm(C[i] - S[0]) / torch.linalg.vector_norm(S[0])))
             Gw = torch.zeros_like(Gw)
-        if t == steps:
-            break  # the last window's fold, as the next step would write it: recorded, not stepped
-        g, k, q = x.g[t], x.k[t], x.q[t]
-        S = S * torch.exp(g)  # [N, V, K] * [GK]
-        u = x.beta[t] * (x.v[t] - S @ k)  # [N, V]
-        S = S + u[:, :, None] * k
-        out[t] = S @ q
-        Gw = Gw + g
-        if "a_every_step" in idx:
-            i = idx["a_every_step"]
-            S[i] = round_nearest(S[i], dtype)
-        if prefold:  # the steps until the next fold read the read copy: switch to the trajectory from Cr
-            for n in ring_arms:
-                i = idx[n]
-                S[i] = S[i] + (Cr[i] - C[i]) * torch.exp(Gw[i])
     o = out[:, 0]
     norm = torch.linalg.vector_norm(o, dim=-1)
     res = {n: torch.linalg.vector_norm(out[:, idx[n]] - o, dim=-1) / norm for n in arms}
     res["norm"] = norm
     res["outputs"] = out
-    for n in ring_arms:  # the recurrence copy's own error at each checkpoint write (after L, 2L, ... tokens)
+    for n in ring_arms:  # the recurrence copy's own error after each flush (step L, 2L, ...)
         res["recurrence_" + n] = torch.tensor(rec_err[n], dtype=F64)
     return res
 

@@ -164,8 +164,8 @@ class ReplayReference:
                 Ck = Ck + torch.einsum("hjv,hj->hv", self.u[s, :, :h], torch.einsum("hjk,hk->hj", w, kn))
             u_t = x.beta[n][:, None] * (x.v[n] - Ck)
             out[n] = Cq + u_t * (kn * qn).sum(-1, keepdim=True)
-            # commit (T = 1 auto-commit): fold the token in if the flush is forced (or L = 1), else append it
-            if f or ringmod.fill_flush(L):
+            # commit (T = 1 auto-commit), then flush if the ring is full or the flush is forced
+            if h + 1 >= L or f:
                 S = self._fold(s, h, G_t) + u_t[:, :, None] * kn[:, None, :]
                 self.state[s] = S
                 self.h[s] = 0

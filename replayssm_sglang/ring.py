@@ -196,35 +196,22 @@ def needs_prefold(h: torch.Tensor, T: int, L: int) -> torch.Tensor:
     return (h + T) > L
 
 
-def fill_flush(L: int) -> bool:
-    """Does a T = 1 decode step fold its own token into the checkpoint whenever it commits (a flush), rather
-    than appending it? Only at window 1 (L = 1: the conventional step, the state written every token; the
-    small-batch path). For L >= 2 a decode step only appends, the ring fills to L records, and the next step
-    folds them first (``needs_prefold``: h + 1 > L), as a verify step does: decode is the T = 1 case of the
-    verify protocol. A fold before the token reads the checkpoint once, folds and writes it, and computes the
-    token from what it wrote; a fold through the token needs the token's output first, from the old
-    checkpoint, and so reads the checkpoint twice (docs/design.md, "Deferred fold")."""
-    return L <= 1
-
-
 def decode_flushes(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
     """Per row, for a T = 1 decode step starting at committed count h: does the step write the
-    checkpoint? True for a pre-step fold (the ring is full: h == L), a forced flush, and every step at
-    L = 1 (``fill_flush``)."""
-    out = needs_prefold(h, 1, L)
-    if fill_flush(L):
-        out = torch.ones_like(out)
+    checkpoint (after committing its token)? True when the ring becomes full or a flush is forced.
+    A pre-step fold (h == L, only reachable after a verify step) also writes it."""
+    after = h + 1
+    out = (after >= L) | needs_prefold(h, 1, L)
     if forced is not None:
         out = out | forced.to(torch.bool)
     return out
 
 
 def h_after_decode(h: torch.Tensor, L: int, forced: torch.Tensor | None = None) -> torch.Tensor:
-    """Committed count after a T = 1 decode step: 0 when the step folded its token (a forced flush, or
-    L = 1), else the records left after any pre-step fold plus this one (at most L)."""
+    """Committed count after a T = 1 decode step (0 when the step flushed)."""
     start = torch.where(needs_prefold(h, 1, L), torch.zeros_like(h), h)
     after = start + 1
-    flush = torch.full_like(h, fill_flush(L), dtype=torch.bool)
+    flush = after >= L
     if forced is not None:
         flush = flush | forced.to(torch.bool)
     return torch.where(flush, torch.zeros_like(after), after).to(h.dtype)

@@ -11,8 +11,7 @@ Arms (per layer kind, state dtype and batch size B):
               advanced by its one-program-per-row post launch (a drop-in for ours_*: same ring, same rule)
   v2_r16_rows the v2 kernel alone with per-row h given by the caller (h_rows, advance_h=False): what each
               layer costs when one model-wide h is advanced once per forward (docs/design.md); the same
-              conditions as upstream's arm (cursors supplied per row, (row + step) % 16 + 1: ring.py's
-              h = 1..16, the row at h = 16 pre-folding; upstream's own cursors run 0..15)
+              conditions as upstream's arm (cursors supplied per row, (row + step) % 16)
   v2_r16_unroll  (--variants unroll) v2 with the fold loop unrolled over the ring capacity
   v2_r16_all  (--variants all) v2 loading every ring position without waiting for h (records="all")
   v3_r16/r32   kernels/decode_v3.py (replay_decode(impl="v3")) with its defaults, decode_v3.V3_TUNED: since
@@ -26,9 +25,8 @@ Arms (per layer kind, state dtype and batch size B):
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
-staggered: ours h = (row + step) % 16 + 1, upstream's (row + step) % 16; slots permuted); the layers'
-state pools are rotated step by step so that the state touched by a graph replay is at least 4x the L2
-(a model has dozens of such layers);
+staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
+that the state touched by a graph replay is at least 4x the L2 (a model has dozens of such layers);
 triton.testing.do_bench median of graph replays / NSTEPS. Bytes: the bytes model (state, ring
 records, per step, average over the staggered cursors), and its fraction of the measured
 device-to-device copy peak. Speedups are against the fastest conventional arm of the same run.
@@ -74,23 +72,17 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
     if arm in ("conv", "conv_cuda", "ours_L1", "v3_L1", "ours_w1"):
         return 2 * state + inputs
     rec = HV * V * rec_es + HK * K * rec_es + HV * GK * 4
-    if arm.startswith("upstream"):
-        # upstream's cursors uniform over 0..L-1: the step at L-1 folds the ring and its own token (stores no record)
-        mean_read, written = (L - 1) / 2, (L - 1) / L
-    else:
-        # ours (ring.py, the deferred fold: decode is the T = 1 case of the verify rule): cursors uniform over 1..L;
-        # the step at h = L reads the L records to fold them and stores its own token as record 0
-        mean_read, written = (L + 1) / 2, 1.0
+    mean_read = (L - 1) / 2  # cursors uniform over 0..L-1
     scratch = 0
     if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: the coefficients
         scratch = 2 * B * HV * (2 * 16 + 2) * 4
-    if "_rc_" in arm:  # read copy (issue 7): the step that folds reads and writes the checkpoint and writes the
-        # copy, the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
+    if "_rc_" in arm:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
+        # the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
         bf = "_rc_bf16" in arm
         rc = B * HV * V * (K * (2 if bf else 1) + (0 if bf else 4))
         state_traffic = 2 * state / L + rc * (L - 1) / L + rc / L
-        return state_traffic + B * rec * (mean_read + written) + inputs + scratch
-    return state * (1 + 1 / L) + B * rec * (mean_read + written) + inputs + scratch
+        return state_traffic + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
+    return state * (1 + 1 / L) + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
 
 
 class Case:
@@ -238,24 +230,22 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             else:
                 r.rc.index_copy_(0, rr, src.to(torch.bfloat16))
             r.rc_valid.fill_(1)
-        # staggered cursors: batch row i starts at h = i % L + 1 (plain decode's steady state under ring.py's rule:
-        # h = 1..L, the row at h = L pre-folds); zero records are valid records. aligned: every row on the same
-        # cursor (a batch that started together, as in the server's throughput runs: all rows write their
-        # checkpoints in the same step, one step in L)
-        r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L + 1)
+        # staggered cursors: batch row i starts at i % L; zero records are valid records. aligned: every
+        # row on the same cursor (a batch that started together, as in the server's throughput runs: all rows
+        # write their checkpoints in the same step, one step in L)
+        r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L)
         rings.append(r)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
-        # h = 1..L: the rows at h = L pre-fold (their post launch writes record 0, so it must run)
-        h_rows = [((rows_t + s) % c.L + 1).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
+        h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
         if server_like:
             extra.update(ring_idx=ring_idx, forced=forced)
 
         def run(step):
             if rows:
-                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False)
+                extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
             vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
@@ -345,22 +335,6 @@ SPLIT_ARMS = {
     "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
     "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
     "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
-    # session 14: the fold launch (decode_v3 fold_launch = (BV, warps, programs per SM, K-chunk bytes, stages)): the
-    # rows that pre-fold go to a launch of their own, at the tile shapes scripts/bench_fold.py timed at copy speed;
-    # programs per SM as ptxas says fit (sm_90, offline: 32 x 2 at 246-254 registers: 4; 16 x 1 at 159-213: 9-12)
-    "v3_r32_fl": (torch.float32, None, dict(v3_opts=dict(fold_launch=(32, 2, 4, 256, 2)))),
-    "v3_r32_fl16": (torch.float32, None, dict(v3_opts=dict(fold_launch=(16, 1, 9, 128, 3)))),
-    "v3_r32_fl_p8": (torch.float32, None, dict(v3_opts=dict(fold_launch=(32, 2, 8, 256, 2)))),
-    "v3_r32_fl16_p4": (torch.float32, None, dict(v3_opts=dict(fold_launch=(16, 1, 4, 128, 3)))),
-    "v3_r32_flg": (torch.float32, None, dict(v3_opts=dict(fold_launch=(32, 2, 0, 256, 2)))),
-    "v3_r32_flg_w1": (torch.float32, None, dict(v3_opts=dict(fold_launch=(32, 1, 0, 256, 2)))),
-    "v3_r32_pred_flg": (torch.float32, None, dict(kda_keys="predecayed",
-                                                 v3_opts=dict(fold_launch=(32, 2, 0, 256, 2)))),
-    "v3_r32_pred_fl": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_launch=(32, 2, 4, 256, 2)))),
-    "v3_r32_pred_fl16": (torch.float32, None, dict(kda_keys="predecayed",
-                                                  v3_opts=dict(fold_launch=(16, 1, 9, 128, 3)))),
-    "v3_r32_pred_fl_p8": (torch.float32, None, dict(kda_keys="predecayed",
-                                                   v3_opts=dict(fold_launch=(32, 2, 8, 256, 2)))),
 }
 
 
@@ -371,7 +345,7 @@ def step_split(c: Case, run, steps: int = 32) -> dict:
     one that does), and the mean per step."""
     from torch.profiler import ProfilerActivity, profile
 
-    for i in range(c.L):  # compiled, warm, and back to the window's first step (aligned: h = L, the pre-fold)
+    for i in range(c.L):  # compiled, warm, and back to the window's first step
         run(i)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -448,7 +422,7 @@ def main():
                     "at B >= 128); 'bkt' = v3 "
                     "reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = "
                     "tensor-core fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors "
-                    "(row %% L + 1), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
+                    "(row %% L), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
                     "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
@@ -461,7 +435,7 @@ def main():
                     help="--step-split with the arguments as the server passes them: the ring keyed by request row "
                          "(ring_idx, twice as many ring rows as batch rows) and a forced-flush mask")
     ap.add_argument("--split-staggered", action="store_true",
-                    help="--step-split with staggered cursors (row r starts at h = r %% L + 1, as rows admitted at different "
+                    help="--step-split with staggered cursors (row r starts at h = r %% L, as rows admitted at different "
                          "steps are in a server): 1/L of the rows write their checkpoint on every step")
     ap.add_argument("--step-split", action="store_true", help="only the per-launch split by step of a window "
                     "(aligned cursors unless --split-staggered, fp32 states, the largest of --batches; conv and --split-arms): where a decode "

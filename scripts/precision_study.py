@@ -9,8 +9,7 @@ step against the exact float64 recurrence of
   (c) c_two_copies         fp32 recurrence copy + read copy in the low precision (round to nearest),
   (c') c_bf16sr_two_copies bf16 recurrence copy (stochastic rounding) + read copy.
 "Error at step t" = sqrt(sum ||e||^2 / sum ||o||^2) over the 64 steps ending at t. For the ring arms
-the JSON also holds the recurrence copy's own error at the checkpoint write that folds the first t
-tokens (the pre-fold of step t + 1), ||C - S|| / ||S||.
+the JSON also holds the recurrence copy's own error after the flush at step t, ||C - S|| / ||S||.
 
     python scripts/precision_study.py [--steps 4096] [--K 128] [--seed 1234] [--out benchmarks/results/precision-DATE]
 """

@@ -295,7 +295,7 @@ def test_fresh_alloc_free_and_reuse_mid_window(sg):
     assert s != row
     m.write_prefill_state(s)
     assert h_of(rtp, s) == [0]
-    for _ in range(L + 2):  # the ring fills in L steps, the next step pre-folds it (h -> 1): 2 records pending
+    for _ in range(L + 2):  # one natural flush, then 2 records pending
         assert m.step([s]) < TOL
     assert h_of(rtp, s) == [2]
     rtp.free_mamba_cache(r1)

@@ -276,10 +276,9 @@ class Stream:
 @pytest.mark.parametrize("kind,lower_bound", [("gdn", None), ("kda", None), ("kda", -5.0)])
 def test_verify_and_decode_steps_mix_in_one_request(sg, kind, lower_bound, monkeypatch):
     """Random accept counts, verify steps and plain decode steps in any order (decode window L
-    forced, so records carry across kinds of step); the pre-step fold fires in verify and in decode
-    steps (decode is the T = 1 case of the verify rule). Rejected drafts never reach the state: after
-    every commit the ring's exact state equals the conventional state of the accepted stream, and the
-    next step's outputs agree with it."""
+    forced, so records carry across kinds of step); the pre-step fold and the decode flush both
+    fire. Rejected drafts never reach the state: after every commit the ring's exact state equals
+    the conventional state of the accepted stream, and the next step's outputs agree with it."""
     monkeypatch.setenv("REPLAYSSM_DECODE_WINDOW", str(L))
     s = Stream(sg, kind, monkeypatch, lower_bound=lower_bound, seed=1 + (lower_bound is not None))
     _, slots = s.admit(2)
@@ -290,7 +289,7 @@ def test_verify_and_decode_steps_mix_in_one_request(sg, kind, lower_bound, monke
     for i, step in enumerate(kinds):
         h = s.rp.h[0, s.rows(slots)].clone()
         if step == "decode":
-            full_decodes += int((h == L).sum())  # a decode that must fold first (here after a verify)
+            full_decodes += int((h == L).sum())  # a decode that must fold first (only after a verify)
             seq = [x + 1 for x in seq]
             s.decode(slots, seq)
         else:

@@ -76,12 +76,11 @@ def test_small_gdn_tp1_fp32(tmp_path, capsys):
     assert req["ring_bytes"] == 3 * 836
     # conventional decode: read + write the state: 2 * 1024 per layer
     assert req["conventional_decode_bytes_per_token"] == 3 * 2 * 1024 == 6144
-    # ReplaySSM decode, L=4 (the deferred fold: steps start at h = 1, 2, 3, 4; the step at h = 4 folds the
-    # 4 records, writes the checkpoint and appends its own as record 0): read 1024 + write 1024/4 + mean
-    # records read (1+2+3+4)/4 = 2.5 * 208 + one record written 208 = 1024 + 256 + 520 + 208 = 2008 per layer
-    assert lay["replayssm_decode_bytes_per_token"] == 2008
-    assert req["replayssm_decode_bytes_per_token"] == 3 * 2008 == 6024
-    assert req["decode_ceiling_speedup"] == pytest.approx(6144 / 6024)
+    # ReplaySSM decode, L=4: read 1024 + write 1024/4 + mean records read (0+1+2+3)/4 = 1.5 * 208
+    # + one record written 208 = 1024 + 256 + 312 + 208 = 1800 per layer
+    assert lay["replayssm_decode_bytes_per_token"] == 1800
+    assert req["replayssm_decode_bytes_per_token"] == 3 * 1800 == 5400
+    assert req["decode_ceiling_speedup"] == pytest.approx(6144 / 5400)
     # memory: conventional 1 state per layer; ReplaySSM checkpoint + ring
     assert req["memory_bytes"]["conventional_decode"] == 3072
     assert req["memory_bytes"]["replayssm"] == 3 * (1024 + 836)
@@ -100,8 +99,8 @@ def test_small_gdn_tp2(tmp_path, capsys):
     # record: (2*8 + 1*8) * 4 = 96 B + g 2 * 4 = 8 B
     assert lay["record_bytes"] == 104
     assert lay["ring_bytes"] == 4 * 104 + 4
-    # decode: 512 + 512/4 + 2.5*104 + 104 = 512 + 128 + 260 + 104 = 1004
-    assert lay["replayssm_decode_bytes_per_token"] == 1004
+    # decode: 512 + 512/4 + 1.5*104 + 104 = 512 + 128 + 156 + 104 = 900
+    assert lay["replayssm_decode_bytes_per_token"] == 900
     assert lay["conventional_decode_bytes_per_token"] == 1024
 
 
@@ -112,8 +111,8 @@ def test_small_gdn_bf16_state_and_records(tmp_path, capsys):
     # state bf16: 4*8*8*2 = 512; record: 48 * 2 = 96 + fp32 g 16 = 112
     assert lay["state_bytes"] == 512
     assert lay["record_bytes"] == 112
-    # decode: 512 + 128 + 2.5*112 + 112 = 512 + 128 + 280 + 112 = 1032
-    assert lay["replayssm_decode_bytes_per_token"] == 1032
+    # decode: 512 + 128 + 1.5*112 + 112 = 512 + 128 + 168 + 112 = 920
+    assert lay["replayssm_decode_bytes_per_token"] == 920
     assert d["settings"]["state_dtype_source"] == "--state-dtype"
 
 
@@ -153,23 +152,23 @@ def test_spec_verify_hand_cycles(tmp_path, capsys):
 
 
 def test_read_copy_bf16(tmp_path, capsys):
-    """fp32 state with a bf16 read copy (Sr = 512), L=4: three of four decode steps (h = 1, 2, 3) read
-    Sr, the pre-folding step (h = 4) reads S; the fold writes S and Sr.  Per token:
-    (3*512 + 1024)/4 + (1024 + 512)/4 + 2.5*208 + 208 = 640 + 384 + 520 + 208 = 1752."""
+    """fp32 state with a bf16 read copy (Sr = 512), L=4: three of four decode steps read Sr, the
+    flushing step reads S; the flush writes S and Sr.  Per token:
+    (3*512 + 1024)/4 + (1024 + 512)/4 + 1.5*208 + 208 = 640 + 384 + 312 + 208 = 1544."""
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, read_dtype="bf16")
     lay = d["per_layer"]
     assert lay["read_copy_bytes"] == 512
-    assert lay["replayssm_decode_bytes_per_token"] == 1752
+    assert lay["replayssm_decode_bytes_per_token"] == 1544
     assert d["per_request"]["memory_bytes"]["replayssm"] == 3 * (1024 + 512 + 836)
 
 
 def test_read_copy_fp8(tmp_path, capsys):
     """fp8 e4m3 read copy: HV*V*K = 256 one-byte codes plus one fp32 scale per (value head, V-row),
     HV*V*4 = 128 bytes (replayssm_sglang.precision's layout): Sr = 384.  Per token:
-    (3*384 + 1024)/4 + (1024 + 384)/4 + 2.5*208 + 208 = 544 + 352 + 520 + 208 = 1624."""
+    (3*384 + 1024)/4 + (1024 + 384)/4 + 1.5*208 + 208 = 544 + 352 + 312 + 208 = 1416."""
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, read_dtype="fp8_e4m3")
     assert d["per_layer"]["read_copy_bytes"] == 384
-    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1624
+    assert d["per_layer"]["replayssm_decode_bytes_per_token"] == 1416
     assert d["per_request"]["memory_bytes"]["replayssm"] == 3 * (1024 + 384 + 836)
 
 
@@ -182,7 +181,7 @@ def test_L1_is_conventional_plus_one_record(tmp_path, capsys):
 
 def test_batch_scales_totals(tmp_path, capsys):
     d = run_json(capsys, write_cfg(tmp_path, SMALL_GDN), cache_len=4, batch=8)
-    assert d["batch_totals"]["replayssm_decode_bytes_per_step"] == 8 * 6024
+    assert d["batch_totals"]["replayssm_decode_bytes_per_step"] == 8 * 5400
     assert d["batch_totals"]["memory_bytes"]["conventional_decode"] == 8 * 3072
 
 
@@ -218,11 +217,11 @@ def test_small_kda(tmp_path, capsys):
     # per-K fp32 gate 4 * 8 * 4 = 128  -> 384
     assert lay["state_bytes"] == 1024
     assert lay["record_bytes"] == 256 + 128
-    # decode: 1024 + 256 + 2.5*384 + 384 = 2624
-    assert lay["replayssm_decode_bytes_per_token"] == 2624
-    # predecayed keys (the server's KDA default): the 2.5 records read carry no gate (256 each), all 4 steps of 4
-    # start with records (h = 1..4) and read the last record's gate (128): 1024 + 256 + 2.5*256 + 1*128 + 384 = 2432
-    assert lay["replayssm_decode_bytes_per_token_predecayed"] == 2432
+    # decode: 1024 + 256 + 1.5*384 + 384 = 2240
+    assert lay["replayssm_decode_bytes_per_token"] == 2240
+    # predecayed keys (the server's KDA default): the 1.5 records read carry no gate (256 each), the 3 steps of 4
+    # that hold records read the last record's gate (128): 1024 + 256 + 1.5*256 + 0.75*128 + 384 = 2144
+    assert lay["replayssm_decode_bytes_per_token_predecayed"] == 2144
     # conv: (4*8 + 2*4*8) = 96 channels * 3 * 2 B
     assert lay["conv_bytes"] == 96 * 3 * 2
 
@@ -293,11 +292,9 @@ def test_qwen3_next_80b_shape(capsys):
     assert d["per_layer"]["record_bytes"] == (32 * 128 + 16 * 128) * 4 + 32 * 4
     assert req["ring_bytes"] == 36 * (16 * 24704 + 4)
     S = 32 * 128 * 128 * 4
-    # records read: mean h over h = 1..16 = 8.5 (the step at h = 16 folds them)
-    assert req["replayssm_decode_bytes_per_token"] == 36 * (S + S // 16 + 8.5 * 24704 + 24704)
-    # 1.70x for this layer with fp32 state and records (1.72x under the old fill-flush rule, which read (L-1)/2
-    # records per step; docs/benchmarks.md, the lazy rule)
-    assert round(req["decode_ceiling_speedup"], 2) == 1.70
+    assert req["replayssm_decode_bytes_per_token"] == 36 * (S + S // 16 + 7.5 * 24704 + 24704)
+    # device-facts.md: about 1.72x for this layer with fp32 state and records
+    assert round(req["decode_ceiling_speedup"], 2) == 1.72
 
 
 def test_kimi_linear_48b_shape(capsys):
@@ -307,14 +304,13 @@ def test_kimi_linear_48b_shape(capsys):
     S = 32 * 128 * 128 * 4
     R = (32 * 128 + 32 * 128) * 4 + 32 * 128 * 4
     assert d["per_layer"]["record_bytes"] == R
-    # 8.5 records read (mean h over h = 1..16) + 1 written
-    assert d["per_request"]["replayssm_decode_bytes_per_token"] == 20 * (S + S // 16 + 9.5 * R)
-    # 1.56x with the per-K gate in every record (1.59x under the old fill-flush rule)
-    assert round(d["per_request"]["decode_ceiling_speedup"], 2) == 1.56
-    # predecayed keys: records read without their gate, the last record's gate read on all 16 steps of 16
+    assert d["per_request"]["replayssm_decode_bytes_per_token"] == 20 * (S + S // 16 + 8.5 * R)
+    # device-facts.md: about 1.59x with the per-K gate in every record
+    assert round(d["per_request"]["decode_ceiling_speedup"], 2) == 1.59
+    # predecayed keys: records read without their gate, the last record's gate read on 15 steps of 16
     Gb = 32 * 128 * 4
     assert d["per_request"]["replayssm_decode_bytes_per_token_predecayed"] == 20 * (
-        S + S // 16 + 8.5 * (R - Gb) + 16 / 16 * Gb + R)
+        S + S // 16 + 7.5 * (R - Gb) + 15 / 16 * Gb + R)
 
 
 def test_text_output_mentions_capacity(tmp_path, capsys):
@@ -330,7 +326,7 @@ def test_help_documents_the_formula():
     sub = ap.add_subparsers()
     p = P.add_parser(sub)
     text = p.format_help()
-    assert "S + S/L + (L+1)/2 R + R" in text
+    assert "S + S/L + (L-1)/2 R + R" in text
     assert "(T + 3) S / a" in text
 
 
@@ -338,4 +334,4 @@ def test_registered_in_the_cli(tmp_path, capsys):
     cli = pytest.importorskip("replayssm_sglang.cli")
     rc = cli.main(["plan", "--config", str(write_cfg(tmp_path, SMALL_GDN)), "--cache-len", "4", "--json"])
     assert rc == 0
-    assert json.loads(capsys.readouterr().out)["per_request"]["replayssm_decode_bytes_per_token"] == 6024
+    assert json.loads(capsys.readouterr().out)["per_request"]["replayssm_decode_bytes_per_token"] == 5400

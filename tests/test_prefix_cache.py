@@ -4,9 +4,8 @@ Part 1 (no SGLang): the device-side forced-flush mask (sglang_hooks.flush.forced
 the ring rule (ring.decode_flushes / ring.h_after_decode) is compared, step by step, with an oracle
 written here from docs/design.md's protocol, for every cursor phase, several L, intervals and page
 sizes: at every boundary step the checkpoint holds exactly seq_len tokens (a flush lands there), a
-natural fold is never lost (h <= L after every decode step, and a step that starts with a full ring
-pre-folds it), and a boundary that coincides with a natural fold (a step that starts at h == L) writes
-once and restarts the cadence from there (never doubled).
+natural flush is never lost (h < L after every decode step), and a boundary that coincides with a
+natural flush writes once and restarts the L-cadence from there (never doubled).
 
 Part 2 (SGLang 0.5.17 on CPU, in a child process so that this pytest process never imports the
 pristine SGLang: tests/test_integration_sglang.py imports a patched copy and must be first): the
@@ -38,10 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def oracle(h0: int, s0: int, L: int, interval: int, n: int):
     """The protocol in plain Python, one row: a checkpoint holding ``ckpt`` tokens and ``h``
     committed records; each decode step appends one token (seq = s0 + step + 1). A full ring
-    (h == L: after L plain decode steps, or after a verify step) is folded before appending (the
-    deferred fold: decode is the T = 1 case of the verify rule); after appending, the ring and this
-    token are folded only when the step completes a track block (seq % interval == 0) or L == 1.
-    Folds of one step happen in registers: at most one checkpoint write per step."""
+    (h == L, only after a verify step) is folded before appending; after appending, the ring is
+    folded when it is full or the step completes a track block (seq % interval == 0). Folds of one
+    step happen in registers: at most one checkpoint write per step."""
     ckpt, h = s0 - h0, h0
     out = []
     for step in range(n):
@@ -50,7 +48,7 @@ def oracle(h0: int, s0: int, L: int, interval: int, n: int):
         if h + 1 > L:
             ckpt, h, write = ckpt + h, 0, True
         h += 1
-        if L == 1 or seq % interval == 0:
+        if h == L or seq % interval == 0:
             ckpt, h, write = ckpt + h, 0, True
         assert ckpt + h == seq
         out.append((seq, h, ckpt, write))
@@ -84,10 +82,9 @@ def test_flush_lands_on_every_boundary_every_phase(L, page, interval, T):
     assert interval % page == 0
     if T > L:
         pytest.skip("T > L is refused by ring_capacity")
-    # every committed count a slot can hold when a decode step starts: 0..L after decode steps (0
-    # only at L = 1), and up to L after a verify step of T drafts (h_after_verify from every start,
-    # every accept)
-    phases = set(range(L + 1))
+    # every committed count a slot can hold when a decode step starts: 0..L-1 after decode steps,
+    # and up to L after a verify step of T drafts (h_after_verify from every start, every accept)
+    phases = set(range(L))
     for h in range(L + 1):
         for a in range(1, T + 1):
             phases.add(int(ring.h_after_verify(torch.tensor([h]), T, L, torch.tensor([a]))[0]))
@@ -105,19 +102,8 @@ def test_flush_lands_on_every_boundary_every_phase(L, page, interval, T):
     # a flush lands exactly on every boundary: the checkpoint holds exactly seq_len tokens there
     assert (hs[boundary] == 0).all() and torch.equal(ckpt[boundary], seqs[boundary])
     assert writes[boundary].all()
-    # no natural fold is lost: after a decode step the ring never holds more than L records (none at
-    # L = 1), and every step that starts with a full ring (h == L) writes the checkpoint and leaves
-    # only its own record (or none, on a boundary or at L = 1)
-    assert (hs <= L).all()
-    if L == 1:
-        assert (hs == 0).all()
-    h_start = torch.cat([h0.to(torch.int64)[:, None], hs[:, :-1]], 1)
-    full = h_start == L
-    assert full.any(), "the cases must include steps that start with a full ring"
-    assert writes[full].all()
-    assert torch.equal(hs[full], torch.where(boundary[full] | (L == 1), 0, 1))
-    # and a step that starts with room in the ring writes only on a boundary (or at L = 1)
-    assert torch.equal(writes[~full], boundary[~full] | (L == 1))
+    # no natural flush is lost: after a decode step the ring never holds L records
+    assert (hs < L).all()
     # step-by-step equality with the oracle (which also fixes where the cadence restarts)
     coincide = 0
     for i, (a, b) in enumerate(rows):
@@ -126,16 +112,13 @@ def test_flush_lands_on_every_boundary_every_phase(L, page, interval, T):
         assert writes[i].tolist() == [e[3] for e in exp], (a, b)
         prev = a
         for step, e in enumerate(exp):
-            if e[0] % interval == 0 and prev == L:
+            if e[0] % interval == 0 and prev == L - 1:
                 coincide += 1
-                # boundary and natural fold (the step starts with a full ring) on one step: one write,
-                # h -> 0, then the ring fills in L steps and the step after it folds (L + 1 steps on;
-                # every step at L = 1)
-                assert writes[i, step] and e[1] == 0 and e[2] == e[0], (a, b, step)
+                # boundary and natural flush on one step: one write, then a full L-step cadence
                 nxt = [j for j in range(step + 1, n) if writes[i, j]]
                 if nxt:
                     nb = next((j for j in range(step + 1, n) if exp[j][0] % interval == 0), n)
-                    assert nxt[0] == min(step + (L + 1 if L > 1 else 1), nb), (a, b, step)
+                    assert nxt[0] == min(step + L, nb), (a, b, step)
             prev = e[1]
     if L > 1:
         assert coincide > 0, "the cases must include boundaries that coincide with a natural flush"

@@ -297,10 +297,9 @@ def test_mixing_plain_and_speculative_steps_in_one_request(kind, L):
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_decode_kernel_and_verify_share_one_ring(kind):
-    """Plain steps through the decode kernel (kernels/decode.py, T = 1, auto-commit; the T = 1 case of
-    the verify rule: a full ring is folded before the step, forced steps fold their token) interleaved
-    with verify steps (T > 1) on one ring: every output and every checkpoint write matches the float64
-    accepted stream."""
+    """Plain steps through the decode kernel (kernels/decode.py, T = 1, auto-commit and eager fold)
+    interleaved with verify steps (T > 1) on one ring: every output and every checkpoint write
+    matches the float64 accepted stream."""
     dec = pytest.importorskip("replayssm_sglang.kernels.decode")
     H = HV = 1
     K = V = 16
@@ -318,34 +317,24 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
     ref = ReferenceStream(state[1:2].cpu().double(), kind=kind, H=H, HV=HV, K=K, V=V, A_log=A_log.cpu(),
                           dt_bias=dt_bias.cpu())
     # (T, accepted or None = random): the first steps walk through a decode step that fills the
-    # ring (h + 1 == L: it appends, no write), a verify that pre-folds that full ring (h + T > L), one
-    # decode step that starts with a full ring left by a verify (h == L: it pre-folds), a forced decode
-    # step (step 9: it folds its own token, h -> 0); the last L + 1 decode steps fill the ring by plain
-    # decode alone and pre-fold it
+    # ring (h + 1 == L) and one that starts with a full ring left by a verify (h == L)
+    # and a verify that folds first (h + T > L)
     tol = TOL[("float32", "float32")]
     plan = [(1, 1), (1, 1), (4, 2), (1, 1), (2, 2), (1, 1), (4, 4), (4, 4), (1, 1), (1, 1), (4, 3), (4, 2),
             (2, None), (4, None), (1, 1), (1, 1), (4, None), (1, 1), (2, None), (1, 1), (4, None), (1, 1)]
-    plan += [(1, 1)] * (L + 1)
-    forced_steps = {9}
     decode_steps = verify_steps = 0
     paths = set()
-    prev_decode = False
     for step, (Tt, acc_plan) in enumerate(plan):
         mixed, a, b = random_inputs(kind=kind, B=1, T=Tt, H=H, HV=HV, K=K, V=V, gen=gen, device=DEV)
         h_before = int(ring.h[1])
         ck_before = state[1].clone()
         o_ref = ref.verify(mixed.cpu(), a.cpu(), b.cpu(), Tt)
         if Tt == 1:
-            f = torch.tensor([step in forced_steps])
-            out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L,
-                                    forced=f.to(device=DEV, dtype=torch.int32))
+            out = dec.replay_decode(kind, mixed, a, b, A_log, dt_bias, state, ring, slots, L=L)
             before_token = ref.S.clone()
             ref.commit(torch.tensor([1]))
-            want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L, f)[0])
-            flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L, f)[0])
-            assert flushed == (h_before == L or step in forced_steps), f"seed={seed} step={step}"
-            if flushed and want_h == 1 and prev_decode:
-                paths.add("decode pre-folds a ring a decode step filled")
+            want_h = int(R.h_after_decode(torch.tensor([h_before], dtype=torch.int32), L)[0])
+            flushed = bool(R.decode_flushes(torch.tensor([h_before], dtype=torch.int32), L)[0])
             decode_steps += 1
         else:
             out = ring_verify(mixed, a, b, A_log, dt_bias, state, slots, ring, Tt)
@@ -355,8 +344,6 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
             ring_commit_(ring.h, slots, Tt, L, torch.tensor([acc], dtype=torch.int32, device=DEV))
             ref.commit(torch.tensor([acc]))
             want_h = int(R.h_after_verify(torch.tensor([h_before], dtype=torch.int32), Tt, L, torch.tensor([acc]))[0])
-            if flushed and prev_decode and h_before == L:
-                paths.add("verify pre-folds a ring a decode step filled")
             verify_steps += 1
         e = rms_ratio(out.reshape(Tt, HV, V).cpu(), o_ref.reshape(Tt, HV, V))
         assert e <= tol["out"], f"seed={seed} step={step} T={Tt}: output rms ratio {e:.3e}"
@@ -364,10 +351,9 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
         if flushed:
             paths.add((Tt == 1, want_h == 0))
             if Tt == 1:
-                # a forced decode step folds the records and its own token in (h -> 0): the checkpoint
-                # is exact at this token; one that starts with a full ring (h == L, left by decode or a
-                # verify) folds the committed records first and keeps its token as record 0 (h -> 1):
-                # the checkpoint is exact just before this token
+                # a decode step that fills the ring folds its own token in (h -> 0); one that starts
+                # with a full ring (h == L, left by a verify) folds the committed records first and
+                # keeps its token as record 0 (h -> 1)
                 target = ref.S if want_h == 0 else before_token
             else:
                 target = folded_state  # verify folds before its drafts
@@ -375,12 +361,9 @@ def test_decode_kernel_and_verify_share_one_ring(kind):
             assert e <= tol["state"], f"seed={seed} step={step} T={Tt}: checkpoint rms ratio {e:.3e}"
         else:
             assert torch.equal(state[1], ck_before), f"seed={seed} step={step}: checkpoint written without a fold"
-        prev_decode = Tt == 1
     assert torch.equal(state[0].cpu(), torch.full((HV, V, K), 1e30))
     assert decode_steps > 0 and verify_steps > 0
-    # both decode flush kinds (forced, pre-fold), verify folds, and rings filled by a decode step pre-folded by either
-    assert {(True, True), (True, False), (False, False), "decode pre-folds a ring a decode step filled",
-            "verify pre-folds a ring a decode step filled"} <= paths, paths
+    assert {(True, True), (True, False), (False, False)} <= paths, paths  # both decode flush kinds, verify folds
 
 
 def test_rejected_drafts_never_reach_the_state():
