@@ -335,20 +335,6 @@ SPLIT_ARMS = {
     "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
     "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
     "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
-    # session 14: the fold in wider / pipelined K chunks (scripts/bench_fold.py: 64-wide chunks fold at copy speed)
-    # with the main launch's registers capped (main_maxnreg) at what its plain steps use (105 GDN, 137-140 KDA)
-    "v3_r32_fb128_m112": (torch.float32, None, dict(v3_opts=dict(fold_bytes=128, main_maxnreg=112))),
-    "v3_r32_fb128_fp3_m112": (torch.float32, None, dict(v3_opts=dict(fold_bytes=128, fold_pipe_stages=3,
-                                                                     main_maxnreg=112))),
-    "v3_r32_fb256_fp2_m128": (torch.float32, None, dict(v3_opts=dict(fold_bytes=256, fold_pipe_stages=2,
-                                                                     main_maxnreg=128))),
-    "v3_r32_fp3_m112": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=3, main_maxnreg=112))),
-    "v3_r32_pred_fb128_m144": (torch.float32, None, dict(kda_keys="predecayed",
-                                                        v3_opts=dict(fold_bytes=128, main_maxnreg=144))),
-    "v3_r32_pred_fb128_fp3_m144": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(
-        fold_bytes=128, fold_pipe_stages=3, main_maxnreg=144))),
-    "v3_r32_pred_fb256_fp2_m144": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(
-        fold_bytes=256, fold_pipe_stages=2, main_maxnreg=144))),
 }
 
 
