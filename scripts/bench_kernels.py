@@ -198,24 +198,40 @@ def arm_upstream(c: Case, aligned=False):
     return run
 
 
+SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
+
+
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw"):
+             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
+             parts=None):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
-    mask is passed. kda_keys: the ring's KDA key records ("predecayed": k_j e^{-G_j}, ring.Ring.kda_keys)."""
+    mask is passed. parts (overrides server_like): some of those arguments alone, "+"-joined from SERVER_PARTS:
+    "perm" (the ring keyed by request row: 2B rows, ring_idx a random int64 subset), "ident" (ring_idx passed but
+    naming the batch rows' slots, B ring rows: the argument without the other keying), "i32" (ring_idx as int32),
+    "forced" (the mask). kda_keys: the ring's KDA key records ("predecayed": k_j e^{-G_j}, ring.Ring.kda_keys)."""
     from replayssm_sglang import ring as ringmod
     from replayssm_sglang.kernels.decode import replay_decode
 
     lay = ringmod.RingLayout.for_layer(c.kind, L=c.L, H=c.H, HV=c.HV, K=c.K, V=c.V)
     rings = []
-    n_rows = 2 * c.B if server_like else c.B
-    if server_like:
+    if parts is None:
+        parts = "perm+forced" if server_like else ""
+    pset = set(parts.split("+")) - {""}
+    if not pset <= SERVER_PARTS or {"perm", "ident"} <= pset or ("i32" in pset and not pset & {"perm", "ident"}):
+        raise ValueError(f"parts: '+'-joined from {sorted(SERVER_PARTS)}, one of perm / ident (i32 with one), got {parts!r}")
+    n_rows = 2 * c.B if "perm" in pset else c.B
+    if "perm" in pset:
         ring_idx = torch.randperm(n_rows, generator=torch.Generator().manual_seed(7))[:c.B].to(c.dev)  # int64
-        forced = torch.zeros(c.B, dtype=torch.int32, device=c.dev)
+    elif "ident" in pset:
+        ring_idx = c.slot_idx.long().clone()
     else:
-        ring_idx = forced = None
-    rr = ring_idx if server_like else c.slot_idx.long()  # the ring row of each batch row
+        ring_idx = None
+    if ring_idx is not None and "i32" in pset:
+        ring_idx = ring_idx.to(torch.int32)
+    forced = torch.zeros(c.B, dtype=torch.int32, device=c.dev) if "forced" in pset else None
+    rr = ring_idx.long() if ring_idx is not None else c.slot_idx.long()  # the ring row of each batch row
     rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)  # batch row indices
     for _ in range(c.NL):
         r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys)
@@ -240,8 +256,10 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         bv, nw = cfg if cfg else (None, None)
         h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
-        if server_like:
-            extra.update(ring_idx=ring_idx, forced=forced)
+        if ring_idx is not None:
+            extra.update(ring_idx=ring_idx)
+        if forced is not None:
+            extra.update(forced=forced)
 
         def run(step):
             if rows:
@@ -335,6 +353,19 @@ SPLIT_ARMS = {
     "v3_r32_pred_hpp2": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(heads_per_program=2))),
     "v3_r32_pred_c64": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(chunk_bytes=64))),
     "v3_r32_c64": (torch.float32, None, dict(v3_opts=dict(chunk_bytes=64))),
+    # session 14: the server-like setup's parts one at a time, with the bf16 read copy (its plain step was 176.7 us
+    # server-like against 136.4 plain for KDA, session 12) and without; "_p" arms ignore --split-server-like
+    "v3_rc_bf16_p0": (torch.float32, None, dict(read_dtype="bf16", parts="")),
+    "v3_rc_bf16_pident": (torch.float32, None, dict(read_dtype="bf16", parts="ident")),
+    "v3_rc_bf16_pperm": (torch.float32, None, dict(read_dtype="bf16", parts="perm")),
+    "v3_rc_bf16_pperm32": (torch.float32, None, dict(read_dtype="bf16", parts="perm+i32")),
+    "v3_rc_bf16_pforced": (torch.float32, None, dict(read_dtype="bf16", parts="forced")),
+    "v3_rc_bf16_pall": (torch.float32, None, dict(read_dtype="bf16", parts="perm+forced")),
+    "v3_rc_bf16_pred_p0": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed", parts="")),
+    "v3_rc_bf16_pred_pall": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed", parts="perm+forced")),
+    "v3_r32_p0": (torch.float32, None, dict(parts="")),
+    "v3_r32_pperm": (torch.float32, None, dict(parts="perm")),
+    "v3_r32_pall": (torch.float32, None, dict(parts="perm+forced")),
 }
 
 

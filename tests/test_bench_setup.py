@@ -42,3 +42,21 @@ def test_split_table():
     t = bk.table(path)
     assert "| kda | v3_r32_pred | 194.4 | 1.41x | 148.3 / 584.2 |  | 18.0 |" in t, t
     assert "| gdn | v3_r32 | 181.3 | 1.50x | 143.0 / 501.3 |" in t, t
+
+
+@pytest.mark.parametrize("kind,read_dtype", [("gdn", "bf16"), ("kda", "bf16"), ("kda", "same")])
+@pytest.mark.parametrize("parts", ["ident", "perm", "perm+i32", "forced", "ident+i32+forced"])
+def test_server_parts_same_outputs(kind, read_dtype, parts, monkeypatch):
+    """Each part of the server-like setup alone (bench_kernels.SERVER_PARTS) gives the decode of the plain setup, bit
+    for bit, so the split can time the parts one at a time."""
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
+    outs = [_decode_outputs(kind, torch.float32, read_dtype=read_dtype, parts=p) for p in ("", parts)]
+    assert torch.isfinite(outs[1]).all() and outs[1].abs().max() > 0
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("bad", ["perm+ident", "i32", "rows", "perm+x"])
+def test_server_parts_refused(bad):
+    c = bk.Case("gdn", 2, "float32", torch.device("cpu"), L=4)
+    with pytest.raises(ValueError, match="parts"):
+        bk.arm_ours(c, torch.float32, impl="v3", parts=bad)
