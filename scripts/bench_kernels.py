@@ -394,6 +394,19 @@ def step_split(c: Case, run, steps: int = 32) -> dict:
     return out
 
 
+def _main_launch_resources() -> dict:
+    """Registers, spills and shared memory of decode v3's last main launch as this machine's Triton compiled it
+    (offline counts, scripts/compile_configs.py --resources, come from another Triton and differ)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    k = decode_v3._LAST.get("kernel")
+    if k is None:
+        return {}
+    meta = getattr(k, "metadata", None)
+    return dict(n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
+                shared=getattr(meta, "shared", None))
+
+
 def run_step_split(args, dev, meta):
     B = max(int(b) for b in args.batches.split(","))
     names = args.split_arms.split(",")
@@ -414,11 +427,13 @@ def run_step_split(args, dev, meta):
                 print(f"split {kind} B={B} {n}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             tot = sum(v["mean_per_step_us"] for v in sp.values())
-            print(f"split {kind} B={B} {n}: {tot:.1f} us per step (kernels only)", flush=True)
+            main_res = _main_launch_resources() if n != "conv" else {}
+            print(f"split {kind} B={B} {n}: {tot:.1f} us per step (kernels only)"
+                  + (f"  [main launch as compiled here: {main_res}]" if main_res else ""), flush=True)
             for kn, v in sorted(sp.items(), key=lambda kv: -kv[1]["mean_per_step_us"]):
                 print(f"    {kn[:60]:60s} n={v['n']:3d} median {v['median_us']:7.1f} max {v['max_us']:7.1f} "
                       f"per step {v['mean_per_step_us']:7.1f}", flush=True)
-            res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp))
+            res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp, main_launch=main_res))
         cursors = "staggered" if args.split_staggered else "aligned"
         args_kind = ", server-like arguments (ring_idx, forced)" if args.split_server_like else ""
         _dump(args.out, dict(meta, mode=f"step-split, {cursors} cursors{args_kind}, eager steps under torch.profiler"),
