@@ -642,7 +642,7 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -654,6 +654,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
     pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
     be resident at once, for PDL's overlap).
+    main_maxnreg: a register cap for the main launch (ptxas maxnreg; None: V3_TUNED, none; ignored off the GPU). The
+    H200's Triton 3.6 compiles KDA's bf16-copy main launch to 168 registers in some argument setups and to 182-200
+    in others (an int32 ring_idx; the ring keyed by request row with a forced mask, as the server passes them;
+    predecayed keys), and the plain step goes from 134 to 173-176 us at the higher counts
+    (benchmarks/results/kernels-split-20261201-0134-parts-regs.*).
     pre_maxnreg: a register cap for the pre launch (ptxas maxnreg; None: none). The pre program needs 95 registers
     (GDN; KDA 114, ptxas sm_90), so 21 one-warp programs fit an SM and GDN's 4,096 take two waves; the main launch,
     a PDL dependent, starts only once the last wave has started (13.3 us after the pre launch in the 2026-11-30 GDN
@@ -690,6 +695,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
     pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
                 if pre_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
+    main_maxnreg = main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg")
+    if main_maxnreg is not None and not 24 <= int(main_maxnreg) <= 255:
+        raise ValueError(f"main_maxnreg must be in [24, 255], got {main_maxnreg}")
+    main_opts = ({"maxnreg": int(main_maxnreg)}
+                 if main_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -767,7 +777,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
-            **common, **_pdl_kw(pdl),
+            **common, **_pdl_kw(pdl), **main_opts,
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](

@@ -363,6 +363,17 @@ SPLIT_ARMS = {
     "v3_rc_bf16_pall": (torch.float32, None, dict(read_dtype="bf16", parts="perm+forced")),
     "v3_rc_bf16_pred_p0": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed", parts="")),
     "v3_rc_bf16_pred_pall": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed", parts="perm+forced")),
+    # the main launch's registers capped at what the fast setups compile to (168 on the H200's Triton: 12 programs per
+    # SM; 182-200 in the slow ones)
+    "v3_rc_bf16_pall_m168": (torch.float32, None, dict(read_dtype="bf16", parts="perm+forced",
+                                                      v3_opts=dict(main_maxnreg=168))),
+    "v3_rc_bf16_pred_pall_m168": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed",
+                                                           parts="perm+forced", v3_opts=dict(main_maxnreg=168))),
+    "v3_rc_bf16_pred_pall_m160": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed",
+                                                           parts="perm+forced", v3_opts=dict(main_maxnreg=160))),
+    "v3_r32_pred_pall_m128": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced",
+                                                       v3_opts=dict(main_maxnreg=128))),
+    "v3_r32_pred_pall": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced")),
     "v3_r32_p0": (torch.float32, None, dict(parts="")),
     "v3_r32_pperm": (torch.float32, None, dict(parts="perm")),
     "v3_r32_pall": (torch.float32, None, dict(parts="perm+forced")),
