@@ -630,7 +630,11 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
 # 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
 _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
-_RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3)
+# KDA's bf16 copy: the main launch capped at 168 registers (2026-12-01, H200, B = 256, the server's arguments, step
+# split kernels-split-20261201-0135-maxnreg.*): uncapped, the H200's Triton compiles it to 184 (predecayed keys) / 200
+# (raw) registers and the plain step takes 173-176 us; at 168 (2 bytes spilled) 136.5-138.6, and the layer-step goes
+# from 230.2 to 192.6 us (predecayed; `same`: 194.1) and from 250.0 to 206.2 (raw).
+_RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, main_maxnreg=168)
 _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
