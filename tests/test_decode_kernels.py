@@ -585,6 +585,18 @@ def test_v3_pre_maxnreg_checks_and_runs():
     assert hz.run(6)["flushes"] > 0
 
 
+def test_v3_main_maxnreg_checks_and_runs():
+    """main_maxnreg (a register cap for the main launch, GPU only; KDA's bf16 copy takes 168 from V3_TUNED) is checked,
+    and a launch with it gives the results without it (the interpreter ignores the cap: the plumbing; the GPU cases,
+    e.g. test_gpu_real_shapes_read_copy_v3[kda-bf16], the compiled cap)."""
+    hz = Harness("kda", B=2, H=2, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(main_maxnreg=300))
+    with pytest.raises(ValueError, match="main_maxnreg"):
+        hz.step()
+    hz = Harness("kda", B=3, H=2, HV=2, K=32, V=16, L=4, seed=9, impl="v3", read_dtype="bf16",
+                 v3_opts=dict(main_maxnreg=168))
+    assert hz.run(6)["flushes"] > 0
+
+
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_v3_pre_rows(kind):
     """The pre launch with several rows per program (pre_rows 2 and 3 over B = 5: the last program's rows run past
