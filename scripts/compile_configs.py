@@ -54,6 +54,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+DEVICE_TRITON = "3.6.0"  # the H200 image's Triton (docs/benchmarks.md): register counts match it, not other versions
 KERNEL_MODULES = ("decode", "decode_v2", "decode_v3", "decode_w1", "verify")
 # real head shapes: Qwen3-Next GDN and Kimi-Linear KDA layers
 LAYERS = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
@@ -156,7 +157,7 @@ def _modules():
 @contextlib.contextmanager
 def recording(log: list, scenario: list):
     """Every ``*_kernel`` JITFunction bound in the kernel modules replaced by a recorder (restored after), and
-    the GPU-only choices taken as on the H200 (PDL on; verify's CUDA dot precision)."""
+    the GPU-only choices taken as on the H200 (PDL on; the launches' register caps; verify's CUDA dot precision)."""
     mods = _modules()
     saved = []
     try:
@@ -170,6 +171,7 @@ def recording(log: list, scenario: list):
         from replayssm_sglang.kernels import decode_v3, verify
 
         for m, name, fn in ((decode_v3, "pdl_available", lambda device: True),
+                            (decode_v3, "compiled_for_cuda", lambda device: True),  # (register caps: maxnreg)
                             (verify, "default_precision",
                              lambda device, state_dtype=torch.float32:
                              "tf32x3" if state_dtype == torch.float32 else "tf32")):
@@ -389,6 +391,11 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="", help="only scenarios whose label contains this (e.g. 'decode gdn')")
     a = ap.parse_args(argv)
     t0 = time.time()
+    if a.resources and triton.__version__ != DEVICE_TRITON:
+        print(f"note: register counts from Triton {triton.__version__}; the H200 image runs {DEVICE_TRITON}, whose "
+              "counts can differ by tens of registers (KDA's bf16-copy main launch: 168 here under 3.8, 200 on the "
+              f"H200 and under {DEVICE_TRITON}). For counts that match the GPU: bash scripts/setup-triton36-env, then "
+              ".venv-t36/bin/python scripts/compile_configs.py --resources", flush=True)
     configs = distinct_configs(record_all([sc for sc in server_scenarios() if a.scenarios in sc.label]))
     if a.only:
         configs = [c for c in configs if a.only in c.name]

@@ -99,3 +99,19 @@ def test_scenario_labels():
         else:
             assert lab.startswith("verify") and lab.endswith((" T=4", "lower_bound=-5.0")) and " T=4" in lab, lab
     assert sum("keys=predecayed" in lab for lab in labels) == 5  # (read same / bf16) x (L 1 / 16), and L = 32
+
+
+def test_register_caps_recorded_as_on_the_gpu():
+    """The launches' register caps are GPU-only options (decode_v3.compiled_for_cuda); compile_configs records the
+    launches as the H200 runs them, so KDA's bf16-copy main launch carries its maxnreg (V3_TUNED: 168, the cap that
+    keeps it off the 182-200-register cliff) and the `same` launches carry none."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import compile_configs as C\n"
+            "for lab in ('decode kda state=fp32 rec=fp32 read=bf16 L=16 impl=auto forced=True keys=predecayed',\n"
+            "            'decode kda state=fp32 rec=fp32 read=same L=16 impl=auto forced=True keys=predecayed'):\n"
+            "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
+            "    print([l.kwargs.get('maxnreg') for l in L if l.kernel.fn.__name__ == 'replay_decode_v3_kernel'])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["[168]", "[None]"], out.stdout
