@@ -371,6 +371,17 @@ SPLIT_ARMS = {
                                                            parts="perm+forced", v3_opts=dict(main_maxnreg=168))),
     "v3_rc_bf16_pred_pall_m160": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed",
                                                            parts="perm+forced", v3_opts=dict(main_maxnreg=160))),
+    # next: the fp8 copies (248-255 registers under the H200's Triton, 8 programs per SM) capped; offline (Triton 3.6.0)
+    # 168 spills 72 B (GDN) / 244 B (KDA), 200 fewer
+    "v3_rc_fp8_pall": (torch.float32, None, dict(read_dtype="fp8_e4m3", parts="perm+forced")),
+    "v3_rc_fp8_pall_m168": (torch.float32, None, dict(read_dtype="fp8_e4m3", parts="perm+forced",
+                                                     v3_opts=dict(main_maxnreg=168))),
+    "v3_rc_fp8_pall_m200": (torch.float32, None, dict(read_dtype="fp8_e4m3", parts="perm+forced",
+                                                     v3_opts=dict(main_maxnreg=200))),
+    "v3_rc_fp8_pred_pall": (torch.float32, None, dict(read_dtype="fp8_e4m3", kda_keys="predecayed",
+                                                     parts="perm+forced")),
+    "v3_rc_fp8_pred_pall_m168": (torch.float32, None, dict(read_dtype="fp8_e4m3", kda_keys="predecayed",
+                                                          parts="perm+forced", v3_opts=dict(main_maxnreg=168))),
     "v3_r32_pred_pall_m128": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced",
                                                        v3_opts=dict(main_maxnreg=128))),
     "v3_r32_pred_pall": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced")),
