@@ -695,15 +695,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"fold_pipe_stages must be >= 0, got {fold_pipe}")
     if pre_rows < 1:
         raise ValueError(f"pre_rows must be >= 1, got {pre_rows}")
-    if pre_maxnreg is not None and not 24 <= int(pre_maxnreg) <= 255:
-        raise ValueError(f"pre_maxnreg must be in [24, 255], got {pre_maxnreg}")
-    pre_opts = ({"maxnreg": int(pre_maxnreg)}  # a ptxas option
-                if pre_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
-    main_maxnreg = main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg")
-    if main_maxnreg is not None and not 24 <= int(main_maxnreg) <= 255:
-        raise ValueError(f"main_maxnreg must be in [24, 255], got {main_maxnreg}")
-    main_opts = ({"maxnreg": int(main_maxnreg)}
-                 if main_maxnreg is not None and compiled_for_cuda(mixed_qkv.device) else {})
+    pre_opts = _maxnreg_opts("pre_maxnreg", pre_maxnreg, mixed_qkv.device)
+    main_opts = _maxnreg_opts("main_maxnreg", main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg"),
+                              mixed_qkv.device)
     if _diag_parts not in ("all", "pre", "main", "post"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
@@ -795,6 +789,16 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)
     # every real row now holds round(checkpoint) in its read copy
     return out
+
+
+def _maxnreg_opts(name: str, maxnreg, device: torch.device) -> dict:
+    """The launch option of a register cap (ptxas maxnreg) named ``name``, checked; {} for none, and off the GPU
+    (Triton's interpreter has no registers)."""
+    if maxnreg is None:
+        return {}
+    if not 24 <= int(maxnreg) <= 255:
+        raise ValueError(f"{name} must be in [24, 255], got {maxnreg}")
+    return {"maxnreg": int(maxnreg)} if compiled_for_cuda(device) else {}
 
 
 def compiled_for_cuda(device: torch.device) -> bool:

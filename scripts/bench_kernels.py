@@ -416,20 +416,20 @@ def step_split(c: Case, run, steps: int = 32) -> dict:
     return out
 
 
-def _main_launch_resources() -> dict:
-    """Registers, spills and shared memory of decode v3's last main launch as this machine's Triton compiled it
-    (offline counts, scripts/compile_configs.py --resources, come from another Triton and differ)."""
-    from replayssm_sglang.kernels import decode_v3
-
-    k = decode_v3._LAST.get("kernel")
+def _compiled_resources(mod) -> dict:
+    """Registers, spills and shared memory of the last main launch of a decode module (its ``_LAST["kernel"]``) as
+    this machine's Triton compiled it (offline counts, scripts/compile_configs.py --resources, come from the Triton
+    they run under, which may differ); {} before any launch."""
+    k = mod._LAST.get("kernel")
     if k is None:
         return {}
-    meta = getattr(k, "metadata", None)
     return dict(n_regs=getattr(k, "n_regs", None), n_spills=getattr(k, "n_spills", None),
-                shared=getattr(meta, "shared", None))
+                shared=getattr(getattr(k, "metadata", None), "shared", None))
 
 
 def run_step_split(args, dev, meta):
+    from replayssm_sglang.kernels import decode_v3
+
     B = max(int(b) for b in args.batches.split(","))
     names = args.split_arms.split(",")
     res = []
@@ -449,7 +449,7 @@ def run_step_split(args, dev, meta):
                 print(f"split {kind} B={B} {n}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             tot = sum(v["mean_per_step_us"] for v in sp.values())
-            main_res = _main_launch_resources() if n != "conv" else {}
+            main_res = _compiled_resources(decode_v3) if n != "conv" else {}
             print(f"split {kind} B={B} {n}: {tot:.1f} us per step (kernels only)"
                   + (f"  [main launch as compiled here: {main_res}]" if main_res else ""), flush=True)
             for kn, v in sorted(sp.items(), key=lambda kv: -kv[1]["mean_per_step_us"]):
@@ -560,8 +560,8 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         print(f"{impl_s} sweep {kind} {sdt} {cfg}: failed {type(e).__name__}: {str(e)[:200]}")
                         continue
-                    kk = mod_s._LAST.get("kernel")
-                    regs = (getattr(kk, "n_regs", None), getattr(kk, "n_spills", None))
+                    res_k = _compiled_resources(mod_s)
+                    regs = (res_k.get("n_regs"), res_k.get("n_spills"))
                     nk = f" NK={cfg[2]}" if len(cfg) > 2 else ""
                     print(f"{impl_s} sweep {kind} {sdt} B=256 BV={cfg[0]} warps={cfg[1]}{nk}: {t * 1e6:.1f} us"
                           f"  regs {regs[0]} spills {regs[1]}", flush=True)
