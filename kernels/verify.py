@@ -187,6 +187,14 @@ def _store_draft_records(ring_k, g_base, rrow, stride_k_slot, h0, o_t, o_k, mt, 
 
 
 @triton.jit
+def _mm_small(x, y):
+    """x [M, N] @ y [N, P] as an fp32 broadcast-reduce, for products whose inner axis is the draft axis (N = BT,
+    4-8 at the usual T): tl.dot refuses an inner dimension below 16 (Triton 3.6, the H200's), and padding the
+    draft axis to 16 for it would quadruple every [BV, BT] and [BT, BT, BK] tensor of the kernel at T = 4."""
+    return tl.sum(x[:, :, None] * y[None, :, :], 1)
+
+
+@triton.jit
 def _ring_verify_kernel(
     mixed,
     a,
@@ -356,8 +364,8 @@ def _ring_verify_kernel(
         Np = -Amat
         Ti = eye + Np
         for _j in tl.static_range(1, NLOG):
-            Np = tl.dot(Np, Np, input_precision=DOT_PRECISION)
-            Ti = tl.dot(Ti, eye + Np, input_precision=DOT_PRECISION)
+            Np = _mm_small(Np, Np)
+            Ti = _mm_small(Ti, eye + Np)
 
     else:
         # the main launch of a split step: the K-side results of the pre launch (PART 1), same maths
@@ -454,8 +462,8 @@ def _ring_verify_kernel(
             other=0.0,
         ).to(tl.float32)
         R = beta[None, :] * (vv - wk)  # [BV, BT]
-        U = tl.dot(R, tl.trans(Ti), input_precision=DOT_PRECISION)  # U[:, i] = sum_m Ti[i, m] R[:, m]
-        O = wq + tl.dot(U, tl.trans(Fmat), input_precision=OUT_PRECISION)  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
+        U = _mm_small(R, tl.trans(Ti))  # U[:, i] = sum_m Ti[i, m] R[:, m]
+        O = wq + _mm_small(U, tl.trans(Fmat))  # O[:, i] = Q_i + sum_m F[i, m] U[:, m]
         p_o = out + tok[None, :] * (HV * V) + i_hv * V + o_v[:, None]
         tl.store(p_o, O.to(p_o.dtype.element_ty), mask=mv[:, None] & mt[None, :])
         p_u = u_base + (h0 + o_t)[None, :] * V + o_v[:, None]
@@ -679,7 +687,8 @@ def ring_verify(
     BK = triton.next_power_of_2(K)
     BV = min(block_v, triton.next_power_of_2(V))
     BC = max(16, triton.next_power_of_2(lay.cap))
-    BT = max(_BT_MIN[0], triton.next_power_of_2(T))  # tl.dot needs K >= 8 for fp32 operands
+    # the draft axis padded to a power of two, no further: no tl.dot has it as its inner dimension (_mm_small)
+    BT = max(VERIFY_BT_MIN, triton.next_power_of_2(T))
     NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
@@ -692,18 +701,9 @@ def ring_verify(
         VS = BV  # the main launch: one V-tile per program
         nsplit = triton.cdiv(V, VS)
         grid = (nsplit, B, HV)
-    try:
-        _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
-                       **pipe_kw)
-    except Exception:
-        # A Triton build whose tl.dot refuses K = 8 for fp32 operands: pad the draft axis to 16.
-        if BT >= 16 or mixed_qkv.device.type != "cuda":
-            raise
-        _BT_MIN[0] = 16
-        _launch_verify(grid, 16, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
-                       scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
-                       **pipe_kw)
+    _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
+                   scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
+                   **pipe_kw)
     if ring.rc is not None:
         # the rows that folded first wrote both copies: their read copy is current now
         rows = ring_rows(slot_idx, ring_idx)
@@ -713,7 +713,10 @@ def ring_verify(
     return out
 
 
-_BT_MIN = [8]
+# The smallest draft-axis tile. Until 2026-12-01 the products over the draft axis were tl.dots, which Triton 3.6 (the
+# H200's) refuses below 16 on the inner axis: the launch caught the error and retried at BT = 16, so the GPU ran T = 4
+# with every draft-axis tensor four times its size (KDA's [BT, BT, BK] pair factors at 128 registers per thread alone).
+VERIFY_BT_MIN = 2
 # ring_verify's launch choices when the caller gives none, per layer kind (no read copy). H200, 2026-11-30
 # (benchmarks/results/verify-20261130-{1030,1039}.*, fp32 pool, fp32 records, L = 16, B = 256, T = 4, all accepted;
 # us per verify + commit step): GDN one-piece read (BV 32, 4 warps) 982, pipelined BV x warps 32x4 1055, 64x4 665,
