@@ -50,7 +50,7 @@ import triton.language as tl
 from replayssm_sglang import ring as ring_mod
 from replayssm_sglang.kernels.decode_v2 import _fold_records
 from replayssm_sglang.kernels.decode import _slot_row, check_ring_idx, ring_rows
-from replayssm_sglang.kernels.decode_v3 import _rc_scale, _store_read_copy, set_rc_valid_
+from replayssm_sglang.kernels.decode_v3 import _maxnreg_opts, _rc_scale, _store_read_copy, set_rc_valid_
 
 __all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
 
@@ -247,6 +247,7 @@ def _ring_verify_kernel(
     BKT: tl.constexpr = 32,
     PART: tl.constexpr = 0,
     SCR: tl.constexpr = 0,
+    CKDOT: tl.constexpr = 0,
 ):
     # SCR: the scratch's floats per (row, value head) (_scratch_floats): the drafts' checkpoint-side vectors
     # [2, BT, BK]; for a split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT],
@@ -419,18 +420,33 @@ def _ring_verify_kernel(
             # never in registers. C k~_i (they reach the records, so the state) in fp32 on the CUDA cores, one
             # multiply-reduce per draft (the 3xTF32 product splits the whole tile three ways: half the step's time
             # at B = 256, H200 2026-11-30 10:23); C q~_i (output only) one tensor-core product at OUT_PRECISION
+            # CKDOT (opt-in, 2026-12-01): C k~_i by a tensor-core product at DOT_PRECISION instead (1: beside C q~'s;
+            # 2: one product of the chunk by the stacked [k~; q~] rows, both at DOT_PRECISION, the chunk split once)
             wk = tl.zeros([BV, BT], dtype=tl.float32)
             wq = tl.zeros([BV, BT], dtype=tl.float32)
+            if CKDOT == 2:
+                wkq = tl.zeros([BV, 2 * BT], dtype=tl.float32)
             for c in tl.range(0, BK // BKT, num_stages=PIPE):
                 o_kc = c * BKT + tl.arange(0, BKT)
                 mkc = o_kc < K
                 C_c = tl.load(st_base + o_v[:, None] * K + o_kc[None, :], mask=mv[:, None] & mkc[None, :],
                               other=0.0).to(tl.float32)
-                q_c = tl.load(scr_t + BT * BK + o_t[:, None] * BK + o_kc[None, :])  # [BT, BKT]
-                wq = tl.dot(C_c, tl.trans(q_c), acc=wq, input_precision=OUT_PRECISION)
-                for i in tl.static_range(T):
-                    k_ic = tl.load(scr_t + i * BK + o_kc)  # [BKT]
-                    wk += tl.where(o_t[None, :] == i, tl.sum(C_c * k_ic[None, :], 1)[:, None], 0.0)
+                if CKDOT == 2:
+                    o_2t = tl.arange(0, 2 * BT)
+                    kq_c = tl.load(scr_t + o_2t[:, None] * BK + o_kc[None, :])  # [2 BT, BKT]: k~ rows, then q~ rows
+                    wkq = tl.dot(C_c, tl.trans(kq_c), acc=wkq, input_precision=DOT_PRECISION)
+                else:
+                    q_c = tl.load(scr_t + BT * BK + o_t[:, None] * BK + o_kc[None, :])  # [BT, BKT]
+                    wq = tl.dot(C_c, tl.trans(q_c), acc=wq, input_precision=OUT_PRECISION)
+                    if CKDOT == 1:
+                        k_c = tl.load(scr_t + o_t[:, None] * BK + o_kc[None, :])  # [BT, BKT]
+                        wk = tl.dot(C_c, tl.trans(k_c), acc=wk, input_precision=DOT_PRECISION)
+                    else:
+                        for i in tl.static_range(T):
+                            k_ic = tl.load(scr_t + i * BK + o_kc)  # [BKT]
+                            wk += tl.where(o_t[None, :] == i, tl.sum(C_c * k_ic[None, :], 1)[:, None], 0.0)
+            if CKDOT == 2:
+                wk, wq = tl.split(tl.permute(tl.reshape(wkq, [BV, 2, BT]), (0, 2, 1)))
             if not IS_KDA:
                 wk = wk * ecol[None, :]
                 wq = wq * ecol[None, :]
@@ -604,6 +620,8 @@ def ring_verify(
     chunk_bytes: int = 128,
     split: bool | None = None,
     fold_pipe_stages: int | None = None,
+    ck_dot: int | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -628,6 +646,10 @@ def ring_verify(
     (off: measured slower, see the module docstring).
     fold_pipe_stages: ``ring_prefold``'s pipe_stages for the pre-step fold; None: VERIFY_TUNED (3; 0 with a read
     copy).
+    ck_dot: with the pipelined read, how the drafts' checkpoint products C k~_i are taken: 0, one fp32 multiply-reduce
+    per draft on the CUDA cores; 1, a tensor-core product at ``precision`` beside C q~'s; 2, one product of each
+    chunk by the stacked [k~; q~] rows at ``precision`` (C q~ too). None: VERIFY_TUNED (0).
+    maxnreg: a register cap for the verify launch (ptxas maxnreg, 24-255; GPU only). None: VERIFY_TUNED (none).
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -680,6 +702,13 @@ def ring_verify(
         if pipe == 0:
             raise ValueError("split=True needs the pipelined tile read (pipe_stages > 0)")
     fold_pipe = tuned.get("fold_pipe_stages", 0) if fold_pipe_stages is None else fold_pipe_stages
+    ck_dot = int(tuned.get("ck_dot", 0) if ck_dot is None else ck_dot)
+    if ck_dot not in (0, 1, 2):
+        raise ValueError(f"ck_dot must be 0, 1 or 2, got {ck_dot}")
+    if ck_dot and pipe == 0:
+        raise ValueError("ck_dot chooses the products of the pipelined tile read (pipe_stages > 0): not with "
+                         "pipe_stages=0 or a read copy")
+    launch_opts = _maxnreg_opts("maxnreg", tuned.get("maxnreg") if maxnreg is None else maxnreg, state.device)
 
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
                  ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
@@ -693,9 +722,9 @@ def ring_verify(
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
-    pipe_kw = {}
+    pipe_kw = dict(CKDOT=ck_dot, launch_opts=launch_opts)
     if pipe > 0:
-        pipe_kw = dict(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
+        pipe_kw.update(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
     if split:
         pipe_kw["split"] = True
         VS = BV  # the main launch: one V-tile per program
@@ -728,8 +757,12 @@ VERIFY_BT_MIN = 2
 # (verify-20261130-1254, B = 256, T = 4, us per step all accepted / all rejected: GDN 621.5 -> 609.9 / 574.8 -> 568.2,
 # KDA 1739.5 -> 1684.9 / 1673.6 -> 1642.3); its multi-step GPU tests are the split cases of
 # test_gpu_pipelined_tile_read (fp32 pools in run 1250, bf16 pools in run 1254), which fold with it.
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=128, num_warps=4, fold_pipe_stages=3),
-                "kda": dict(pipe_stages=3, block_v=128, num_warps=8, fold_pipe_stages=3)}
+# BV 64 x 2 warps for both kinds since 2026-12-01 (verify-20261201-0237, the first run without the draft axis padded
+# to 16; B = 256, T = 4, all accepted, us per step: GDN 128x4 585.4, 64x4 676.1, 32x4 997.3, 64x2 541.3, 32x2 614.7;
+# KDA 128x8 952.7, 128x4 660.7, 64x2 621.3, 32x2 697.4; B = 64 the same order), with its multi-step float64 GPU tests
+# in the same call (test_gpu_pipelined_tile_read 64x2, fp32 and bf16 pools, GDN and KDA).
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3),
+                "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 
@@ -741,7 +774,7 @@ def _scratch_floats(BT: int, BK: int, BC: int) -> int:
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
-                   PIPE=0, BKT=32, split=False):
+                   PIPE=0, BKT=32, split=False, CKDOT=0, launch_opts=None):
     B = grid[1]
     # scratch of the pipelined read per (row, value head), fp32: the drafts' k and q vectors, and for a split step the
     # pre launch's K-side results
@@ -751,12 +784,12 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
     for part, g in parts:
         _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                             slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
-                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr)
+                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, launch_opts or {})
 
 
 def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                         slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision,
-                        ring_idx, PIPE, BKT, qk_scr, scr):
+                        ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, launch_opts):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -772,8 +805,8 @@ def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr,
-        num_warps=num_warps, num_stages=max(1, PIPE),
+        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr, CKDOT=CKDOT,
+        num_warps=num_warps, num_stages=max(1, PIPE), **launch_opts,
     )
 
 

@@ -331,6 +331,15 @@ FIXED_ARMS = {
     "ours-split32x2": (torch.float32, _launch(32, 2, 3, split=True)),
     "ours-pipe128x4": (torch.float32, _launch(128, 4, 3)),
     "ours-split-pf": (torch.float32, _launch(32, 4, 3, split=True, fold_pipe_stages=3)),
+    # 2026-12-01: the drafts' checkpoint products on the tensor cores (ck_dot 1: C k~ beside C q~; 2: one product of
+    # the stacked rows), and register caps, at the tuned 64 x 2 and at 64 x 4 / 128 x 4
+    "ours-ck1": (torch.float32, _launch(64, 2, 3, ck_dot=1, fold_pipe_stages=3)),
+    "ours-ck2": (torch.float32, _launch(64, 2, 3, ck_dot=2, fold_pipe_stages=3)),
+    "ours-ck2-64x4": (torch.float32, _launch(64, 4, 3, ck_dot=2, fold_pipe_stages=3)),
+    "ours-ck2-128x4": (torch.float32, _launch(128, 4, 3, ck_dot=2, fold_pipe_stages=3)),
+    "ours-m168": (torch.float32, _launch(64, 2, 3, maxnreg=168, fold_pipe_stages=3)),
+    "ours-m128": (torch.float32, _launch(64, 2, 3, maxnreg=128, fold_pipe_stages=3)),
+    "ours-ck2-m168": (torch.float32, _launch(64, 2, 3, ck_dot=2, maxnreg=168, fold_pipe_stages=3)),
 }
 
 

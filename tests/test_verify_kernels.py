@@ -225,13 +225,16 @@ def test_accept_sequence_matches_float64(kind, T, L):
     assert st["non_fold"] > 0 and st["folds"] > 0, st
 
 
+@pytest.mark.parametrize("ck_dot", [0, 1, 2])
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_pipelined_tile_read(kind):
+def test_pipelined_tile_read(kind, ck_dot):
     """pipe_stages=3: the checkpoint tile read in K chunks (64 bytes: 16 fp32 of K = 32, two chunks) through the
     software-pipelined loop, the drafts' vectors through the scratch; GQA (GDN: two value heads per key head),
-    padded rows, ring rows apart from slots, every T in one sequence (mixed), against the float64 accepted stream."""
+    padded rows, ring rows apart from slots, every T in one sequence (mixed), against the float64 accepted stream;
+    the drafts' checkpoint products C k~ on the CUDA cores (ck_dot 0), as a tensor-core product (1), or with C q~
+    in one product of the stacked rows (2)."""
     st = run_sequence(kind=kind, B=3, H=1, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
-                      spare_slots=2, ring_rows=True, verify_opts=dict(pipe_stages=3, chunk_bytes=64))
+                      spare_slots=2, ring_rows=True, verify_opts=dict(pipe_stages=3, chunk_bytes=64, ck_dot=ck_dot))
     assert st["folds"] > 0 and st["non_fold"] > 0, st
 
 
@@ -449,7 +452,8 @@ def test_refusals():
     ring.k.normal_()
     before = state.clone()
     for bad, msg in ((dict(chunk_bytes=100), "chunk_bytes"), (dict(pipe_stages=-1), "pipe_stages"),
-                     (dict(pipe_stages=0, split=True), "split=True needs")):
+                     (dict(pipe_stages=0, split=True), "split=True needs"), (dict(ck_dot=3), "ck_dot must"),
+                     (dict(pipe_stages=0, ck_dot=1), "ck_dot chooses"), (dict(maxnreg=8), "maxnreg must")):
         with pytest.raises(ValueError, match=msg):
             ring_verify(mixed, a, b, A_log, dt, state, slots, ring, 2, **bad)
         assert torch.equal(state, before), f"{bad}: the checkpoint was written before the refusal"
@@ -498,6 +502,22 @@ def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
                  state_dtype=getattr(torch, state_dtype), record_dtype=torch.float32, device="cuda", pad_rows=1,
                  spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, block_v=cfg[0], num_warps=cfg[1],
                                                  split=len(cfg) > 2, fold_pipe_stages=3 if len(cfg) > 2 else 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("opts", [dict(ck_dot=1), dict(ck_dot=2), dict(ck_dot=2, block_v=128, num_warps=4),
+                                  dict(maxnreg=128), dict(ck_dot=2, maxnreg=168)],
+                         ids=["ck1", "ck2", "ck2-128x4", "m128", "ck2-m168"])
+def test_gpu_verify_options(kind, opts):
+    """ring_verify's opt-in launch choices (the drafts' checkpoint products on the tensor cores, register caps) at
+    real head sizes, bf16 activations, fp32 pool and records, T = 4 (and the T = 1 / 2 / 8 steps of a mixed
+    sequence), against the float64 accepted stream over 40 steps."""
+    HV, H = (8, 4) if kind == "gdn" else (4, 4)
+    run_sequence(kind=kind, B=3, H=H, HV=HV, K=128, V=128, L=16, T_choices=[1, 2, 4, 8], steps=40,
+                 act_dtype=torch.bfloat16, state_dtype=torch.float32, record_dtype=torch.float32, device="cuda",
+                 pad_rows=1, spare_slots=2, verify_opts=dict(pipe_stages=3, chunk_bytes=128, **opts))
 
 
 @pytest.mark.gpu
