@@ -648,8 +648,9 @@ def ring_verify(
     copy).
     ck_dot: with the pipelined read, how the drafts' checkpoint products C k~_i are taken: 0, one fp32 multiply-reduce
     per draft on the CUDA cores; 1, a tensor-core product at ``precision`` beside C q~'s; 2, one product of each
-    chunk by the stacked [k~; q~] rows at ``precision`` (C q~ too). None: VERIFY_TUNED (0).
-    maxnreg: a register cap for the verify launch (ptxas maxnreg, 24-255; GPU only). None: VERIFY_TUNED (none).
+    chunk by the stacked [k~; q~] rows at ``precision`` (C q~ too). None: VERIFY_TUNED (2 since 2026-12-01).
+    maxnreg: a register cap for the verify launch (ptxas maxnreg, 24-255; GPU only). None: VERIFY_TUNED's (KDA 168)
+    when the launch is VERIFY_TUNED's (no block_v, num_warps, pipe_stages, split or ck_dot given), else none.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -686,6 +687,7 @@ def ring_verify(
 
     # launch choices, checked before anything is launched
     tuned = VERIFY_TUNED[lay.kind] if ring.rc is None else VERIFY_ONE_PIECE
+    block_v_arg, num_warps_arg, split_arg = block_v, num_warps, split
     block_v = tuned["block_v"] if block_v is None else block_v
     num_warps = tuned["num_warps"] if num_warps is None else num_warps
     pipe = int(tuned["pipe_stages"] if pipe_stages is None else pipe_stages)
@@ -702,13 +704,18 @@ def ring_verify(
         if pipe == 0:
             raise ValueError("split=True needs the pipelined tile read (pipe_stages > 0)")
     fold_pipe = tuned.get("fold_pipe_stages", 0) if fold_pipe_stages is None else fold_pipe_stages
-    ck_dot = int(tuned.get("ck_dot", 0) if ck_dot is None else ck_dot)
+    # the tuned register cap belongs to the tuned launch: a caller who chooses the tile, warps or products gets none
+    own_launch = any(x is not None for x in (block_v_arg, num_warps_arg, pipe_stages, split_arg, ck_dot))
+    if ck_dot is None:
+        ck_dot = tuned.get("ck_dot", 0) if pipe > 0 else 0
     if ck_dot not in (0, 1, 2):
         raise ValueError(f"ck_dot must be 0, 1 or 2, got {ck_dot}")
     if ck_dot and pipe == 0:
         raise ValueError("ck_dot chooses the products of the pipelined tile read (pipe_stages > 0): not with "
                          "pipe_stages=0 or a read copy")
-    launch_opts = _maxnreg_opts("maxnreg", tuned.get("maxnreg") if maxnreg is None else maxnreg, state.device)
+    if maxnreg is None and not own_launch:
+        maxnreg = tuned.get("maxnreg")
+    launch_opts = _maxnreg_opts("maxnreg", maxnreg, state.device)
 
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
                  ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
@@ -761,8 +768,16 @@ VERIFY_BT_MIN = 2
 # to 16; B = 256, T = 4, all accepted, us per step: GDN 128x4 585.4, 64x4 676.1, 32x4 997.3, 64x2 541.3, 32x2 614.7;
 # KDA 128x8 952.7, 128x4 660.7, 64x2 621.3, 32x2 697.4; B = 64 the same order), with its multi-step float64 GPU tests
 # in the same call (test_gpu_pipelined_tile_read 64x2, fp32 and bf16 pools, GDN and KDA).
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3),
-                "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3)}
+# The drafts' checkpoint products as one tensor-core product of each chunk by the stacked [k~; q~] rows at the pool's
+# precision (ck_dot 2) since 2026-12-01 02:43 (verify-20261201-0243, same shapes, us per step all accepted / all
+# rejected): GDN 540.1 -> 365.9 / 498.7 -> 323.4 (2.67x conventional 975.2, 1.55x upstream's ring 565.9), with a
+# 168-register cap 365.3 (no gain: none for GDN); KDA 625.2 -> 452.0, with the cap 402.0 / 353.2 (2.45x conventional
+# 985.1); ck_dot 1 (C k~ as its own product) 373.4 / 464.2; ck_dot 2 at 64 x 4 475.3 / 445.8, 128 x 4 417.6 / 494.8;
+# the caps alone 538.5 (168) / 574.8 (128, GDN) / 580.1 (KDA 168). Output RMS against float64 0.00168 (GDN) /
+# 0.00166 (KDA) against 0.00184 / 0.00182 before (C q~ at 3xTF32 now too; SGLang's conventional verify 0.00166).
+# GPU float64 tests of each option in the same call (test_gpu_verify_options, 10/10).
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2),
+                "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, maxnreg=168)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 

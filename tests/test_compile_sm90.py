@@ -115,3 +115,20 @@ def test_register_caps_recorded_as_on_the_gpu():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:2] == ["[168]", "[None]"], out.stdout
+
+
+def test_verify_launch_as_on_the_gpu():
+    """The server's verify launch is VERIFY_TUNED's: the draft axis at T's power of two (Triton 3.6, the H200's,
+    refuses tl.dot below 16 on the inner axis, and the launch used to retry silently at BT = 16), the drafts'
+    checkpoint products as one tensor-core product (CKDOT 2), and KDA's 168-register cap (GDN: none)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import compile_configs as C\n"
+            "for kind in ('gdn', 'kda'):\n"
+            "    lab = f'verify {kind} state=fp32 rec=fp32 read=same T=4'\n"
+            "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
+            "    v = [l for l in L if l.kernel.fn.__name__ == '_ring_verify_kernel']\n"
+            "    print([(l.kwargs['BT'], l.kwargs['CKDOT'], l.kwargs.get('maxnreg')) for l in v])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["[(4, 2, None)]", "[(4, 2, 168)]"], out.stdout
