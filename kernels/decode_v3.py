@@ -635,7 +635,11 @@ _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64,
 # (raw) registers and the plain step takes 173-176 us; at 168 (2 bytes spilled) 136.5-138.6, and the layer-step goes
 # from 230.2 to 192.6 us (predecayed; `same`: 194.1) and from 250.0 to 206.2 (raw).
 _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, main_maxnreg=168)
-_RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2)
+# fp8 copies: the main launch capped at 168 registers too (2026-12-01, kernels-split-20261201-0301-fp8cap.*, B = 256,
+# the server's arguments, us per layer-step): uncapped the H200's Triton gives it 255 registers (8 programs per SM);
+# at 168 (56-72 B spilled) GDN 176.1 -> 150.3 (1.82x conventional), KDA predecayed 196.7 -> 167.6 (1.65x), raw keys
+# 214.8 -> 184.9; a 200 cap is slower than none (187.0 / 216.7).
+_RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
                   ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}

@@ -382,6 +382,11 @@ SPLIT_ARMS = {
                                                      parts="perm+forced")),
     "v3_rc_fp8_pred_pall_m168": (torch.float32, None, dict(read_dtype="fp8_e4m3", kda_keys="predecayed",
                                                           parts="perm+forced", v3_opts=dict(main_maxnreg=168))),
+    # since 2026-12-01 the fp8 copies' default is the 168 cap (V3_TUNED): 255 is the uncapped launch for comparison
+    "v3_rc_fp8_pall_m255": (torch.float32, None, dict(read_dtype="fp8_e4m3", parts="perm+forced",
+                                                     v3_opts=dict(main_maxnreg=255))),
+    "v3_rc_fp8_pred_pall_m255": (torch.float32, None, dict(read_dtype="fp8_e4m3", kda_keys="predecayed",
+                                                          parts="perm+forced", v3_opts=dict(main_maxnreg=255))),
     "v3_r32_pred_pall_m128": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced",
                                                        v3_opts=dict(main_maxnreg=128))),
     "v3_r32_pred_pall": (torch.float32, None, dict(kda_keys="predecayed", parts="perm+forced")),

@@ -1006,7 +1006,7 @@ def test_predecayed_kda_keys_refused():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("read_dtype", ["same", "bf16"])
+@pytest.mark.parametrize("read_dtype", ["same", "bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("min_g", [None, -10.0])
 def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
     """Predecayed KDA keys at real head sizes through the server's path (impl auto: v3 with its tuned defaults,
