@@ -29,9 +29,14 @@ Two launches, both decided on the device (CUDA-graph capturable):
 2. ``_ring_verify_kernel``: one program per (row, value head) (optionally split over V), looping over
    V tiles so the K-side work (norms, gates, T x T solve, history scores) is done once per head.
    The checkpoint tile is read in K chunks by a software-pipelined loop (``pipe_stages``, the default since
-   2026-11-30, ``VERIFY_TUNED``): C k~_i, which reaches the records, in fp32 on the CUDA cores, C q~_i (output
-   only) on the tensor cores at one-pass TF32; the small products use tl.dot at ``default_precision``. The
-   one-piece read (``pipe_stages=0``; rings with a read copy) takes both checkpoint products as tl.dots.
+   2026-11-30, ``VERIFY_TUNED``): since 2026-12-01 (``ck_dot=2``) each chunk is multiplied by the stacked drafts'
+   [k~; q~] rows in one tensor-core product at ``default_precision`` (3xTF32 for an fp32 pool: C k~_i reaches the
+   records); before, C k~_i was an fp32 multiply-reduce per draft on the CUDA cores (``ck_dot=0``), which left the
+   kernel at 1.2 TB/s. The products against history records use tl.dot at ``default_precision``; those whose inner
+   axis is the draft axis (the T x T solve, U = R Ti^T, O += U F^T) are fp32 broadcast-reduces (``_mm_small``), so
+   the draft axis is padded to T's power of two only (tl.dot refuses an inner axis below 16 on the H200's Triton;
+   until 2026-12-01 the launch then retried at BT = 16, which quadrupled every draft-axis tensor). The one-piece read
+   (``pipe_stages=0``; rings with a read copy) takes both checkpoint products as tl.dots.
    ``split=True`` (opt-in) runs this kernel twice: PART 1, one program per (row, value head), the K-side work
    into a scratch; PART 2, one program per (row, value head, V-tile), the tile and the outputs. Timed slower on
    the H200 (verify-20261130-1250, GDN B = 256, T = 4: 1037 / 708 us at 32x4 / 32x2 against 627 one launch).

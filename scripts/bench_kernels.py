@@ -32,6 +32,11 @@ records, per step, average over the staggered cursors), and its fraction of the 
 device-to-device copy peak. Speedups are against the fastest conventional arm of the same run.
 
 Writes JSON (and a PNG: --plot JSON makes the PNG from a JSON anywhere matplotlib exists).
+
+Verify mode: ``bench_kernels.py --verify [args]`` runs the speculative-verify benchmark (scripts/bench_verify.py:
+conventional verify writing a state per draft, upstream's GDN spec ring and ours, B = 1 / 64 / 256, T = 2 / 4 / 8,
+all drafts accepted and all rejected; JSON + Markdown + PNG) with the arguments that follow, e.g.
+``python scripts/bench_kernels.py --verify --B 256 --T 4 --out benchmarks/results``.
 """
 
 from __future__ import annotations
@@ -841,5 +846,18 @@ def plot(path):
     print(f"wrote {png}")
 
 
+def verify_mode(argv) -> None:
+    """``--verify``: the verify benchmark, one module for both modes' users (its own options follow the flag)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_verify
+
+    sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_verify.py"), *argv]
+    bench_verify.main()
+
+
 if __name__ == "__main__":
-    main()
+    if "--verify" in sys.argv[1:]:
+        i = sys.argv.index("--verify")
+        verify_mode(sys.argv[1:i] + sys.argv[i + 1:])
+    else:
+        main()

@@ -6,7 +6,9 @@ bf16 activations, fp32 state pool):
   conventional  SGLang 0.5.17's recurrent verify (fused_sigmoid_gating_delta_rule_update with
                 intermediate states, one full state written per draft) + its commit
                 (fused_mamba_state_scatter_with_mask: copy the last accepted state into the pool);
-  flashinfer    FlashInfer's gated_delta_rule_mtp, where it imports (not on the project's GPU image);
+  flashinfer    FlashInfer's gated_delta_rule_mtp: not run on the project's GPU (a CuTe-DSL kernel; nvidia-cutlass-dsl
+                is not on the image and its 92 MB CUDA 13 wheel exceeds what a device call carries), the reason
+                in the JSON's meta;
   upstream      SGLang 0.5.17's GDN spec ring (gdn_replayssm_spec_decode, launch_mode "both", +
                 commit_gdn_replayssm_spec), ring length L (power of two), its own early-flush rule;
   ours          kernels/verify.py (pre-fold + verify) + kernels.verify.ring_commit_, ring length L, fp32
@@ -271,11 +273,22 @@ class Ours:
 
 
 def flashinfer_available():
+    """Whether FlashInfer's MTP (verify) kernel can run here. flashinfer.gdn_decode imports without its kernels: the
+    MTP kernel (flashinfer/gdn_kernels/gdn_decode_mtp.py, 0.6.15.post1) is a CuTe-DSL kernel that needs
+    nvidia-cutlass-dsl and cuda-python, which the GPU image lacks and a device call cannot carry (the CUDA 13 libs
+    wheel of nvidia-cutlass-dsl 4.8.1 alone is 92 MB, over the 64 MiB a call carries)."""
     try:
-        from flashinfer.gdn_decode import gated_delta_rule_mtp  # noqa: F401
-        return True, ""
+        import flashinfer.gdn_decode as fgd
     except Exception as e:  # noqa: BLE001
         return False, f"{type(e).__name__}: {e}"[:200]
+    if not getattr(fgd, "_MTP_AVAILABLE", False):
+        try:
+            import cutlass.cute  # noqa: F401
+            why = "flashinfer.gdn_kernels.gdn_decode_mtp did not import"
+        except Exception as e:  # noqa: BLE001
+            why = f"its CuTe-DSL kernel needs nvidia-cutlass-dsl ({type(e).__name__}: {e})"[:200]
+        return False, why
+    return True, ""
 
 
 # --------------------------------------------------------------------------------------------

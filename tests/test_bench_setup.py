@@ -60,3 +60,15 @@ def test_server_parts_refused(bad):
     c = bk.Case("gdn", 2, "float32", torch.device("cpu"), L=4)
     with pytest.raises(ValueError, match="parts"):
         bk.arm_ours(c, torch.float32, impl="v3", parts=bad)
+
+
+def test_verify_mode_smoke():
+    """`bench_kernels.py --verify` runs the verify benchmark (issue 4's verify mode): its CPU smoke, every arm against
+    the float64 accepted stream over six steps of mixed acceptance, asserting agreement (bench_verify.smoke)."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_kernels.py")
+    out = subprocess.run([sys.executable, script, "--verify", "--smoke"], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "smoke ok" in out.stdout and "smoke gdn step 5 ours" in out.stdout, out.stdout[-2000:]
