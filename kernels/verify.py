@@ -253,6 +253,7 @@ def _ring_verify_kernel(
     PART: tl.constexpr = 0,
     SCR: tl.constexpr = 0,
     CKDOT: tl.constexpr = 0,
+    PAIR_LOOP: tl.constexpr = False,
 ):
     # SCR: the scratch's floats per (row, value head) (_scratch_floats): the drafts' checkpoint-side vectors
     # [2, BT, BK]; for a split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT],
@@ -341,10 +342,26 @@ def _ring_verify_kernel(
             s_k = tl.dot(khd, tl.trans(kq), input_precision=DOT_PRECISION)  # [BC, BT]
             s_q = tl.dot(khd, tl.trans(qq), input_precision=OUT_PRECISION)
             # intra-window pair factors exp(Gl_i - Gl_m) per channel, m <= i (exponents <= 0)
-            E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
-            kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
-            Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
-            Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
+            if PAIR_LOOP:
+                # one draft m at a time (opt-in, 2026-12-01): a [BT, BK] slice live instead of the [BT, BT, BK]
+                # tensors below, whose registers grow with T^2 (KDA at T = 8: 1.16x conventional, run 0248)
+                Amat = tl.zeros([BT, BT], dtype=tl.float32)
+                Fmat = tl.zeros([BT, BT], dtype=tl.float32)
+                for m in tl.static_range(T):
+                    sel = (o_t == m)[:, None]
+                    k_m = tl.sum(tl.where(sel, k, 0.0), 0)  # [BK]
+                    G_m = tl.sum(tl.where(sel, Gl, 0.0), 0)
+                    e_m = tl.where((o_t >= m)[:, None] & mtk, tl.exp(tl.minimum(Gl - G_m[None, :], 0.0)), 0.0)
+                    kEm = k_m[None, :] * e_m  # [i, K]: k_m * exp(Gl_i - Gl_m), rows i >= m
+                    Amat += tl.where(o_t[None, :] == m, tl.sum(kEm * k, 1)[:, None], 0.0)
+                    Fmat += tl.where(o_t[None, :] == m, tl.sum(kEm * q, 1)[:, None], 0.0)
+                Amat = tl.where(strict, beta[:, None] * Amat, 0.0)
+                Fmat = tl.where(causal, Fmat, 0.0)
+            else:
+                E3 = tl.where(causal[:, :, None], tl.exp(tl.minimum(Gl[:, None, :] - Gl[None, :, :], 0.0)), 0.0)
+                kE = k[None, :, :] * E3  # [i, m, K]: k_m * exp(Gl_i - Gl_m)
+                Amat = tl.where(strict, beta[:, None] * tl.sum(kE * k[:, None, :], 2), 0.0)
+                Fmat = tl.where(causal, tl.sum(kE * q[:, None, :], 2), 0.0)
         else:
             g_base = ring_g + rrow * stride_g_slot + i_hv * CAP
             aa = tl.load(a + tok * stride_a_tok + i_hv, mask=mt, other=0.0).to(tl.float32)
@@ -627,6 +644,7 @@ def ring_verify(
     fold_pipe_stages: int | None = None,
     ck_dot: int | None = None,
     maxnreg: int | None = None,
+    pair_loop: bool | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -656,6 +674,8 @@ def ring_verify(
     chunk by the stacked [k~; q~] rows at ``precision`` (C q~ too). None: VERIFY_TUNED (2 since 2026-12-01).
     maxnreg: a register cap for the verify launch (ptxas maxnreg, 24-255; GPU only). None: VERIFY_TUNED's (KDA 168)
     when the launch is VERIFY_TUNED's (no block_v, num_warps, pipe_stages, split or ck_dot given), else none.
+    pair_loop: KDA's intra-window pair factors one draft at a time ([T, K] live instead of [T, T, K]); opt-in, not
+    yet timed on the GPU. None: VERIFY_TUNED (off). No effect for GDN, whose pair factors are scalars.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -734,7 +754,8 @@ def ring_verify(
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
-    pipe_kw = dict(CKDOT=ck_dot, launch_opts=launch_opts)
+    pair_loop = bool(tuned.get("pair_loop", False) if pair_loop is None else pair_loop)
+    pipe_kw = dict(CKDOT=ck_dot, PAIR_LOOP=pair_loop and is_kda, launch_opts=launch_opts)
     if pipe > 0:
         pipe_kw.update(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
     if split:
@@ -794,7 +815,7 @@ def _scratch_floats(BT: int, BK: int, BC: int) -> int:
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
-                   PIPE=0, BKT=32, split=False, CKDOT=0, launch_opts=None):
+                   PIPE=0, BKT=32, split=False, CKDOT=0, PAIR_LOOP=False, launch_opts=None):
     B = grid[1]
     # scratch of the pipelined read per (row, value head), fp32: the drafts' k and q vectors, and for a split step the
     # pre launch's K-side results
@@ -804,12 +825,12 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
     for part, g in parts:
         _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                             slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
-                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, launch_opts or {})
+                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts or {})
 
 
 def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                         slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision,
-                        ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, launch_opts):
+                        ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -825,7 +846,7 @@ def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A
         rc_valid=ring.rc_valid if ring.rc_valid is not None else ring.h,
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
-        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr, CKDOT=CKDOT,
+        qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr, CKDOT=CKDOT, PAIR_LOOP=PAIR_LOOP,
         num_warps=num_warps, num_stages=max(1, PIPE), **launch_opts,
     )
 

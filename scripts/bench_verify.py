@@ -353,6 +353,10 @@ FIXED_ARMS = {
     "ours-m168": (torch.float32, _launch(64, 2, 3, maxnreg=168, fold_pipe_stages=3)),
     "ours-m128": (torch.float32, _launch(64, 2, 3, maxnreg=128, fold_pipe_stages=3)),
     "ours-ck2-m168": (torch.float32, _launch(64, 2, 3, ck_dot=2, maxnreg=168, fold_pipe_stages=3)),
+    # KDA's pair factors one draft at a time (pair_loop; for T = 8), at the default launch and without its cap
+    "ours-pl": (torch.float32, _launch(64, 2, 3, ck_dot=2, maxnreg=168, fold_pipe_stages=3, pair_loop=True)),
+    "ours-pl-nocap": (torch.float32, _launch(64, 2, 3, ck_dot=2, fold_pipe_stages=3, pair_loop=True)),
+    "ours-pl-64x4": (torch.float32, _launch(64, 4, 3, ck_dot=2, fold_pipe_stages=3, pair_loop=True)),
 }
 
 

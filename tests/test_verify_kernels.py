@@ -238,6 +238,16 @@ def test_pipelined_tile_read(kind, ck_dot):
     assert st["folds"] > 0 and st["non_fold"] > 0, st
 
 
+@pytest.mark.parametrize("pipe", [0, 3])
+def test_kda_pair_loop(pipe):
+    """pair_loop (KDA): the intra-window pair factors one draft at a time give the same sequence as the [T, T, K]
+    form, against the float64 accepted stream, every T up to 8 in one sequence (T = 8: the case it is for), GQA-free
+    KDA heads, padded rows, ring rows apart from slots, one-piece and pipelined reads."""
+    st = run_sequence(kind="kda", B=3, H=2, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4, 8], steps=24, pad_rows=1,
+                      spare_slots=2, ring_rows=True, verify_opts=dict(pipe_stages=pipe, chunk_bytes=64, pair_loop=True))
+    assert st["folds"] > 0 and st["non_fold"] > 0, st
+
+
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 def test_split_step(kind):
     """split=True: a pre launch per (row, value head) writes the K-side results into the scratch, a main launch per
@@ -508,8 +518,8 @@ def test_gpu_pipelined_tile_read(kind, state_dtype, T, L, cfg):
 @pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA GPU (compiled Triton)")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("opts", [dict(ck_dot=1), dict(ck_dot=2), dict(ck_dot=2, block_v=128, num_warps=4),
-                                  dict(maxnreg=128), dict(ck_dot=2, maxnreg=168)],
-                         ids=["ck1", "ck2", "ck2-128x4", "m128", "ck2-m168"])
+                                  dict(maxnreg=128), dict(ck_dot=2, maxnreg=168), dict(pair_loop=True)],
+                         ids=["ck1", "ck2", "ck2-128x4", "m128", "ck2-m168", "pairloop"])
 def test_gpu_verify_options(kind, opts):
     """ring_verify's opt-in launch choices (the drafts' checkpoint products on the tensor cores, register caps) at
     real head sizes, bf16 activations, fp32 pool and records, T = 4 (and the T = 1 / 2 / 8 steps of a mixed
