@@ -439,11 +439,11 @@ def _ring_verify_kernel(
         if PIPE > 0:
             # the [BV, K] tile in K chunks of BKT, software-pipelined over PIPE stages (asynchronous copies into
             # shared memory), each chunk multiplied into the [BV, BT] products as it lands: the whole tile is
-            # never in registers. C k~_i (they reach the records, so the state) in fp32 on the CUDA cores, one
-            # multiply-reduce per draft (the 3xTF32 product splits the whole tile three ways: half the step's time
-            # at B = 256, H200 2026-11-30 10:23); C q~_i (output only) one tensor-core product at OUT_PRECISION
-            # CKDOT (opt-in, 2026-12-01): C k~_i by a tensor-core product at DOT_PRECISION instead (1: beside C q~'s;
-            # 2: one product of the chunk by the stacked [k~; q~] rows, both at DOT_PRECISION, the chunk split once)
+            # never in registers. CKDOT 2 (VERIFY_TUNED since 2026-12-01): one tensor-core product of the chunk by the
+            # stacked [k~; q~] rows at DOT_PRECISION (C k~_i reaches the records, so the state), the chunk split once.
+            # CKDOT 1: C k~_i as its own product at DOT_PRECISION, C q~_i at OUT_PRECISION. CKDOT 0 (the default until
+            # then): C k~_i in fp32 on the CUDA cores, one multiply-reduce per draft, chosen when the draft axis was
+            # padded to 16 on the GPU and a 3xTF32 product of 16 columns cost half the step (H200 2026-11-30 10:23)
             wk = tl.zeros([BV, BT], dtype=tl.float32)
             wq = tl.zeros([BV, BT], dtype=tl.float32)
             if CKDOT == 2:
