@@ -101,34 +101,36 @@ def test_scenario_labels():
     assert sum("keys=predecayed" in lab for lab in labels) == 5  # (read same / bf16) x (L 1 / 16), and L = 32
 
 
+def _recorded(code: str) -> list[str]:
+    """The stdout lines of ``code`` run beside scripts/compile_configs.py (importable as C) outside the interpreter,
+    so its recorded launches carry the GPU-only options (register caps) as on the H200."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", "import compile_configs as C\n" + code],
+                         cwd=os.path.join(ROOT, "scripts"), env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split("\n")
+
+
 def test_register_caps_recorded_as_on_the_gpu():
     """The launches' register caps are GPU-only options (decode_v3.compiled_for_cuda); compile_configs records the
     launches as the H200 runs them, so KDA's bf16-copy main launch carries its maxnreg (V3_TUNED: 168, the cap that
     keeps it off the 182-200-register cliff) and the `same` launches carry none."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import compile_configs as C\n"
-            "for lab in ('decode kda state=fp32 rec=fp32 read=bf16 L=16 impl=auto forced=True keys=predecayed',\n"
-            "            'decode kda state=fp32 rec=fp32 read=same L=16 impl=auto forced=True keys=predecayed'):\n"
-            "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
-            "    print([l.kwargs.get('maxnreg') for l in L if l.kernel.fn.__name__ == 'replay_decode_v3_kernel'])\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:2] == ["[168]", "[None]"], out.stdout
+    lines = _recorded(
+        "for lab in ('decode kda state=fp32 rec=fp32 read=bf16 L=16 impl=auto forced=True keys=predecayed',\n"
+        "            'decode kda state=fp32 rec=fp32 read=same L=16 impl=auto forced=True keys=predecayed'):\n"
+        "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
+        "    print([l.kwargs.get('maxnreg') for l in L if l.kernel.fn.__name__ == 'replay_decode_v3_kernel'])\n")
+    assert lines[:2] == ["[168]", "[None]"], lines
 
 
 def test_verify_launch_as_on_the_gpu():
     """The server's verify launch is VERIFY_TUNED's: the draft axis at T's power of two (Triton 3.6, the H200's,
     refuses tl.dot below 16 on the inner axis, and the launch used to retry silently at BT = 16), the drafts'
     checkpoint products as one tensor-core product (CKDOT 2), and KDA's 168-register cap (GDN: none)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import compile_configs as C\n"
-            "for kind in ('gdn', 'kda'):\n"
-            "    lab = f'verify {kind} state=fp32 rec=fp32 read=same T=4'\n"
-            "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
-            "    v = [l for l in L if l.kernel.fn.__name__ == '_ring_verify_kernel']\n"
-            "    print([(l.kwargs['BT'], l.kwargs['CKDOT'], l.kwargs.get('maxnreg')) for l in v])\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "scripts"), env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:2] == ["[(4, 2, None)]", "[(4, 2, 168)]"], out.stdout
+    lines = _recorded(
+        "for kind in ('gdn', 'kda'):\n"
+        "    lab = f'verify {kind} state=fp32 rec=fp32 read=same T=4'\n"
+        "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
+        "    v = [l for l in L if l.kernel.fn.__name__ == '_ring_verify_kernel']\n"
+        "    print([(l.kwargs['BT'], l.kwargs['CKDOT'], l.kwargs.get('maxnreg')) for l in v])\n")
+    assert lines[:2] == ["[(4, 2, None)]", "[(4, 2, 168)]"], lines
