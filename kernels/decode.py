@@ -530,10 +530,14 @@ def replay_decode(
 
         if records != "masked" or fold is not None and fold != "loop":
             raise ValueError("impl='v4' takes no fold / records option (its fold is the tile's product)")
+        o4 = dict(v4_opts or {})
+        for name, val in (("block_v", block_v), ("num_warps", num_warps)):
+            if val is not None and o4.get(name, val) != val:
+                raise ValueError(f"{name} given twice (argument {val}, v4_opts {o4[name]})")
+            o4.setdefault(name, val)
         return decode_v4.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
-                                K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
-                                num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
-                                ring_idx=ring_idx, **(v4_opts or {}))
+                                K ** -0.5 if scale is None else scale, lower_bound, h_rows=h_rows,
+                                advance_h=advance_h, may_prefold=may_prefold, ring_idx=ring_idx, **o4)
     if impl == "w1":
         from replayssm_sglang.kernels import decode_w1
 

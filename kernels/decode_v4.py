@@ -57,7 +57,7 @@ def replay_decode_v4_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
     HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, HAS_RING_IDX: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
-    DOT_PREC: tl.constexpr, PIPE: tl.constexpr, FOLD_PIPE: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_BF16: tl.constexpr, PIPE: tl.constexpr, FOLD_PIPE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_launch_dependents()  # the post launch may be scheduled now; it waits (gdc_wait) for this one to finish
@@ -117,7 +117,10 @@ def replay_decode_v4_kernel(
                       other=0).to(tl.float32)
         K_c = tl.load(base_k + o_c[:, None] * K + o_kc[None, :], mask=valid[:, None] & mk[None, :],
                       other=0).to(tl.float32)  # [BC, BKT]
-        S_c = tl.dot(Ud, K_c, acc=C_c * e_t, input_precision=DOT_PREC)  # the state before the token's decay
+        if DOT_BF16:  # (opt-in: the operands rounded to bf16, as upstream's kernel multiplies)
+            S_c = tl.dot(Ud.to(tl.bfloat16), K_c.to(tl.bfloat16), acc=C_c * e_t)
+        else:
+            S_c = tl.dot(Ud, K_c, acc=C_c * e_t, input_precision=DOT_PREC)  # the state before the token's decay
         sel = o_ch[:, None] == c
         dq += tl.sum(S_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :], 1)
         dk += tl.sum(S_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :], 1)
@@ -149,7 +152,10 @@ def replay_decode_v4_kernel(
             C_c = tl.load(p_st + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0).to(tl.float32)
             K_c = tl.load(base_k + o_c[:, None] * K + o_kc[None, :], mask=valid[:, None] & mk[None, :],
                           other=0).to(tl.float32)
-            S_c = tl.dot(Uf, K_c, acc=C_c * e_f, input_precision=DOT_PREC)
+            if DOT_BF16:
+                S_c = tl.dot(Uf.to(tl.bfloat16), K_c.to(tl.bfloat16), acc=C_c * e_f)
+            else:
+                S_c = tl.dot(Uf, K_c, acc=C_c * e_f, input_precision=DOT_PREC)
             k_c = tl.sum(tl.where(o_ch[:, None] == c, K2, 0.0), 0) * s_k
             S_c += u_add[:, None] * k_c[None, :]
             tl.store(p_st + o_v[:, None] * K + o_kc[None, :], S_c.to(state.dtype.element_ty), mask=m_c)
@@ -172,7 +178,7 @@ def replay_decode_v4_kernel(
 # (BV 64, one warp, two 256-byte K chunks of an fp32 row, three stages), the products in three tf32 passes.
 V4_TUNED: dict = {"block_v": 64, "num_warps": 1, "chunk_bytes": 256, "pipe_stages": 3, "fold_pipe_stages": 1,
                   "dot_precision": "tf32x3", "pdl": True}
-DOT_PRECISIONS = ("tf32x3", "tf32", "ieee")
+DOT_PRECISIONS = ("tf32x3", "tf32", "ieee", "bf16")
 _LAST: dict = {}
 
 
@@ -182,7 +188,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            main_maxnreg=None):
     """One decode step with decode v4 (GDN). Options left None come from V4_TUNED. chunk_bytes: the K-chunk width
     of a checkpoint row in bytes (at least 16 elements: the product's inner dimension). dot_precision: the records'
-    product, "tf32x3" (fp32-accurate), "tf32" (one pass, upstream's) or "ieee" (fp32 FMA). h_rows / advance_h /
+    product, "tf32x3" (fp32-accurate), "tf32" (one pass), "bf16" (operands rounded to bf16, as upstream's kernel
+    does) or "ieee" (fp32 FMA). h_rows / advance_h /
     may_prefold / ring_idx as decode v3."""
     if kind != "gdn":
         raise ValueError("decode v4 is for GDN layers (scalar decay per head); KDA runs impl='v3' (impl='auto')")
@@ -220,7 +227,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         float(scale), float(lower_bound if lower_bound is not None else 0.0), L, mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
         H=lay.H, HV=HV, K=K, V=V, CAP=lay.cap, BK=BK, BV=BV, BC=BC, BKT=BKT,
         HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None,
-        USE_LOWER_BOUND=lower_bound is not None, DOT_PREC=o["dot_precision"], PIPE=int(o["pipe_stages"]), FOLD_PIPE=int(o["fold_pipe_stages"]),
+        USE_LOWER_BOUND=lower_bound is not None, DOT_BF16=o["dot_precision"] == "bf16",
+        DOT_PREC=o["dot_precision"] if o["dot_precision"] != "bf16" else "tf32", PIPE=int(o["pipe_stages"]), FOLD_PIPE=int(o["fold_pipe_stages"]),
         USE_PDL=pdl_on, num_warps=int(o["num_warps"]), num_stages=int(o["pipe_stages"]),
         **_maxnreg_opts("main_maxnreg", main_maxnreg, mixed_qkv.device),
     )

@@ -408,6 +408,10 @@ SPLIT_ARMS = {
     "v4_r32_32x1_c128": (torch.float32, (32, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128))),
     "v4_r32_64x1_c128": (torch.float32, (64, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128))),
     "v4_r16": (torch.bfloat16, None, dict(impl="v4")),
+    "v4_r16_32x1_c128_bf16": (torch.bfloat16, (32, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128,
+                                                                                 dot_precision="bf16"))),
+    "v4_r16_64x1_c128_bf16": (torch.bfloat16, (64, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128,
+                                                                                 dot_precision="bf16"))),
 }
 
 
@@ -706,6 +710,12 @@ def main():
                                "v4_r32_32x1_c128_tf32": (torch.float32, (32, 1), dict(chunk_bytes=128,
                                                                                      dot_precision="tf32")),
                                "v4_r16": (torch.bfloat16, None, None),
+                               "v4_r16_bf16": (torch.bfloat16, None, dict(dot_precision="bf16")),
+                               "v4_r16_32x1_c128_bf16": (torch.bfloat16, (32, 1), dict(chunk_bytes=128,
+                                                                                      dot_precision="bf16")),
+                               "v4_r16_64x1_c128_bf16": (torch.bfloat16, (64, 1), dict(chunk_bytes=128,
+                                                                                      dot_precision="bf16")),
+                               "v4_r32_bf16": (torch.float32, None, dict(dot_precision="bf16")),
                                "v4_r16_32x1_c128": (torch.bfloat16, (32, 1), dict(chunk_bytes=128))}
                     arms["v3_r32_srv"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)

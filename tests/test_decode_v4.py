@@ -84,6 +84,15 @@ def test_v4_options(opts):
     assert st["flushes"] > 0
 
 
+@pytest.mark.skipif(not ON_GPU, reason="Triton's interpreter computes bf16 tl.dot wrongly (fp32 only on the CPU)")
+def test_v4_bf16_products():
+    """dot_precision "bf16" (opt-in, upstream's rounding of the product's operands): within the bf16 tolerances."""
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=32, L=4, seed=51, p_forced=0.2, block_v=16, impl="v4",
+                 rec_dtype=torch.bfloat16, v4_opts=dict(SMALL, dot_precision="bf16"))
+    st = hz.run(6)
+    assert st["flushes"] > 0
+
+
 def test_v4_refusals():
     """KDA, read copies, unknown options: refused with the fix named."""
     def args(kind, read_dtype="same"):
@@ -105,6 +114,8 @@ def test_v4_refusals():
         replay_decode(*args("gdn"), impl="v3", v4_opts=dict(pipe_stages=2))
     with pytest.raises(ValueError, match="fold"):
         replay_decode(*args("gdn"), impl="v4", fold="dot3")
+    with pytest.raises(ValueError, match="block_v given twice"):
+        replay_decode(*args("gdn"), impl="v4", block_v=16, v4_opts=dict(block_v=32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,10 +147,13 @@ def test_gpu_real_shapes_v4_server_args(B):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("opts", [dict(dot_precision="ieee"), dict(block_v=32, chunk_bytes=128),
-                                  dict(num_warps=2), dict(fold_pipe_stages=2)],
-                         ids=["ieee", "32-c128", "2warps", "foldpipe2"])
+                                  dict(num_warps=2), dict(fold_pipe_stages=2), dict(dot_precision="bf16"),
+                                  dict(block_v=32, chunk_bytes=128, dot_precision="bf16")],
+                         ids=["ieee", "32-c128", "2warps", "foldpipe2", "bf16", "32-c128-bf16"])
 def test_gpu_real_shapes_v4_options(opts):
-    """The configurations the benchmark times, each checked against float64 first."""
-    hz = _real_harness("gdn", seed=9, impl="v4", v4_opts=opts)
+    """The configurations the benchmark times, each checked against float64 first (bf16 products: with bf16 records,
+    at their tolerances)."""
+    rec = torch.bfloat16 if opts.get("dot_precision") == "bf16" else torch.float32
+    hz = _real_harness("gdn", seed=9, impl="v4", v4_opts=opts, rec_dtype=rec)
     st = hz.run(26)
     assert st["flushes"] > 0
