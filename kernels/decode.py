@@ -431,7 +431,6 @@ def replay_decode(
     records: str = "masked",
     v3_opts: dict | None = None,
     ring_idx: torch.Tensor | None = None,
-    v4_opts: dict | None = None,
 ) -> torch.Tensor:
     """One buffered decode step (T = 1) for every row of the batch, in place on ``state`` and ``ring``.
 
@@ -459,16 +458,13 @@ def replay_decode(
     records) or "all" (load every ring position without waiting for h, zero those past h with a select);
     ``block_v`` / ``num_warps`` pick its launch.
     v3_opts: extra keyword arguments of ``decode_v3.launch`` (``chunk_bytes``; benchmark diagnostics).
-    impl="v4" (kernels/decode_v4.py, GDN without a read copy): one launch that rebuilds each state tile from the
-    checkpoint and the records on the tensor cores (no pre launch), then v2's post launch; same h_rows / advance_h /
-    may_prefold options as v3; ``v4_opts``: extra keyword arguments of ``decode_v4.launch``.
     ring_idx: [B] int32/int64, the ring row of each batch row (a ring keyed by request row: SGLang's
     ``req_pool_indices``); None (default): the ring row is the state slot (``slot_idx``). A row with
     ``slot_idx < 0`` or ``ring_idx < 0`` is padding. ``h_rows`` (v2/v3) is per batch row either way.
     Returns out [B, 1, HV, V] in mixed_qkv's dtype.
     """
-    if impl not in ("auto", "v1", "v2", "v3", "v4", "w1"):
-        raise ValueError(f"impl must be 'auto', 'v1', 'v2', 'v3', 'v4' or 'w1', got {impl!r}")
+    if impl not in ("auto", "v1", "v2", "v3", "w1"):
+        raise ValueError(f"impl must be 'auto', 'v1', 'v2', 'v3' or 'w1', got {impl!r}")
     check_ring_idx(ring_idx, slot_idx)
     if impl in ("v1", "w1") and (h_rows is not None or not advance_h or not may_prefold or records != "masked"):
         raise ValueError(f"h_rows / advance_h / may_prefold need impl='v2' or 'v3' ({impl} advances h in the kernel)")
@@ -502,8 +498,6 @@ def replay_decode(
         raise ValueError(f"impl='w1' is the window-1 decode (L=1), called with L={L}")
     if v3_opts and impl != "v3":
         raise ValueError(f"v3_opts are options of impl='v3' (this launch runs {impl!r})")
-    if v4_opts and impl != "v4":
-        raise ValueError(f"v4_opts are options of impl='v4' (this launch runs {impl!r})")
     if ring.predecayed and impl not in ("v3", "w1"):
         raise ValueError(f"a ring with predecayed KDA keys (kda_keys='predecayed') runs impl 'auto', 'v3' or 'w1', "
                          f"not {impl!r}")
@@ -525,19 +519,6 @@ def replay_decode(
                                 K ** -0.5 if scale is None else scale, lower_bound, block_v=block_v,
                                 num_warps=num_warps, h_rows=h_rows, advance_h=advance_h, may_prefold=may_prefold,
                                 fold=fold, ring_idx=ring_idx, **(v3_opts or {}))
-    if impl == "v4":
-        from replayssm_sglang.kernels import decode_v4
-
-        if records != "masked" or fold is not None and fold != "loop":
-            raise ValueError("impl='v4' takes no fold / records option (its fold is the tile's product)")
-        o4 = dict(v4_opts or {})
-        for name, val in (("block_v", block_v), ("num_warps", num_warps)):
-            if val is not None and o4.get(name, val) != val:
-                raise ValueError(f"{name} given twice (argument {val}, v4_opts {o4[name]})")
-            o4.setdefault(name, val)
-        return decode_v4.launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L,
-                                K ** -0.5 if scale is None else scale, lower_bound, h_rows=h_rows,
-                                advance_h=advance_h, may_prefold=may_prefold, ring_idx=ring_idx, **o4)
     if impl == "w1":
         from replayssm_sglang.kernels import decode_w1
 

@@ -20,9 +20,6 @@ Arms (per layer kind, state dtype and batch size B):
   v3_r32_preregN (--variants prereg, fp32 states, B >= 128) the pre launch capped at N registers (64: one wave)
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
-  v4_*        (--variants v4, GDN fp32 states, B >= 128) kernels/decode_v4.py (one launch, the state tile rebuilt on the
-              tensor cores) in several launch configurations beside v3 (`v3_r32_srv`), both with the server's
-              arguments; staggered, and aligned (`*_aligned`, with upstream_aligned) where one pool is rotated
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
@@ -211,7 +208,7 @@ SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
              records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
-             parts=None, v4_opts=None):
+             parts=None):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
@@ -260,7 +257,7 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L)
         rings.append(r)
     L = window if window is not None else c.L
-    if impl in ("v2", "v3", "v4"):
+    if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
         h_rows = [((rows_t + s) % c.L).to(torch.int32) for s in range(c.NSTEPS)] if rows else None
         extra = dict(h_rows=None, advance_h=True)
@@ -275,8 +272,6 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
             vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
-            if v4_opts:
-                vx["v4_opts"] = v4_opts
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
                           block_v=bv, num_warps=nw, impl=impl, **vx, **extra)
         return run
@@ -403,15 +398,6 @@ SPLIT_ARMS = {
     "v3_r32_p0": (torch.float32, None, dict(parts="")),
     "v3_r32_pperm": (torch.float32, None, dict(parts="perm")),
     "v3_r32_pall": (torch.float32, None, dict(parts="perm+forced")),
-    # decode v4 (GDN; kernels/decode_v4.py): one main launch and the post launch, no pre launch
-    "v4_r32": (torch.float32, None, dict(impl="v4")),
-    "v4_r32_32x1_c128": (torch.float32, (32, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128))),
-    "v4_r32_64x1_c128": (torch.float32, (64, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128))),
-    "v4_r16": (torch.bfloat16, None, dict(impl="v4")),
-    "v4_r16_32x1_c128_bf16": (torch.bfloat16, (32, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128,
-                                                                                 dot_precision="bf16"))),
-    "v4_r16_64x1_c128_bf16": (torch.bfloat16, (64, 1), dict(impl="v4", v4_opts=dict(chunk_bytes=128,
-                                                                                 dot_precision="bf16"))),
 }
 
 
@@ -452,7 +438,7 @@ def _compiled_resources(mod) -> dict:
 
 
 def run_step_split(args, dev, meta):
-    from replayssm_sglang.kernels import decode_v3, decode_v4
+    from replayssm_sglang.kernels import decode_v3
 
     B = max(int(b) for b in args.batches.split(","))
     names = args.split_arms.split(",")
@@ -464,10 +450,8 @@ def run_step_split(args, dev, meta):
             rec, cfg, kw = SPLIT_ARMS[n]
             if kw.get("kda_keys", "raw") != "raw" and kind != "kda":
                 continue  # (a KDA record layout)
-            if kw.get("impl", "v3") == "v4" and kind != "gdn":
-                continue  # (decode v4 is GDN's)
-            arms[n] = arm_ours(c, rec, cfg=cfg, aligned=not args.split_staggered, server_like=args.split_server_like,
-                               **dict(dict(impl="v3"), **kw))
+            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered,
+                               server_like=args.split_server_like, **kw)
         for n, run in arms.items():
             try:
                 sp = step_split(c, run)
@@ -475,8 +459,7 @@ def run_step_split(args, dev, meta):
                 print(f"split {kind} B={B} {n}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             tot = sum(v["mean_per_step_us"] for v in sp.values())
-            main_res = _compiled_resources(decode_v4 if SPLIT_ARMS.get(n, (0, 0, {}))[2].get("impl") == "v4"
-                                           else decode_v3) if n != "conv" else {}
+            main_res = _compiled_resources(decode_v3) if n != "conv" else {}
             print(f"split {kind} B={B} {n}: {tot:.1f} us per step (kernels only)"
                   + (f"  [main launch as compiled here: {main_res}]" if main_res else ""), flush=True)
             for kn, v in sorted(sp.items(), key=lambda kv: -kv[1]["mean_per_step_us"]):
@@ -697,37 +680,6 @@ def main():
                                 arms[f"v3p_{rn}_pdl_{bv}x{nw}"] = arm_ours(
                                     c, rdt, cfg=(bv, nw), impl="v3", fold="dot3",
                                     v3_opts=dict(P3, chunk_bytes=cb, pdl=True))
-                if "v4" in variants and kind == "gdn" and sdt == "float32" and B >= 128:
-                    # decode v4 (one launch, the tile rebuilt on the tensor cores) against v3, both with the server's
-                    # arguments (ring keyed by request row, forced mask), staggered and (one pool only) aligned
-                    # cursors; name -> (record dtype, (BV, warps) or None, v4_opts)
-                    v4_arms = {"v4_r32": (torch.float32, None, None),
-                               "v4_r32_64x1_c128": (torch.float32, (64, 1), dict(chunk_bytes=128)),
-                               "v4_r32_32x1_c128": (torch.float32, (32, 1), dict(chunk_bytes=128)),
-                               "v4_r32_32x1_c256": (torch.float32, (32, 1), dict(chunk_bytes=256)),
-                               "v4_r32_64x2": (torch.float32, (64, 2), None),
-                               "v4_r32_tf32": (torch.float32, None, dict(dot_precision="tf32")),
-                               "v4_r32_32x1_c128_tf32": (torch.float32, (32, 1), dict(chunk_bytes=128,
-                                                                                     dot_precision="tf32")),
-                               "v4_r16": (torch.bfloat16, None, None),
-                               "v4_r16_bf16": (torch.bfloat16, None, dict(dot_precision="bf16")),
-                               "v4_r16_32x1_c128_bf16": (torch.bfloat16, (32, 1), dict(chunk_bytes=128,
-                                                                                      dot_precision="bf16")),
-                               "v4_r16_64x1_c128_bf16": (torch.bfloat16, (64, 1), dict(chunk_bytes=128,
-                                                                                      dot_precision="bf16")),
-                               "v4_r32_bf16": (torch.float32, None, dict(dot_precision="bf16")),
-                               "v4_r16_32x1_c128": (torch.bfloat16, (32, 1), dict(chunk_bytes=128))}
-                    arms["v3_r32_srv"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
-                    arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
-                    for name, (rdt, cfg4, o4) in v4_arms.items():
-                        arms[name] = arm_ours(c, rdt, cfg=cfg4, impl="v4", v4_opts=o4, server_like=True)
-                    if c.NL == 1:
-                        arms["upstream_aligned"] = arm_upstream(c, aligned=True)
-                        arms["v3_r32_srv_aligned"] = arm_ours(c, torch.float32, impl="v3", server_like=True, aligned=True)
-                        for name in ("v4_r32", "v4_r32_32x1_c128", "v4_r32_64x1_c128", "v4_r16"):
-                            rdt, cfg4, o4 = v4_arms[name]
-                            arms[name + "_aligned"] = arm_ours(c, rdt, cfg=cfg4, impl="v4", v4_opts=o4,
-                                                               server_like=True, aligned=True)
                 if v3 and "aligned" in variants and B >= 128 and c.NL == 1:
                     # every row on the same cursor: one step in L writes every checkpoint (with one pool and
                     # NSTEPS = L = 16, every graph replay holds exactly one such step)
@@ -772,7 +724,7 @@ def main():
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
                 for name, t in res.items():
                     rec_es = 4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_", "v3p_r32",
-                                                                          "v3p_rc_", "v4_r32")) \
+                                                                          "v3p_rc_")) \
                         else 2  # *_r16*, v3c_*, v3d_*, upstream: bf16 records
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
@@ -800,8 +752,7 @@ def _dump(path, meta, rows):
 
 
 _SPLIT_SHORT = (("replay_decode_v3_ckpt_kernel", "ckpt"), ("replay_decode_v3_pre_kernel", "pre"),
-                 ("replay_decode_v3_kernel", "main"), ("replay_decode_v4_kernel", "main"),
-                 ("replay_decode_v2_post_kernel", "post"))
+                 ("replay_decode_v3_kernel", "main"), ("replay_decode_v2_post_kernel", "post"))
 
 
 def split_table(d: dict) -> str:

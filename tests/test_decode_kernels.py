@@ -49,9 +49,8 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw", v4_opts=None):
+                 kda_keys="raw"):
         self.v3_opts = v3_opts
-        self.v4_opts = v4_opts
         self.kda_keys = kda_keys
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
@@ -154,8 +153,6 @@ class Harness:
             kw.update(h_rows=h_rows, advance_h=False, may_prefold=len(self.windows) > 1)
         if self.v3_opts:
             kw["v3_opts"] = self.v3_opts
-        if self.v4_opts:
-            kw["v4_opts"] = self.v4_opts
         if ring_idx is not None:
             kw["ring_idx"] = ring_idx.to(DEV)
         replay_decode(self.kind, *x, self.state, self.ring, slot_idx.to(DEV), out=out, forced=forced.to(DEV), L=L,
