@@ -398,6 +398,15 @@ SPLIT_ARMS = {
     "v3_r32_p0": (torch.float32, None, dict(parts="")),
     "v3_r32_pperm": (torch.float32, None, dict(parts="perm")),
     "v3_r32_pall": (torch.float32, None, dict(parts="perm+forced")),
+    # the dot fold's K-chunk loop rolled (fold_pipe_stages 1: a loop, not unrolled, no shared-memory stages) in
+    # 64- / 128-byte chunks, and pipelined over 2 stages in 128-byte chunks (offline, Triton 3.6: GDN 92 / 134 / 131
+    # registers against 110 unrolled; KDA raw 100 / 185 / 182 against 127)
+    "v3_r32_fp1": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=1))),
+    "v3_r32_fp1_f128": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=1, fold_bytes=128))),
+    "v3_r32_fp2_f128": (torch.float32, None, dict(v3_opts=dict(fold_pipe_stages=2, fold_bytes=128))),
+    "v3_r32_pred_fp1": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_pipe_stages=1))),
+    "v3_r32_pred_fp1_f128": (torch.float32, None, dict(kda_keys="predecayed",
+                                                      v3_opts=dict(fold_pipe_stages=1, fold_bytes=128))),
 }
 
 

@@ -653,13 +653,15 @@ def test_heads_per_program(kind, read_dtype, hpp):
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("fold", ["dot3", "dot"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16"])
-def test_fold_pipe(kind, fold, read_dtype):
-    """fold_pipe_stages: the dot folds' K-chunk loop as a pipelined loop (a runtime chunk index where the default
-    unrolls): the state at every flush and pre-fold against the float64 reference, outputs, records and untouched
-    slots, with forced flushes, window switches and 4 K chunks per row (K = 64, 64-byte fold chunks)."""
+@pytest.mark.parametrize("stages", [1, 3])
+def test_fold_pipe(kind, fold, read_dtype, stages):
+    """fold_pipe_stages: the dot folds' K-chunk loop as a loop with a runtime chunk index where the default unrolls
+    (1: a plain loop; 3: software-pipelined): the state at every flush and pre-fold against the float64 reference,
+    outputs, records and untouched slots, with forced flushes, window switches and 4 K chunks per row (K = 64,
+    64-byte fold chunks)."""
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=64, V=16, L=6, seed=55, windows=(6, 6, 6, 2),
                  p_forced=0.05, impl="v3", fold=fold, read_dtype=read_dtype,
-                 v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))
+                 v3_opts=dict(fold_pipe_stages=stages, fold_bytes=64))
     st = hz.run(16)
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
@@ -839,7 +841,7 @@ def test_gpu_real_shapes_h_rows(kind, impl):
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("read_dtype", ["same", "bf16"])
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [1, 2, 3])
 def test_gpu_real_shapes_fold_pipe(kind, read_dtype, stages):
     """The pipelined fold at real head sizes on the GPU (fp32 state and records, the dot3 fold; the V3_TUNED launch
     otherwise)."""
@@ -941,7 +943,8 @@ def test_predecayed_kda_keys(fold, read_dtype, monkeypatch):
     assert st["prefold_appends"] > 0 and st["staggered"] > 0, st
 
 
-@pytest.mark.parametrize("opts", [dict(fold_pipe_stages=3), dict(heads_per_program=2), dict(chunk_bytes=64)])
+@pytest.mark.parametrize("opts", [dict(fold_pipe_stages=3), dict(heads_per_program=2), dict(chunk_bytes=64),
+                                  dict(fold_pipe_stages=1)])
 def test_predecayed_kda_keys_v3_opts(opts, monkeypatch):
     """The launch options the kernel split times on predecayed keys (scripts/bench_kernels.py, SPLIT_ARMS
     v3_r32_pred_*): the pipelined fold loop, two value heads per program, the tile read in 64-byte chunks, with
@@ -1002,6 +1005,21 @@ def test_predecayed_kda_keys_refused():
         lay.allocate(3, kda_keys="decayed")
     with pytest.raises(ValueError, match="for KDA rings"):
         ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=16, V=16).allocate(3, kda_keys="predecayed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fold_bytes", [64, 128])
+def test_gpu_real_shapes_predecayed_fold_loop(fold_bytes, monkeypatch):
+    """Predecayed KDA keys with the dot fold's chunk loop rolled (fold_pipe_stages 1), real head sizes, head rebases
+    (threshold -10), against float64."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -10.0)
+    hz = _real_harness("kda", seed=5, impl="v3", fold="dot3", kda_keys="predecayed",
+                       v3_opts=dict(fold_pipe_stages=1, fold_bytes=fold_bytes))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["rebase"] > 0, st
 
 
 @pytest.mark.gpu
