@@ -611,7 +611,12 @@ RC_FOLD = "chunked"  # the fold of a launch with a read copy when the caller ask
 # chunks of the copy's 64-byte read width, i.e. 64 fp32 elements for fp8, 32 for bf16); not faster than without.
 # 2026-11-30 (kernels-20261130-0132): main and post as PDL dependents, GDN 173.9 -> 170.7 us (r16), 182.9 -> 180.7
 # (r32); KDA 268.1 -> 264.4 (r16), 224.7 -> 222.0 (r32), B = 256.
-_PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True)
+# 2026-12-01 (kernels-split-20261201-0416 / -0417, B = 256, the server's arguments, us per layer-step): the dot fold's
+# chunk loop rolled (fold_pipe_stages 1; 92 registers instead of 110 for GDN, 100 instead of 127 for KDA raw keys)
+# costs nothing with aligned cursors (GDN 181.9 -> 181.5, KDA predecayed 193.9 -> 192.1, raw 210.1 -> 210.0) and
+# gains with staggered ones (GDN 183.8 -> 181.5, KDA predecayed 210.0 -> 204.8, raw 231.1 -> 217.6); 128-byte fold
+# chunks are slower (GDN staggered 189.3, KDA raw 286.6).
+_PIPE3 = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=1)
 _RC_FP8 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=256)
 _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # GDN's bf16 copy: the pipelined read and the dot fold since 2026-11-30 (H200, B = 256, us; step split, aligned
@@ -679,8 +684,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     read copy, else 1: on the H200 it pays only there, docs/benchmarks.md, Kernels).
     fold_pipe_stages (the dot folds, "dot" / "dot3"): the fold's K-chunk loop software-pipelined over that many
     stages (asynchronous copies of the next chunks' checkpoint and keys while one chunk folds and stores), for the
-    checkpoint-writing step (3.6x a plain step in session 8's split); 0: unrolled. None: V3_TUNED (3 for the bf16
-    read copies, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
+    checkpoint-writing step (3.6x a plain step in session 8's split); 1: a plain loop (not unrolled); 0: unrolled.
+    None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop folds. (Session 8's fold_ahead, each chunk's loads issued one
     chunk early by hand, measured no gain on the H200 and was replaced by this: docs/benchmarks.md.)"""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
