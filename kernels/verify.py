@@ -674,8 +674,9 @@ def ring_verify(
     chunk by the stacked [k~; q~] rows at ``precision`` (C q~ too). None: VERIFY_TUNED (2 since 2026-12-01).
     maxnreg: a register cap for the verify launch (ptxas maxnreg, 24-255; GPU only). None: VERIFY_TUNED's (KDA 168)
     when the launch is VERIFY_TUNED's (no block_v, num_warps, pipe_stages, split or ck_dot given), else none.
-    pair_loop: KDA's intra-window pair factors one draft at a time ([T, K] live instead of [T, T, K]); opt-in, not
-    yet timed on the GPU. None: VERIFY_TUNED (off). No effect for GDN, whose pair factors are scalars.
+    pair_loop: KDA's intra-window pair factors one draft at a time ([T, K] live instead of [T, T, K]). None:
+    VERIFY_TUNED (KDA: on from T = 8, where it measured faster; off below). No effect for GDN, whose pair factors are
+    scalars.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -754,7 +755,9 @@ def ring_verify(
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
     grid = (nsplit, B, HV)
-    pair_loop = bool(tuned.get("pair_loop", False) if pair_loop is None else pair_loop)
+    if pair_loop is None:  # VERIFY_TUNED: from pair_loop_min_T drafts on (KDA)
+        pair_loop = T >= tuned.get("pair_loop_min_T", T + 1)
+    pair_loop = bool(pair_loop)
     pipe_kw = dict(CKDOT=ck_dot, PAIR_LOOP=pair_loop and is_kda, launch_opts=launch_opts)
     if pipe > 0:
         pipe_kw.update(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
@@ -802,8 +805,13 @@ VERIFY_BT_MIN = 2
 # the caps alone 538.5 (168) / 574.8 (128, GDN) / 580.1 (KDA 168). Output RMS against float64 0.00168 (GDN) /
 # 0.00166 (KDA) against 0.00184 / 0.00182 before (C q~ at 3xTF32 now too; SGLang's conventional verify 0.00166).
 # GPU float64 tests of each option in the same call (test_gpu_verify_options, 10/10).
+# KDA's pair factors one draft at a time (pair_loop) from T = 8 on, since 2026-12-01 04:21 (verify-20261201-0421, B = 256,
+# us per step all accepted / all rejected): T = 8 1347.2 -> 1189.2 / 1215.8 -> 1056.6 (1.16x -> 1.32x conventional
+# 1564.9 / 1.29x -> 1.48x), T = 4 401.5 -> 450.7 (slower: off below 8); without the register cap 1351.4 (T = 8), at
+# 64 x 4 1682.2. GPU float64 tests of pair_loop in the same call (2/2).
 VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2),
-                "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, maxnreg=168)}
+                "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, maxnreg=168,
+                            pair_loop_min_T=8)}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 

@@ -16,6 +16,7 @@ import torch
 
 from conftest import extra_cases
 from replayssm_sglang import ring as R
+from replayssm_sglang.kernels import verify as verify_mod
 from replayssm_sglang.kernels.verify import ring_commit_, ring_verify
 from replayssm_sglang.reference_verify import ReferenceStream, random_inputs, random_params
 
@@ -246,6 +247,27 @@ def test_kda_pair_loop(pipe):
     st = run_sequence(kind="kda", B=3, H=2, HV=2, K=32, V=16, L=8, T_choices=[1, 2, 4, 8], steps=24, pad_rows=1,
                       spare_slots=2, ring_rows=True, verify_opts=dict(pipe_stages=pipe, chunk_bytes=64, pair_loop=True))
     assert st["folds"] > 0 and st["non_fold"] > 0, st
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_pair_loop_default_from_T8(kind, monkeypatch):
+    """VERIFY_TUNED runs KDA's pair factors one draft at a time from T = 8 on (measured faster there, slower at 4) and
+    never for GDN; an explicit pair_loop wins. The launch's PAIR_LOOP is read from the call, the sequence still checked
+    against float64."""
+    seen = []
+    real = verify_mod._launch_verify
+
+    def spy(*args, **kw):
+        seen.append((args[1], kw.get("PAIR_LOOP")))  # (BT, pair loop)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(verify_mod, "_launch_verify", spy)
+    run_sequence(kind=kind, B=2, H=2, HV=2, K=16, V=16, L=8, T_choices=[4, 8], steps=6, verify_opts=dict())
+    assert {bt for bt, _ in seen} == {4, 8}, seen
+    assert all(pl == (kind == "kda" and bt == 8) for bt, pl in seen), seen
+    seen.clear()
+    run_sequence(kind=kind, B=2, H=2, HV=2, K=16, V=16, L=8, T_choices=[8], steps=2, verify_opts=dict(pair_loop=False))
+    assert seen and not any(pl for _, pl in seen), seen
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
