@@ -805,10 +805,10 @@ VERIFY_BT_MIN = 2
 # the caps alone 538.5 (168) / 574.8 (128, GDN) / 580.1 (KDA 168). Output RMS against float64 0.00168 (GDN) /
 # 0.00166 (KDA) against 0.00184 / 0.00182 before (C q~ at 3xTF32 now too; SGLang's conventional verify 0.00166).
 # GPU float64 tests of each option in the same call (test_gpu_verify_options, 10/10).
-# KDA's pair factors one draft at a time (pair_loop) from T = 8 on, since 2026-12-01 04:21 (verify-20261201-0421, B = 256,
-# us per step all accepted / all rejected): T = 8 1347.2 -> 1189.2 / 1215.8 -> 1056.6 (1.16x -> 1.32x conventional
-# 1564.9 / 1.29x -> 1.48x), T = 4 401.5 -> 450.7 (slower: off below 8); without the register cap 1351.4 (T = 8), at
-# 64 x 4 1682.2. GPU float64 tests of pair_loop in the same call (2/2).
+# KDA's pair factors one draft at a time (pair_loop) from T = 8 on, since 2026-12-01 04:21 (verify-20261201-0421,
+# B = 256, us per step all accepted / all rejected): T = 8 1347.2 -> 1189.2 / 1215.8 -> 1056.6 (1.16x -> 1.32x /
+# 1.29x -> 1.48x conventional, 1564.9), T = 4 401.5 -> 450.7 (slower: off below 8); without the register cap 1351.4
+# (T = 8), at 64 x 4 1682.2. GPU float64 tests of pair_loop in the same call (2/2).
 VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2),
                 "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, maxnreg=168,
                             pair_loop_min_T=8)}
