@@ -77,6 +77,7 @@ class Scenario:
     lower_bound: float | None = None
     impl: str = "auto"
     kda_keys: str = "raw"  # the ring's KDA key records (ring.Ring.kda_keys)
+    T: int = T_VERIFY  # verify: drafts per step (KDA's pair loop from T = 8, verify.VERIFY_TUNED)
 
     @property
     def label(self) -> str:
@@ -84,7 +85,7 @@ class Scenario:
         if self.op == "decode":
             s += f" L={self.L} impl={self.impl} forced={self.forced}"
         else:
-            s += f" T={T_VERIFY}"
+            s += f" T={self.T}"
         if self.kda_keys != "raw":
             s += f" keys={self.kda_keys}"
         if self.lower_bound is not None:
@@ -97,7 +98,8 @@ def server_scenarios() -> list[Scenario]:
     same / bf16 / fp8_e4m3; bf16 pools with bf16 records (the server's) and fp32 records, read copy same / fp8
     (a bf16 copy of a bf16 state is no copy: pool.effective_read_dtype); windows 1 (w1) and 16 (v3: the
     server's window for fp32 pools at B > 64, bf16 only with REPLAYSSM_DECODE_WINDOW); forced flags given (track
-    interval set) and, for the plain fp32 ring, not; KDA with and without the safe-gate lower bound; verify T=4.
+    interval set) and, for the plain fp32 ring, not; KDA with and without the safe-gate lower bound; verify T=4,
+    and T=8 for fp32 pools (KDA's pair loop: verify.VERIFY_TUNED["kda"]["pair_loop_min_T"]).
     Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
@@ -112,6 +114,8 @@ def server_scenarios() -> list[Scenario]:
     for L in (1, L_RING):
         out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L, lower_bound=-5.0))
     out.append(Scenario("verify", "kda", "fp32", "fp32", "same", lower_bound=-5.0))
+    for kind in ("gdn", "kda"):  # eight drafts per step (--speculative-num-draft-tokens 8)
+        out.append(Scenario("verify", kind, "fp32", "fp32", "same", T=2 * T_VERIFY))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "fp8_e4m3", L_RING, lower_bound=-5.0))
     for impl in ("v1", "v2"):
         out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", L_RING, impl=impl))
@@ -201,9 +205,9 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
     H, HV, K, V = d["H"], d["HV"], d["K"], d["V"]
     GK = 1 if sc.kind == "gdn" else K
     B, slots, rows = 2, 3, 4
-    T = T_VERIFY if sc.op == "verify" else 1
+    T = sc.T if sc.op == "verify" else 1
     ring_L = sc.L if sc.op == "decode" and sc.L > 1 else L_RING  # the ring holds the decode window
-    lay = ringmod.RingLayout.for_layer(sc.kind, L=ring_L, H=H, HV=HV, K=K, V=V, T_max=T_VERIFY)
+    lay = ringmod.RingLayout.for_layer(sc.kind, L=ring_L, H=H, HV=HV, K=K, V=V, T_max=max(T, T_VERIFY))
     ring = lay.allocate(rows, record_dtype=DTYPE[sc.rec], read_dtype=sc.read, kda_keys=sc.kda_keys)
     state = torch.zeros(slots, HV, V, K, dtype=DTYPE[sc.state])
     N = B * T

@@ -5,7 +5,7 @@ Triton: a variable that is a bf16 pointer in one branch and an fp32 pointer in t
 interpreted and is refused by the compiler ("Mismatched type for p_tile between then block ... and else
 block": decode_v3's read copy until 6b77c5f). scripts/compile_configs.py records the launches of the real
 launch functions (server scenarios: GDN / KDA at real head sizes, fp32 / bf16 pools, read copy same / bf16 /
-fp8_e4m3, windows 1 and 16, verify T = 4, PDL on as on the H200), binds them with the JIT's own binder for
+fp8_e4m3, windows 1 and 16, verify T = 4 and 8, PDL on as on the H200), binds them with the JIT's own binder for
 sm_90 and compiles each distinct configuration with triton.compile. It runs in a subprocess: the kernels
 must be JITFunctions there (TRITON_INTERPRET unset), while this process keeps the interpreter for the other
 tests. About 2.5 minutes on 2 cores with an empty Triton cache; deselect with ``-m "not compile"``.
@@ -61,6 +61,9 @@ def test_every_server_kernel_config_compiles_for_sm90(tmp_path):
     assert any("'rc': '*bf16'" in c and "'HAS_RC': True" in c for c in v3)
     assert any("'rc': '*fp8e4nv'" in c for c in v3)
     assert any("'launch_pdl': True" in c and "'USE_PDL': True" in c for c in v3)
+    # KDA's verify at eight drafts, with its pair loop (verify.VERIFY_TUNED), as the server launches it
+    ver = [c["config"] for c in res["configs"] if c["kernel"] == "_ring_verify_kernel"]
+    assert any("'T': 8" in c and "'IS_KDA': True" in c and "'PAIR_LOOP': True" in c for c in ver)
     assert r.returncode == 0, log[-6000:]
 
 
@@ -97,8 +100,11 @@ def test_scenario_labels():
         if lab.startswith("decode"):
             assert " L=" in lab and " T=" not in lab, lab
         else:
-            assert lab.startswith("verify") and lab.endswith((" T=4", "lower_bound=-5.0")) and " T=4" in lab, lab
+            assert lab.startswith("verify") and lab.endswith((" T=4", " T=8", "lower_bound=-5.0")), lab
+            assert (" T=4" in lab) != (" T=8" in lab), lab
     assert sum("keys=predecayed" in lab for lab in labels) == 5  # (read same / bf16) x (L 1 / 16), and L = 32
+    # eight drafts for both kinds (KDA's pair loop runs from T = 8: verify.VERIFY_TUNED)
+    assert sorted(lab.split()[1] for lab in labels if lab.endswith(" T=8")) == ["gdn", "kda"]
 
 
 def _recorded(code: str) -> list[str]:
