@@ -407,6 +407,15 @@ SPLIT_ARMS = {
     "v3_r32_pred_fp1": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(fold_pipe_stages=1))),
     "v3_r32_pred_fp1_f128": (torch.float32, None, dict(kda_keys="predecayed",
                                                       v3_opts=dict(fold_pipe_stages=1, fold_bytes=128))),
+    # the main launch's residency (offline, Triton 3.6, sm_90, fp32 state and records): 92 registers (GDN), 21 one-warp
+    # programs per SM; capped at 80 (28 B spilled) 25, where its 8 KiB of pipeline stages bind; at 64 (108 B
+    # spilled) with two stages (one 4 KiB buffer) 32, the most one-warp programs an SM holds
+    "v3_r32_m80": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=80))),
+    "v3_r32_m64_p2": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
+    "v3_r32_m72_p2": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=72, pipe_stages=2))),
+    "v3_r32_pred_m80": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(main_maxnreg=80))),
+    "v3_r32_pred_m64_p2": (torch.float32, None, dict(kda_keys="predecayed",
+                                                    v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
 }
 
 
