@@ -413,6 +413,13 @@ SPLIT_ARMS = {
     "v3_r32_m80": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=80))),
     "v3_r32_m64_p2": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
     "v3_r32_m72_p2": (torch.float32, None, dict(v3_opts=dict(main_maxnreg=72, pipe_stages=2))),
+    # the fp8 copy with one value head per program of four warps (BV 128): the program's first round trips paid once
+    # per head by four warps at a time, where the default (BV 32, one warp, two heads per program) pays them per
+    # 32 rows; offline (Triton 3.6, the 168 cap) 3 programs per SM, the same 12 warps, 72-88 B spilled
+    "v3_rc_fp8_128x4": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3", v3_opts=dict(heads_per_program=1))),
+    "v3_rc_fp8_128x4_hpp2": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3")),
+    "v3_rc_fp8_pred": (torch.float32, None, dict(read_dtype="fp8_e4m3", kda_keys="predecayed")),
+    "v3_rc_fp8_pred_128x4_hpp2": (torch.float32, (128, 4), dict(read_dtype="fp8_e4m3", kda_keys="predecayed")),
     "v3_r32_pred_m80": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(main_maxnreg=80))),
     "v3_r32_pred_m64_p2": (torch.float32, None, dict(kda_keys="predecayed",
                                                     v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
