@@ -25,7 +25,8 @@ Tasks:
   correctness -- fixed prompt set (seeded token ids), greedy, 32 new tokens, top-5 logprobs; per arm vs the
                  reference: token agreement, common-prefix length, max |logprob diff| of the chosen tokens
                  over the common prefix (the first 32 tokens); plus an output-diversity check (random
-                 weights must not give degenerate text).
+                 weights must not give degenerate text). Each arm's JSON records how it ran
+                 (`correctness_setup`: the 16 prompts as one batch, the decode window) and its environment.
   spec        -- the same prompts with NEXTN speculative decoding (GDN model with its MTP layer): the greedy
                  tokens must equal the same arm without speculation.
   throughput  -- steady-state decode tokens/s at B = 1, 64, 256: input 32 tokens, ignore_eos; a warm-up
@@ -232,6 +233,24 @@ def prompt_set(vocab: int, n: int = 16, seed: int = 1234) -> list[list[int]]:
     rng = random.Random(seed)
     lens = [8, 16, 24, 33, 47, 64, 100, 128, 150, 200, 255, 256, 300, 511, 700, 1000][:n]
     return [[rng.randrange(10, vocab - 10) for _ in range(L)] for L in lens]
+
+
+def correctness_setup(arm: str, prompts: list[list[int]], new_tokens: int = 32, top: int = 5) -> dict:
+    """What the correctness task of ``arm`` ran, for its JSON: the prompts (sent in one request, so they decode
+    together as one batch), the greedy tokens and top logprobs per prompt, and the decode window: forced by the
+    arm's environment (ARM_ENV), or the small-batch policy's choice for the batch (replayssm_sglang.policy: window 1
+    for fp32 states at this batch), or "upstream" (pristine SGLang's own ReplaySSM), or none for the arms without
+    ReplaySSM."""
+    base = arm_base(arm)
+    forced = ARM_ENV.get(base, {}).get("REPLAYSSM_DECODE_WINDOW")
+    if forced:
+        window = int(forced)
+    elif "--enable-linear-replayssm" in ARMS[base]:
+        window = "policy" if base.startswith("ours") else "upstream"
+    else:
+        window = None
+    return {"prompts": len(prompts), "batch": len(prompts), "new_tokens": new_tokens, "top_logprobs": top,
+            "decode_window": window}
 
 
 def run_prompts(srv: Server, prompts: list[list[int]], new_tokens: int = 32, top: int = 5) -> list[dict]:
@@ -813,7 +832,7 @@ def main() -> None:
                     log(msg)
                     results["skipped"].append(msg)
                     continue
-                r = m["arms"][arm] = {"flags": ARMS[base]}
+                r = m["arms"][arm] = {"flags": ARMS[base], "env": dict(ARM_ENV.get(base, {}))}
                 srv = Server(f"{mname}-{arm}", mpath, ARMS[base], port, logdir, audit)
                 port += 1
                 servers.append(srv)
@@ -832,6 +851,7 @@ def main() -> None:
                     take_load_audit(srv, audit, r)
                     if "correctness" in tasks:
                         res = run_prompts(srv, prompts)
+                        r["correctness_setup"] = correctness_setup(arm, prompts)
                         r["diversity"] = diversity(res)
                         r["outputs"] = [x["tokens"] for x in res]
                         log(f"{srv.name}: diversity {r['diversity']}")

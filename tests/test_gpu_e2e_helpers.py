@@ -192,6 +192,19 @@ def test_prefill_task_and_prefill_log_parsing(fake):
     assert g.flush_cache(fake)
 
 
+def test_correctness_setup_names_batch_and_window():
+    """Each arm's JSON says how its correctness task ran: the 16 prompts as one batch, 32 greedy tokens, and which
+    decode window served them (forced by the arm's environment, the policy's, upstream's own, or none)."""
+    prompts = g.prompt_set(1000)
+    s = g.correctness_setup("ours_rc_fp8", prompts)
+    assert s == {"prompts": 16, "batch": 16, "new_tokens": 32, "top_logprobs": 5, "decode_window": 16}
+    assert g.correctness_setup("ours_w16:2", prompts)["decode_window"] == 16  # a tagged arm: its base arm's
+    assert g.correctness_setup("ours_perturbed", prompts)["decode_window"] == 1
+    assert g.correctness_setup("ours", prompts)["decode_window"] == "policy"
+    assert g.correctness_setup("conventional", prompts)["decode_window"] is None
+    assert g.correctness_setup("upstream_replayssm", prompts)["decode_window"] == "upstream"
+
+
 def test_tagged_arm_runs_its_base_arm():
     assert g.arm_base("ours:2") == "ours" and g.arm_base("conventional") == "conventional"
     s = g.Server("gdn-ours_perturbed:2", "/x", [], 1, Path("/tmp"), None)
