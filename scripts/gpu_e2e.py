@@ -235,7 +235,12 @@ def prompt_set(vocab: int, n: int = 16, seed: int = 1234) -> list[list[int]]:
     return [[rng.randrange(10, vocab - 10) for _ in range(L)] for L in lens]
 
 
-def correctness_setup(arm: str, prompts: list[list[int]], new_tokens: int = 32, top: int = 5) -> dict:
+# the correctness task's greedy tokens and top logprobs per prompt (run_prompts; correctness_setup reports them)
+CORRECTNESS_TOKENS, CORRECTNESS_TOP = 32, 5
+
+
+def correctness_setup(arm: str, prompts: list[list[int]], new_tokens: int = CORRECTNESS_TOKENS,
+                      top: int = CORRECTNESS_TOP) -> dict:
     """What the correctness task of ``arm`` ran, for its JSON: the prompts (sent in one request, so they decode
     together as one batch), the greedy tokens and top logprobs per prompt, and the decode window: forced by the
     arm's environment (ARM_ENV), or the small-batch policy's choice for the batch (replayssm_sglang.policy: window 1
@@ -253,7 +258,8 @@ def correctness_setup(arm: str, prompts: list[list[int]], new_tokens: int = 32, 
             "decode_window": window}
 
 
-def run_prompts(srv: Server, prompts: list[list[int]], new_tokens: int = 32, top: int = 5) -> list[dict]:
+def run_prompts(srv: Server, prompts: list[list[int]], new_tokens: int = CORRECTNESS_TOKENS,
+                top: int = CORRECTNESS_TOP) -> list[dict]:
     out = srv.generate({
         "input_ids": prompts,
         "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
