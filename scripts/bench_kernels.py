@@ -426,12 +426,18 @@ SPLIT_ARMS = {
 }
 
 
-def step_split(c: Case, run, steps: int = 32) -> dict:
+def step_split(c: Case, run, steps: int | None = None) -> dict:
     """GPU time of each launch of ``steps`` eager decode steps under the torch profiler (no CUDA graph: launch
     gaps are not in these numbers), grouped by kernel name in launch order. With aligned cursors one step in L
     writes every checkpoint: per kernel the median over steps (a step that writes no checkpoint), the maximum (the
-    one that does), and the mean per step."""
+    one that does), and the mean per step. ``steps`` (default: the fewest whole windows of at least 32 steps) must
+    be a multiple of L, so that the mean per step counts each window's checkpoint step once per L steps."""
     from torch.profiler import ProfilerActivity, profile
+
+    if steps is None:
+        steps = c.L * -(-32 // c.L)
+    if steps % c.L:
+        raise ValueError(f"steps ({steps}) must be a multiple of L ({c.L})")
 
     for i in range(c.L):  # compiled, warm, and back to the window's first step
         run(i)
@@ -469,7 +475,7 @@ def run_step_split(args, dev, meta):
     names = args.split_arms.split(",")
     res = []
     for kind in args.kinds.split(","):
-        c = Case(kind, B, "float32", dev)
+        c = Case(kind, B, "float32", dev, L=args.cache_len)
         arms = {"conv": arm_conv(c)}
         for n in names:
             rec, cfg, kw = SPLIT_ARMS[n]
@@ -490,10 +496,11 @@ def run_step_split(args, dev, meta):
             for kn, v in sorted(sp.items(), key=lambda kv: -kv[1]["mean_per_step_us"]):
                 print(f"    {kn[:60]:60s} n={v['n']:3d} median {v['median_us']:7.1f} max {v['max_us']:7.1f} "
                       f"per step {v['mean_per_step_us']:7.1f}", flush=True)
-            res.append(dict(kind=kind, B=B, arm=n, kernels_us_per_step=tot, kernels=sp, main_launch=main_res))
+            res.append(dict(kind=kind, B=B, L=c.L, arm=n, kernels_us_per_step=tot, kernels=sp, main_launch=main_res))
         cursors = "staggered" if args.split_staggered else "aligned"
         args_kind = ", server-like arguments (ring_idx, forced)" if args.split_server_like else ""
-        _dump(args.out, dict(meta, mode=f"step-split, {cursors} cursors{args_kind}, eager steps under torch.profiler"),
+        _dump(args.out, dict(meta, mode=f"step-split, L = {c.L}, {cursors} cursors{args_kind}, eager steps under "
+                                        "torch.profiler"),
               res)
         del c, arms
         torch.cuda.empty_cache()
@@ -544,6 +551,9 @@ def main():
                     "(aligned cursors unless --split-staggered, fp32 states, the largest of --batches; conv and --split-arms): where a decode "
                     "step's time goes on the steps that write no checkpoint and on the one that does")
     ap.add_argument("--split-arms", default=",".join(SPLIT_ARMS), help="names from SPLIT_ARMS")
+    ap.add_argument("--cache-len", type=int, default=16,
+                    help="--step-split's ring length L (the server's --linear-replayssm-cache-len; default 16): the "
+                         "window the decode steps run, so one step in L writes the checkpoints")
     args = ap.parse_args()
     variants = set(args.variants.split(",")) - {""}
     if args.plot:

@@ -808,6 +808,21 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,kda_keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
+@pytest.mark.parametrize("L", [32, 64])
+def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
+    """Rings longer than the default 16 (--linear-replayssm-cache-len 32 / 64) at real head sizes with the server's
+    kernel choices (impl "auto": v3 with V3_TUNED for the buffered window; fp32 state and records), two windows, rows
+    that flush at h = L (more flushes than forced ones) and rows staggered by forced flushes, against float64."""
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=L, seed=7, fold=None, impl="auto", kda_keys=kda_keys,
+                 p_pad=0.05, p_forced=0.02)
+    st = hz.run(2 * L + 4)
+    assert st["flushes"] > st["forced"] > 0 and st["staggered"] > 0, st
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B", [8, 96])
