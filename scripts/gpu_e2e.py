@@ -687,7 +687,42 @@ def ssm_kernel_us(kind: str, B: int = 256) -> dict:
 
 # -------------------------------------------------------------------------------------------------- plot
 
+def throughput_ratios(results: dict) -> list[tuple[str, str, int, float, float | None, bool]]:
+    """(model, arm, B, decode tok/s, x the model's reference arm at that B or None, queued) for every throughput
+    point; the reference arm is the correctness reference (the first arm run) unless the model names none."""
+    out = []
+    for mname, m in results["models"].items():
+        arms = m["arms"]
+        ref = m.get("reference_arm") or next(iter(arms), None)
+        base = (arms.get(ref) or {}).get("throughput") or {}
+        for arm, r in arms.items():
+            for b, t in sorted((r.get("throughput") or {}).items(), key=lambda kv: int(kv[0])):
+                rb = base.get(b)
+                ratio = t["decode_tok_s"] / rb["decode_tok_s"] if rb else None
+                out.append((mname, arm, int(b), t["decode_tok_s"], ratio, bool(t.get("queued"))))
+    return out
+
+
+def prefix_points(results: dict) -> list[tuple[str, float, float, float | None]]:
+    """(label, hit rate, mean TTFT, first run's mean TTFT or None) per arm with a prefix result: the last run of the
+    repeats (the warm one, issue 9's comparison; the first server of a call compiles its prefill kernels during
+    the first run), and the first run beside it when there were several."""
+    pts = []
+    for mname, m in results["models"].items():
+        for arm, r in m["arms"].items():
+            p = r.get("prefix")
+            if not p:
+                continue
+            last = p["repeats"][-1] if p.get("repeats") else p
+            cold = p["mean_ttft_s"] if p.get("repeats") else None
+            pts.append((f"{mname}:{arm}", last["hit_rate"], last["mean_ttft_s"], cold))
+    return pts
+
+
 def plot(results: dict, path: Path) -> None:
+    """Left: decode throughput per batch size as x the model's reference arm (linear axis from 0, the tok/s written
+    on each bar). Right: the prefix workload's hit rate and mean TTFT per arm, warm run (filled) and first run
+    (hollow)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -695,56 +730,62 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     ax = axes[0]
-    series = [(mname, arm, r["throughput"]) for mname, m in results["models"].items()
-              for arm, r in m["arms"].items() if r.get("throughput")]
+    pts = [t for t in throughput_ratios(results) if t[4] is not None]
+    series = list(dict.fromkeys((mn, arm) for mn, arm, *_ in pts))
+    bs_all = sorted({b for _, _, b, *_ in pts})
     width = 0.8 / max(1, len(series))
-    i = 0
-    for mname, arm, tp in series:
-        bs = sorted(int(b) for b in tp)
-        xs = [bs.index(b) + i * width for b in bs]
-        bars = ax.bar(xs, [tp[str(b)]["decode_tok_s"] for b in bs], width, label=f"{mname}:{arm}")
-        for bar, b in zip(bars, bs):
-            if tp[str(b)].get("queued"):
-                ax.annotate("queued", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                            fontsize=7)
-        i += 1
-    if i:
-        bs_all = sorted({int(b) for m in results["models"].values() for r in m["arms"].values()
-                         for b in (r.get("throughput") or {})})
+    for i, (mn, arm) in enumerate(series):
+        mine = {b: (tok, ratio, q) for m2, a2, b, tok, ratio, q in pts if (m2, a2) == (mn, arm)}
+        xs = [bs_all.index(b) + i * width for b in mine]
+        bars = ax.bar(xs, [v[1] for v in mine.values()], width, label=f"{mn}:{arm}")
+        for bar, (tok, ratio, q) in zip(bars, mine.values()):
+            ax.annotate(f"{ratio:.2f}x\n{tok / 1000:.1f}k" + ("\nqueued" if q else ""),
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
+    if series:
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(bs_all))], [f"B={b}" for b in bs_all])
-    ax.set_ylabel("decode tokens/s")
-    ax.set_yscale("log")
-    ax.set_title("steady-state decode throughput")
-    ax.legend(fontsize=7)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_ylim(0, max(t[4] for t in pts) * 1.25)
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("decode throughput, x the model's reference arm")
+    ax.set_title("steady-state decode throughput (tok/s on the bars)")
     ax = axes[1]
-    labels, hits, ttfts = [], [], []
-    for mname, m in results["models"].items():
-        for arm, r in m["arms"].items():
-            p = r.get("prefix")
-            if p:
-                labels.append(f"{mname}:{arm}")
-                hits.append(p["hit_rate"])
-                ttfts.append(p["mean_ttft_s"])
-    if labels:
-        ax.bar(range(len(labels)), hits, color="tab:green", label="hit rate")
-        ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=7)
+    pp = prefix_points(results)
+    if pp:
+        xs = range(len(pp))
+        ax.bar(xs, [p[1] for p in pp], color="tab:green", alpha=0.6, label="hit rate (warm run)")
+        ax.set_xticks(xs, [p[0] for p in pp], rotation=20, fontsize=7)
         ax.set_ylim(0, 1)
+        ax.set_ylabel("hit rate")
         ax2 = ax.twinx()
-        ax2.plot(range(len(labels)), ttfts, "ko-", label="mean TTFT (s)")
+        ax2.plot(xs, [p[2] for p in pp], "ko-", label="mean TTFT, warm run (s)")
+        colds = [(x, p[3]) for x, p in zip(xs, pp) if p[3] is not None]
+        if colds:
+            ax2.plot([c[0] for c in colds], [c[1] for c in colds], "o", mfc="none", mec="0.4", ls="none",
+                     label="mean TTFT, first run (s)")
+        ax2.set_ylim(0, max([p[2] for p in pp] + [c[1] for c in colds]) * 1.2)
         ax2.set_ylabel("mean TTFT (s)")
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower right")
     else:
         ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("generated-shared-prefix 8x32, 2048-token system prompt")
-    fig.suptitle(f"SGLang 0.5.17 end to end, {results.get('gpu', '?')}, {results.get('date', '')}")
+    fig.suptitle(f"SGLang 0.5.17 end to end, {results.get('gpu', '?')}, {results.get('date', '')}, "
+                 f"commit {results.get('commit', '?')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 # --------------------------------------------------------------------------------------------------- main
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", action="append", required=True, help="label=path (label gdn or kda)")
+    ap.add_argument("--plot", type=Path, default=None, metavar="JSON",
+                    help="only redraw the PNG of an e2e JSON (written beside it, .png), then exit; no GPU needed")
+    ap.add_argument("--model", action="append", help="label=path (label gdn or kda); required unless --plot")
     ap.add_argument("--arms", default="conventional,upstream_replayssm")
     ap.add_argument("--tasks", default="correctness,spec,throughput,prefill,prefix,ssm_share",
                     help="comma-separated, of correctness, spec, throughput, prefill, prefix, ssm_share, profile "
@@ -773,6 +814,12 @@ def main() -> None:
                     help="--disable-prefill-cuda-graph: saves ~20 s per server (84 s for the first, Triton JIT "
                          "included) at the cost of eager prefill (TTFT)")
     args = ap.parse_args()
+    if args.plot:
+        plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+        print(f"wrote {args.plot.with_suffix('.png')}")
+        return
+    if not args.model:
+        ap.error("--model is required (label=path), unless --plot")
     args.out.mkdir(parents=True, exist_ok=True)
     logdir = Path("/tmp/e2e-logs")
     logdir.mkdir(exist_ok=True)

@@ -222,3 +222,38 @@ def test_e2e_report_keeps_earlier_runs():
     assert out.index("new run table") < out.index("### Earlier runs\n\nrun A") < out.index("## Kernels\n\nkernel table")
     fresh = R.replace_section("# Benchmarks\n", "## End to end (GPU)\n\nfirst\n")
     assert fresh.endswith("## End to end (GPU)\n\nfirst\n") and "Earlier" not in fresh
+
+
+def _tp(tok, queued=False):
+    return {"decode_tok_s": tok, "step_ms": 1.0, "queued": queued}
+
+
+def _pf(hit, ttft, warm=None):
+    p = {"hit_rate": hit, "mean_ttft_s": ttft}
+    if warm is not None:
+        p["repeats"] = [{"hit_rate": warm[0], "mean_ttft_s": warm[1]}]
+    return p
+
+
+def test_plot_shows_ratios_and_the_warm_prefix_run(tmp_path):
+    """The PNG's numbers: throughput as x the model's reference arm at each B (not the other model's), and the
+    prefix workload's last (warm) run, with the first run's TTFT beside it; the PNG is written."""
+    res = {"gpu": "fake", "date": "d", "commit": "c", "models": {
+        "gdn": {"reference_arm": "conventional", "arms": {
+            "conventional": {"throughput": {"256": _tp(100.0), "1": _tp(10.0)}, "prefix": _pf(0.80, 4.0, (0.85, 1.0))},
+            "ours": {"throughput": {"256": _tp(130.0, queued=True), "1": _tp(9.0)}, "prefix": _pf(0.84, 2.0, (0.85, 1.1))}}},
+        "kda": {"arms": {  # no reference_arm recorded: the first arm is the reference
+            "conventional": {"throughput": {"256": _tp(50.0)}},
+            "ours": {"throughput": {"256": _tp(60.0)}, "prefix": _pf(0.5, 3.0)}}}}}
+    r = {(m, a, b): (tok, ratio, q) for m, a, b, tok, ratio, q in g.throughput_ratios(res)}
+    assert r[("gdn", "ours", 256)] == (130.0, pytest.approx(1.3), True)
+    assert r[("gdn", "ours", 1)][1] == pytest.approx(0.9)
+    assert r[("kda", "ours", 256)][1] == pytest.approx(1.2) and r[("kda", "conventional", 256)][1] == 1.0
+    assert [b for m, a, b, *_ in g.throughput_ratios(res) if (m, a) == ("gdn", "ours")] == [1, 256]
+    pts = {lab: rest for lab, *rest in g.prefix_points(res)}
+    assert pts["gdn:conventional"] == [0.85, 1.0, 4.0]  # the warm run, and the first run's TTFT beside it
+    assert pts["gdn:ours"] == [0.85, 1.1, 2.0]
+    assert pts["kda:ours"] == [0.5, 3.0, None] and "kda:conventional" not in pts
+    pytest.importorskip("matplotlib")
+    g.plot(res, tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").stat().st_size > 1000
