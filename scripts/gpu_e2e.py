@@ -703,26 +703,31 @@ def throughput_ratios(results: dict) -> list[tuple[str, str, int, float, float |
     return out
 
 
-def prefix_points(results: dict) -> list[tuple[str, float, float, float | None]]:
-    """(label, hit rate, mean TTFT, first run's mean TTFT or None) per arm with a prefix result: the last run of the
-    repeats (the warm one, issue 9's comparison; the first server of a call compiles its prefill kernels during
-    the first run), and the first run beside it when there were several."""
+def prefix_points(results: dict) -> list[dict]:
+    """Per arm with a prefix result: label, `hit` (the median hit rate over the warm runs), `ttfts` (each warm run's
+    mean TTFT) and `cold` (the first run's mean TTFT when later runs exist, else None). The warm runs are the ones
+    after the first (issue 9's comparison: the first server of a call compiles its prefill kernels during its first
+    run), or the only run."""
+    import statistics
+
     pts = []
     for mname, m in results["models"].items():
         for arm, r in m["arms"].items():
             p = r.get("prefix")
             if not p:
                 continue
-            last = p["repeats"][-1] if p.get("repeats") else p
-            cold = p["mean_ttft_s"] if p.get("repeats") else None
-            pts.append((f"{mname}:{arm}", last["hit_rate"], last["mean_ttft_s"], cold))
+            warm = p.get("repeats") or [p]
+            pts.append(dict(label=f"{mname}:{arm}", hit=statistics.median(x["hit_rate"] for x in warm),
+                            ttfts=[x["mean_ttft_s"] for x in warm],
+                            cold=p["mean_ttft_s"] if p.get("repeats") else None))
     return pts
 
 
 def plot(results: dict, path: Path) -> None:
     """Left: decode throughput per batch size as x the model's reference arm (linear axis from 0, the tok/s written
-    on each bar). Right: the prefix workload's hit rate and mean TTFT per arm, warm run (filled) and first run
-    (hollow)."""
+    on each bar). Right: the prefix workload per arm: the warm runs' median hit rate (bars), each warm run's mean
+    TTFT (dots) and their median, and the first run's (hollow; a triangle at the top, with its value written, when
+    it is off the scale of the warm runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -753,18 +758,29 @@ def plot(results: dict, path: Path) -> None:
     ax = axes[1]
     pp = prefix_points(results)
     if pp:
-        xs = range(len(pp))
-        ax.bar(xs, [p[1] for p in pp], color="tab:green", alpha=0.6, label="hit rate (warm run)")
-        ax.set_xticks(xs, [p[0] for p in pp], rotation=20, fontsize=7)
+        import statistics
+
+        xs = list(range(len(pp)))
+        ax.bar(xs, [p["hit"] for p in pp], color="tab:green", alpha=0.6, label="hit rate (median of warm runs)")
+        ax.set_xticks(xs, [p["label"] for p in pp], rotation=20, fontsize=7)
         ax.set_ylim(0, 1)
         ax.set_ylabel("hit rate")
         ax2 = ax.twinx()
-        ax2.plot(xs, [p[2] for p in pp], "ko-", label="mean TTFT, warm run (s)")
-        colds = [(x, p[3]) for x, p in zip(xs, pp) if p[3] is not None]
-        if colds:
-            ax2.plot([c[0] for c in colds], [c[1] for c in colds], "o", mfc="none", mec="0.4", ls="none",
-                     label="mean TTFT, first run (s)")
-        ax2.set_ylim(0, max([p[2] for p in pp] + [c[1] for c in colds]) * 1.2)
+        top = max(t for p in pp for t in p["ttfts"]) * 1.4
+        for x, p in zip(xs, pp):
+            ax2.plot([x] * len(p["ttfts"]), p["ttfts"], ".", color="0.3", ms=5,
+                     label="mean TTFT of each warm run (s)" if x == 0 else None)
+        ax2.plot(xs, [statistics.median(p["ttfts"]) for p in pp], "k_-", ms=14, label="their median (s)")
+        for x, p in zip(xs, pp):
+            if p["cold"] is None:
+                continue
+            y = min(p["cold"], top * 0.97)
+            ax2.plot([x], [y], "^" if p["cold"] > top else "o", mfc="none", mec="0.4",
+                     label="first run (s)" if x == next(i for i, q in zip(xs, pp) if q["cold"] is not None) else None)
+            if p["cold"] > top:
+                ax2.annotate(f"first run {p['cold']:.1f} s", (x, y), xytext=(6, -4), textcoords="offset points",
+                             fontsize=7)
+        ax2.set_ylim(0, top)
         ax2.set_ylabel("mean TTFT (s)")
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()

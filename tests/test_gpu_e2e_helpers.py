@@ -250,10 +250,15 @@ def test_plot_shows_ratios_and_the_warm_prefix_run(tmp_path):
     assert r[("gdn", "ours", 1)][1] == pytest.approx(0.9)
     assert r[("kda", "ours", 256)][1] == pytest.approx(1.2) and r[("kda", "conventional", 256)][1] == 1.0
     assert [b for m, a, b, *_ in g.throughput_ratios(res) if (m, a) == ("gdn", "ours")] == [1, 256]
-    pts = {lab: rest for lab, *rest in g.prefix_points(res)}
-    assert pts["gdn:conventional"] == [0.85, 1.0, 4.0]  # the warm run, and the first run's TTFT beside it
-    assert pts["gdn:ours"] == [0.85, 1.1, 2.0]
-    assert pts["kda:ours"] == [0.5, 3.0, None] and "kda:conventional" not in pts
+    pts = {p["label"]: (p["hit"], p["ttfts"], p["cold"]) for p in g.prefix_points(res)}
+    assert pts["gdn:conventional"] == (0.85, [1.0], 4.0)  # the warm run, and the first run's TTFT beside it
+    assert pts["gdn:ours"] == (0.85, [1.1], 2.0)
+    assert pts["kda:ours"] == (0.5, [3.0], None) and "kda:conventional" not in pts
+    # several warm runs: every one's TTFT, the median hit rate
+    res["models"]["gdn"]["arms"]["ours"]["prefix"]["repeats"] += [{"hit_rate": 0.80, "mean_ttft_s": 1.3},
+                                                                  {"hit_rate": 0.86, "mean_ttft_s": 1.2}]
+    pts = {p["label"]: (p["hit"], p["ttfts"], p["cold"]) for p in g.prefix_points(res)}
+    assert pts["gdn:ours"] == (0.85, [1.1, 1.3, 1.2], 2.0)
     pytest.importorskip("matplotlib")
     g.plot(res, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 1000
