@@ -245,9 +245,28 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 
 
 @triton.jit
+def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
+               MMA_F32: tl.constexpr):
+    """acc [BV, 16] + C chunk c [BV, BKT] (bf16) times [q, k, 0, ...] of the chunk ([BKT, 16], bf16 from the input:
+    column 0 q, column 1 k, which is H * K further on): _tile_dots' tensor-core form."""
+    o_kc = c * BKT + tl.arange(0, BKT)
+    o_n = tl.arange(0, 16)
+    mk = o_kc < K
+    C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=mask_v[:, None] & mk[None, :], other=0.0)
+    B_c = tl.load(p_x + o_kc[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
+                  mask=mk[:, None] & (o_n < 2)[None, :], other=0.0)
+    if MMA_F32:
+        acc = tl.dot(C_c.to(tl.float32), B_c.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(C_c, B_c, acc)
+    return acc
+
+
+@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
-               IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+               IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, MMA: tl.constexpr = False,
+               MMA_F32: tl.constexpr = False):
     """(tile q~, tile k~) [BV] over the K chunks of a [BV, K] tile at p_tile (row stride K): q~ = scale q / |q|,
     k~ = k / |k| of this row's key head (p_x at its q), KDA's both times e^{G_t} per K (_qk_tilde). Everything
     here comes from this step's inputs and the ring as the previous step left it, so it may run before the pre
@@ -257,14 +276,31 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     made before the loop as [chunks, BKT] tensors and each chunk picked out in registers, because loads of
     them inside the loop are not asynchronous copies (2-byte elements) and stall every iteration (H200,
     2026-11-30 01:21: GDN 172 -> 204 us). PIPE = 0: the chunks unrolled into registers (q, k loaded per chunk),
-    the products accumulated element-wise and reduced once at the end."""
+    the products accumulated element-wise and reduced once at the end.
+    MMA (opt-in ``tile_mma``; GDN with a bf16 tile and bf16 inputs, else ignored): the raw q and k are exactly bf16
+    there and so is the tile, so each chunk's C q and C k are one tensor-core product, C chunk [BV, BKT] times a
+    [BKT, 16] operand whose columns 0 and 1 are q and k of the chunk straight from the input (the other 14 zero:
+    tl.dot needs N >= 16), accumulated in fp32: the products of the CUDA-core form, without its per-element
+    bf16-to-fp32 conversions (scripts/tile_dots_study.py). MMA_F32: the same product in fp32 (the values are
+    exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable."""
     o_k = tl.arange(0, BK)
     q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
     k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
     s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
     s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
     NC: tl.constexpr = BK // BKT
-    if PIPE > 0:
+    if MMA and (not IS_KDA) and p_tile.dtype.element_ty == tl.bfloat16 and p_x.dtype.element_ty == tl.bfloat16:
+        o_n = tl.arange(0, 16)
+        acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
+        if PIPE > 0:
+            for c in tl.range(0, NC, num_stages=PIPE):
+                acc = _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H, K, BKT, MMA_F32)
+        else:
+            for c in tl.static_range(NC):
+                acc = _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H, K, BKT, MMA_F32)
+        dq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
+        dk = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
+    elif PIPE > 0:
         o_ch = tl.arange(0, NC)
         offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
         Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
@@ -364,6 +400,7 @@ def replay_decode_v3_kernel(
     PIPE: tl.constexpr = 0, BKF: tl.constexpr = 16, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
+    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -378,7 +415,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED)
+                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
 
 
 @triton.jit
@@ -397,6 +434,7 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
+    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -446,11 +484,12 @@ def _main_tile(
     # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
     if from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
-                            i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND)
+                            i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND,
+                            TILE_MMA, MMA_F32)
     else:
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
-                            USE_LOWER_BOUND)
+                            USE_LOWER_BOUND, TILE_MMA, MMA_F32)
     if USE_PDL:
         gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
@@ -655,7 +694,8 @@ _LAST: dict = {}
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
-           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None):
+           ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
+           tile_mma=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -687,7 +727,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     checkpoint-writing step (3.6x a plain step in session 8's split); 1: a plain loop (not unrolled); 0: unrolled.
     None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop
     folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on the H200
-    and was replaced by this: docs/benchmarks.md.)"""
+    and was replaced by this: docs/benchmarks.md.)
+    tile_mma (GDN; opt-in, None: V3_TUNED, off; session 18, not yet timed on the GPU): where a row reads a bf16 tile
+    (a bf16 state, or the bf16 read copy) and the inputs are bf16 (the server's), the tile's C q and C k are tensor-core
+    products with the raw q and k as operand columns (_tile_dots); elsewhere (fp32 or fp8 tiles, fp32 inputs) the
+    CUDA-core form runs as without it. KDA refuses it (its q~ carries e^{G_t} per channel, not exactly bf16)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -699,6 +743,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
+    tile_mma = bool(tile_mma if tile_mma is not None else tuned.get("tile_mma", False))
+    if tile_mma and kind != "gdn":
+        raise ValueError("tile_mma is for GDN only: KDA's q~ and k~ carry e^{G_t} per channel and are not exactly "
+                         "bf16 (drop tile_mma)")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -785,6 +833,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
+            TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
             **common, **_pdl_kw(pdl), **main_opts,
         )
     if run_post and (advance_h or may_prefold):

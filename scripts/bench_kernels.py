@@ -21,6 +21,8 @@ Arms (per layer kind, state dtype and batch size B):
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
+  v3_r16_mma, v3_rc_bf16_mma (--variants mma, GDN) decode v3 with tile_mma (the bf16 tile's dots on the tensor
+              cores), beside v3_r16_srv / v3_rc_bf16_srv: the same launches without it
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -423,6 +425,8 @@ SPLIT_ARMS = {
     "v3_r32_pred_m80": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(main_maxnreg=80))),
     "v3_r32_pred_m64_p2": (torch.float32, None, dict(kda_keys="predecayed",
                                                     v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
+    # GDN's bf16 read copy with its tile's C q / C k as tensor-core products (decode_v3 tile_mma, session 18; GDN only)
+    "v3_rc_bf16_mma": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(tile_mma=True))),
 }
 
 
@@ -481,6 +485,8 @@ def run_step_split(args, dev, meta):
             rec, cfg, kw = SPLIT_ARMS[n]
             if kw.get("kda_keys", "raw") != "raw" and kind != "kda":
                 continue  # (a KDA record layout)
+            if kw.get("v3_opts", {}).get("tile_mma") and kind != "gdn":
+                continue  # (GDN only: decode_v3.launch refuses it for KDA)
             arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", aligned=not args.split_staggered,
                                server_like=args.split_server_like, **kw)
         for n, run in arms.items():
@@ -696,6 +702,15 @@ def main():
                 if v3 and "rc" in variants and sdt == "float32":  # the copy read in 16-byte chunks (the old layout)
                     arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
                                                      v3_opts=dict(chunk_bytes=16))
+                if v3 and "mma" in variants and kind == "gdn":
+                    # the bf16 tile's C q / C k on the tensor cores (decode_v3 tile_mma), beside the same launch
+                    # without it; both with the server's launch configuration (V3_CONFIGS / V3_TUNED)
+                    arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3")
+                    arms["v3_r16_mma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=True))
+                    if sdt == "float32":
+                        arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16")
+                        arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                          v3_opts=dict(tile_mma=True))
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)

@@ -78,6 +78,7 @@ class Scenario:
     impl: str = "auto"
     kda_keys: str = "raw"  # the ring's KDA key records (ring.Ring.kda_keys)
     T: int = T_VERIFY  # verify: drafts per step (KDA's pair loop from T = 8, verify.VERIFY_TUNED)
+    v3_opts: tuple = ()  # decode: opt-in launch options as (name, value) pairs (replay_decode's v3_opts)
 
     @property
     def label(self) -> str:
@@ -90,6 +91,8 @@ class Scenario:
             s += f" keys={self.kda_keys}"
         if self.lower_bound is not None:
             s += f" lower_bound={self.lower_bound}"
+        if self.v3_opts:
+            s += " " + " ".join(f"{k}={v}" for k, v in self.v3_opts)
         return s
 
 
@@ -100,7 +103,8 @@ def server_scenarios() -> list[Scenario]:
     server's window for fp32 pools at B > 64, bf16 only with REPLAYSSM_DECODE_WINDOW); forced flags given (track
     interval set) and, for the plain fp32 ring, not; KDA with and without the safe-gate lower bound; verify T=4,
     and T=8 for fp32 pools (KDA's pair loop: verify.VERIFY_TUNED["kda"]["pair_loop_min_T"]).
-    Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot)."""
+    Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot), and GDN's
+    opt-in tile_mma (the bf16 tile's dots on the tensor cores) on a bf16 state and on the bf16 read copy."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -126,6 +130,9 @@ def server_scenarios() -> list[Scenario]:
     # a longer window (--linear-replayssm-cache-len 32): the ring's record tiles double (BC 16 -> 32)
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", 2 * L_RING))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", 2 * L_RING, kda_keys="predecayed"))
+    # opt-in (session 18, untimed): the bf16 tile's C q / C k as tensor-core products (decode_v3 tile_mma)
+    for state, rec, read in (("bf16", "bf16", "same"), ("fp32", "fp32", "bf16")):
+        out.append(Scenario("decode", "gdn", state, rec, read, L_RING, v3_opts=(("tile_mma", True),)))
     return out
 
 
@@ -227,7 +234,7 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
         out = torch.empty(B, 1, HV, V, dtype=act)
         replay_decode(sc.kind, mixed, a, b, A_log, dt_bias, state, ring, slot_idx, out=out, forced=forced,
                       scale=scale, lower_bound=sc.lower_bound, L=sc.L, impl=sc.impl,
-                      ring_idx=ring_idx)
+                      ring_idx=ring_idx, **({"v3_opts": dict(sc.v3_opts)} if sc.v3_opts else {}))
         return
     ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, T, scale=scale, lower_bound=sc.lower_bound,
                 ring_idx=ring_idx)

@@ -49,8 +49,12 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw"):
+                 kda_keys="raw", qkv_dtype=torch.float32):
         self.v3_opts = v3_opts
+        # mixed_qkv's dtype (the server's is bf16; the reference sees the same values). a and b stay fp32 here: the
+        # interpreter truncates fp32 -> bf16 casts, so GDN's beta, rounded through b's dtype, would differ from the
+        # reference's round-to-nearest on the CPU
+        self.qkv_dtype = qkv_dtype
         self.kda_keys = kda_keys
         self.kind, self.B, self.H, self.HV, self.K, self.V, self.L = kind, B, H, HV, K, V, L
         self.gen = torch.Generator().manual_seed(seed)
@@ -110,6 +114,7 @@ class Harness:
         B, g = self.B, self.gen
         x = R.random_decode_inputs(self.kind, B, self.H, self.HV, self.K, self.V, generator=g,
                                    dtype=torch.float32, device=DEV)
+        x = (x[0].to(self.qkv_dtype),) + tuple(x[1:])
         slot_idx = self.row_slot.clone()
         pad = torch.rand(B, generator=g) < self.p_pad
         slot_idx[pad] = -1
@@ -808,6 +813,20 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("state_dtype,read_dtype", [("bfloat16", "same"), ("float32", "bf16")])
+def test_gpu_real_shapes_tile_mma(state_dtype, read_dtype):
+    """tile_mma's bf16 tensor-core product at real head sizes (GDN), bf16 q|k|v: a bf16 state, and an fp32 state with
+    the bf16 read copy (the launch's other options as V3_TUNED has them), window switching, against float64."""
+    hz = _real_harness("gdn", state_dtype=DTYPES[state_dtype], rec_dtype=torch.float32, seed=8, impl="v3",
+                       fold=None, read_dtype=read_dtype, qkv_dtype=torch.bfloat16,
+                       windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,),
+                       v3_opts=dict(tile_mma=True))
+    st = hz.run(26)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,kda_keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
 @pytest.mark.parametrize("L", [32, 64])
 def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
@@ -934,6 +953,30 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
                        p_pad=0.2)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
+
+
+# --- tile_mma: the tile's C q / C k as tensor-core products (GDN, bf16 tiles, bf16 inputs; opt-in, session 18) ------
+# On the CPU the bf16 tile is the read copy (the interpreter runs fp32 states only) and the product runs in fp32
+# (MMA_F32: the operands are exactly bf16, so the values are those of the bf16 product); bf16 states and the bf16
+# product itself run in the GPU test below.
+
+@pytest.mark.parametrize("pipe,chunk_bytes", [(3, 32), (0, 32), (0, 64)])
+def test_gdn_tile_mma_on_the_read_copy(pipe, chunk_bytes):
+    """GDN's bf16 read copy read by the tensor-core form, bf16 q|k|v as the server's, pipelined and unrolled chunk
+    loops: outputs, checkpoints and copies against the two-copy float64 reference, staggered cursors, forced flushes,
+    padded rows, a shorter window."""
+    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=32, L=4, seed=81, impl="v3", fold="dot3", read_dtype="bf16",
+                 qkv_dtype=torch.bfloat16, windows=(4, 4, 4, 2), p_forced=0.1,
+                 v3_opts=dict(tile_mma=True, pipe_stages=pipe, chunk_bytes=chunk_bytes))
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+
+
+def test_tile_mma_refused_for_kda():
+    hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=82, impl="v3", fold="dot3", read_dtype="bf16",
+                 qkv_dtype=torch.bfloat16, v3_opts=dict(tile_mma=True))
+    with pytest.raises(ValueError, match="tile_mma is for GDN only"):
+        hz.run(1)
 
 
 # --- predecayed KDA keys (ring.kda_keys "predecayed", docs/design.md "Pre-decayed KDA keys") ----------------------
