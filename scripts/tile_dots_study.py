@@ -15,6 +15,8 @@ warp, and writing Cq, Ck per row:
   over K as they land (PIPE > 0: a software-pipelined chunk loop, as the bf16 read copy runs; 0: unrolled);
 - ``mma``: the same chunks, each one ``tl.dot`` with its [chunk, 16] slice of the split matrix, which the caller
   has written once per tile ([K, 4] bf16; in decode v3 it would be the pre launch's, per row and key head);
+- ``mma_in``: GDN's case, the one decode v3's ``tile_mma`` takes: the raw q and k are bf16 inputs (normalised after
+  the product), so the operand is q and k straight from the input row, no split;
 - ``mma_whole``: the whole tile in registers (8 KiB per program for bf16) and one ``tl.dot`` with the split matrix
   made in the program from q~ and k~ (nothing precomputed).
 
@@ -111,6 +113,31 @@ def tile_dots_mma_kernel(tile, qk4, out, K: tl.constexpr, V: tl.constexpr, BV: t
 
 
 @triton.jit
+def tile_dots_mma_in_kernel(tile, qk, out, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                            BKT: tl.constexpr, PIPE: tl.constexpr):
+    """GDN's case (decode_v3 ``tile_mma``): q and k are the raw bf16 inputs (normalised after the product), so no
+    split is needed: per chunk, C [BV, BKT] times a [BKT, 16] operand loaded straight from the input row qk [tiles,
+    2K] (column 0 q, column 1 k, K further on; the rest zero)."""
+    i_v = tl.program_id(0)
+    i_t = tl.program_id(1).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_n = tl.arange(0, 16)
+    NC: tl.constexpr = K // BKT
+    p = tile + i_t * V * K
+    acc = tl.zeros([BV, 16], dtype=tl.float32)
+    for c in tl.range(0, NC, num_stages=PIPE):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        C = tl.load(p + o_v[:, None] * K + o_kc[None, :])
+        B = tl.load(qk + i_t * 2 * K + o_kc[:, None] + tl.where(o_n == 1, K, 0)[None, :], mask=(o_n < 2)[None, :],
+                    other=0.0)
+        acc = tl.dot(C, B, acc)
+    dq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
+    dk = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
+    tl.store(out + (i_t * V + o_v) * 2, dq)
+    tl.store(out + (i_t * V + o_v) * 2 + 1, dk)
+
+
+@triton.jit
 def tile_dots_mma_whole_kernel(tile, q, k, out, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     """Cq, Ck by one tensor-core product of the whole [BV, K] tile with a split matrix made here from q~, k~."""
     i_v = tl.program_id(0)
@@ -149,10 +176,14 @@ VARIANTS = {  # name: (kernel kind, BKT or None, PIPE)
     "mma_p3": ("mma", 64, 3),
     "mma_u": ("mma", 64, 0),
     "mma_whole": ("mma_whole", None, 0),
+    "mma_in_p3": ("mma_in", 64, 3),  # GDN: raw bf16 q, k from the input, no split (decode_v3 tile_mma)
+    "mma_in_u": ("mma_in", 64, 0),
 }
 
 
-def launch(name: str, tiles: torch.Tensor, q, k, qk16, out, BV: int = 32):
+def launch(name: str, tiles: torch.Tensor, q, k, qk16, out, qk_in=None, BV: int = 32):
+    """One variant over every tile. q, k fp32 [tiles, K]; qk16 the split matrix (split_matrix); qk_in [tiles, 2K]
+    bf16, q | k as bf16 inputs (mma_in: the caller rounds q and k to bf16 first, as GDN's inputs are)."""
     kind, bkt, pipe = VARIANTS[name]
     n, V, K = tiles.shape
     grid = (V // BV, n)
@@ -160,6 +191,8 @@ def launch(name: str, tiles: torch.Tensor, q, k, qk16, out, BV: int = 32):
         return tile_dots_fma_kernel[grid](tiles, q, k, out, K=K, V=V, BV=BV, BKT=bkt, PIPE=pipe, num_warps=1)
     if kind == "mma":
         return tile_dots_mma_kernel[grid](tiles, qk16, out, K=K, V=V, BV=BV, BKT=bkt, PIPE=pipe, num_warps=1)
+    if kind == "mma_in":
+        return tile_dots_mma_in_kernel[grid](tiles, qk_in, out, K=K, V=V, BV=BV, BKT=bkt, PIPE=pipe, num_warps=1)
     return tile_dots_mma_whole_kernel[grid](tiles, q, k, out, K=K, V=V, BV=BV, num_warps=1)
 
 
@@ -178,6 +211,9 @@ def offline(variants: list[str]) -> list[dict]:
         kind, bkt, pipe = VARIANTS[name]
         if kind == "fma":
             fn, ptr, const = tile_dots_fma_kernel, dict(tile="bf16", q="fp32", k="fp32", out="fp32"), \
+                dict(K=K_DIM, V=V_DIM, BV=32, BKT=bkt, PIPE=pipe)
+        elif kind == "mma_in":
+            fn, ptr, const = tile_dots_mma_in_kernel, dict(tile="bf16", qk="bf16", out="fp32"), \
                 dict(K=K_DIM, V=V_DIM, BV=32, BKT=bkt, PIPE=pipe)
         elif kind == "mma":
             fn, ptr, const = tile_dots_mma_kernel, dict(tile="bf16", qk4="bf16", out="fp32"), \
@@ -213,15 +249,18 @@ def gpu(variants: list[str], n_tiles: int, seed: int) -> list[dict]:
     tiles = (torch.randn(64, V_DIM, K_DIM, generator=g) * 0.05).to(torch.bfloat16)
     q = torch.nn.functional.normalize(torch.randn(64, K_DIM, generator=g, dtype=torch.float64), dim=-1) * K_DIM ** -0.5
     k = torch.nn.functional.normalize(torch.randn(64, K_DIM, generator=g, dtype=torch.float64), dim=-1)
-    ref = reference(tiles, q, k)
+    q16, k16 = q.to(torch.bfloat16), k.to(torch.bfloat16)
+    refs = {False: reference(tiles, q, k), True: reference(tiles, q16.double(), k16.double())}
     tiles_d, q_d, k_d = tiles.to(dev), q.float().to(dev), k.float().to(dev)
     qk16 = split_matrix(q_d, k_d)
+    qk_in = torch.cat([q16, k16], -1).to(dev)
     err = {}
     for name in variants:
         out = torch.full((64, V_DIM, 2), float("nan"), device=dev)
-        launch(name, tiles_d, q_d, k_d, qk16, out)
+        launch(name, tiles_d, q_d, k_d, qk16, out, qk_in)
         torch.cuda.synchronize()
         o = out.cpu().double()
+        ref = refs[VARIANTS[name][0] == "mma_in"]  # mma_in's q and k are the bf16 inputs themselves
         rel = ((o - ref).norm() / ref.norm()).item()
         err[name] = rel
         ok = bool(torch.isfinite(o).all()) and rel < 1e-5
@@ -231,6 +270,7 @@ def gpu(variants: list[str], n_tiles: int, seed: int) -> list[dict]:
     qb = torch.nn.functional.normalize(torch.randn(n_tiles, K_DIM, device=dev), dim=-1)
     kb = torch.nn.functional.normalize(torch.randn(n_tiles, K_DIM, device=dev), dim=-1)
     qk16b = split_matrix(qb, kb)
+    qk_inb = torch.cat([qb, kb], -1).to(torch.bfloat16)
     outb = torch.empty(n_tiles, V_DIM, 2, device=dev)
     nbytes_tile = big.numel() * 2
     copy_src = torch.empty(nbytes_tile // 4, dtype=torch.float32, device=dev)
@@ -240,8 +280,8 @@ def gpu(variants: list[str], n_tiles: int, seed: int) -> list[dict]:
     print(f"copy peak {peak / 1e12:.2f} TB/s ({2 * nbytes_tile / 2**20:.0f} MiB moved in {t_copy * 1e6:.1f} us)")
     for name in variants:
         kind = VARIANTS[name][0]
-        t = tt.do_bench_cudagraph(lambda: launch(name, big, qb, kb, qk16b, outb)) * 1e-3
-        extra = qk16b.numel() * 2 if kind == "mma" else qb.numel() * 8
+        t = tt.do_bench_cudagraph(lambda: launch(name, big, qb, kb, qk16b, outb, qk_inb)) * 1e-3
+        extra = {"mma": qk16b.numel() * 2, "mma_in": qk_inb.numel() * 2}.get(kind, qb.numel() * 8)
         nbytes = nbytes_tile + extra + outb.numel() * 4
         rows.append(dict(variant=name, t_us=t * 1e6, bytes=nbytes, TBps=nbytes / t / 1e12,
                          tile_TBps=nbytes_tile / t / 1e12, frac_copy_peak=nbytes / t / peak, rel_err=err[name]))
