@@ -127,7 +127,7 @@ def tile_dots_mma_in_kernel(tile, qk, out, K: tl.constexpr, V: tl.constexpr, BV:
     acc = tl.zeros([BV, 16], dtype=tl.float32)
     for c in tl.range(0, NC, num_stages=PIPE):
         o_kc = c * BKT + tl.arange(0, BKT)
-        C = tl.load(p + o_v[:, None] * K + o_kc[None, :])
+        C = tl.load(p + o_v[:, None] * K + o_kc[None, :]).to(tl.bfloat16)  # (an fp8 tile: exact in bf16)
         B = tl.load(qk + i_t * 2 * K + o_kc[:, None] + tl.where(o_n == 1, K, 0)[None, :], mask=(o_n < 2)[None, :],
                     other=0.0)
         acc = tl.dot(C, B, acc)
@@ -202,18 +202,28 @@ def reference(tiles: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     return torch.stack([torch.einsum("tvk,tk->tv", C, q.double()), torch.einsum("tvk,tk->tv", C, k.double())], -1)
 
 
-def offline(variants: list[str]) -> list[dict]:
+TILE_DTYPES = {"bf16": (torch.bfloat16, "bf16"), "fp8_e4m3": (torch.float8_e4m3fn, "fp8e4nv")}
+ANY_TILE = ("fma", "mma_in")  # kinds that take an fp8 tile too (mma_in converts it to bf16 in registers, exactly)
+
+
+def offline(variants: list[str], tile_dtype: str = "bf16") -> list[dict]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sm90_offline import compile_sm90, sass_stats
 
     rows = []
+    td = TILE_DTYPES[tile_dtype][1]
+    es = torch.empty((), dtype=TILE_DTYPES[tile_dtype][0]).element_size()
     for name in variants:
         kind, bkt, pipe = VARIANTS[name]
+        if kind not in ANY_TILE and tile_dtype != "bf16":
+            continue
+        if bkt is not None:
+            bkt = bkt * 2 // es  # the same chunk bytes
         if kind == "fma":
-            fn, ptr, const = tile_dots_fma_kernel, dict(tile="bf16", q="fp32", k="fp32", out="fp32"), \
+            fn, ptr, const = tile_dots_fma_kernel, dict(tile=td, q="fp32", k="fp32", out="fp32"), \
                 dict(K=K_DIM, V=V_DIM, BV=32, BKT=bkt, PIPE=pipe)
         elif kind == "mma_in":
-            fn, ptr, const = tile_dots_mma_in_kernel, dict(tile="bf16", qk="bf16", out="fp32"), \
+            fn, ptr, const = tile_dots_mma_in_kernel, dict(tile=td, qk="bf16", out="fp32"), \
                 dict(K=K_DIM, V=V_DIM, BV=32, BKT=bkt, PIPE=pipe)
         elif kind == "mma":
             fn, ptr, const = tile_dots_mma_kernel, dict(tile="bf16", qk4="bf16", out="fp32"), \
@@ -225,12 +235,14 @@ def offline(variants: list[str]) -> list[dict]:
         n, ops, regs, spill = sass_stats(kern)
         cls = {"FFMA/FMUL/FADD": sum(v for o, v in ops.items() if o in ("FFMA", "FMUL", "FADD")),
                "HMMA": sum(v for o, v in ops.items() if o.startswith("HMMA")),
-               # bf16 -> fp32 is a 16-bit shift or byte permute (SHF / PRMT) per element on sm_90
-               "bf16 conversions (SHF/PRMT/F2F*)": sum(v for o, v in ops.items() if o in ("SHF", "PRMT", "F2F", "F2FP")),
+               # the tile's element conversions on sm_90: bf16 -> fp32 is a 16-bit shift or byte permute (SHF /
+               # PRMT); fp8 -> wider goes through F2FP / F2F / HADD2
+               "conversions (SHF/PRMT/F2F*/HADD2)": sum(v for o, v in ops.items()
+                                                        if o in ("SHF", "PRMT", "F2F", "F2FP", "HADD2")),
                "shuffles": ops.get("SHFL", 0),
                "loads/stores": sum(v for o, v in ops.items() if o.startswith(("LDG", "LDS", "LDSM", "STS", "STG",
                                                                              "LDGSTS", "LDGDEPBAR")))}
-        rows.append(dict(variant=name, registers=regs, spill_bytes=spill, sass=n, classes=cls,
+        rows.append(dict(variant=name, tile_dtype=tile_dtype, registers=regs, spill_bytes=spill, sass=n, classes=cls,
                          shared=getattr(kern.metadata, "shared", None), static_note="static count: a pipelined "
                          "loop's body is counted once (K = 128 in 64-element chunks: 2 trips)" if pipe else
                          "static count = dynamic count (unrolled)"))
@@ -239,14 +251,16 @@ def offline(variants: list[str]) -> list[dict]:
     return rows
 
 
-def gpu(variants: list[str], n_tiles: int, seed: int) -> list[dict]:
+def gpu(variants: list[str], n_tiles: int, seed: int, tile_dtype: str = "bf16") -> list[dict]:
     import triton.testing as tt
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(seed)
     rows = []
     # correctness on a small fresh pool first (every variant), then timing on the big one
-    tiles = (torch.randn(64, V_DIM, K_DIM, generator=g) * 0.05).to(torch.bfloat16)
+    tdt = TILE_DTYPES[tile_dtype][0]
+    variants = [v for v in variants if VARIANTS[v][0] in ANY_TILE or tile_dtype == "bf16"]
+    tiles = (torch.randn(64, V_DIM, K_DIM, generator=g) * 0.05).to(tdt)
     q = torch.nn.functional.normalize(torch.randn(64, K_DIM, generator=g, dtype=torch.float64), dim=-1) * K_DIM ** -0.5
     k = torch.nn.functional.normalize(torch.randn(64, K_DIM, generator=g, dtype=torch.float64), dim=-1)
     q16, k16 = q.to(torch.bfloat16), k.to(torch.bfloat16)
@@ -266,13 +280,13 @@ def gpu(variants: list[str], n_tiles: int, seed: int) -> list[dict]:
         ok = bool(torch.isfinite(o).all()) and rel < 1e-5
         print(f"check {name:10s} relative error vs float64 {rel:.2e} {'ok' if ok else 'FAILED'}", flush=True)
     # timing: B x HV tiles (default GDN at B = 256: 8192 tiles, 256 MiB), one pool
-    big = (torch.randn(n_tiles, V_DIM, K_DIM, device=dev) * 0.05).to(torch.bfloat16)
+    big = (torch.randn(n_tiles, V_DIM, K_DIM, device=dev) * 0.05).to(tdt)
     qb = torch.nn.functional.normalize(torch.randn(n_tiles, K_DIM, device=dev), dim=-1)
     kb = torch.nn.functional.normalize(torch.randn(n_tiles, K_DIM, device=dev), dim=-1)
     qk16b = split_matrix(qb, kb)
     qk_inb = torch.cat([qb, kb], -1).to(torch.bfloat16)
     outb = torch.empty(n_tiles, V_DIM, 2, device=dev)
-    nbytes_tile = big.numel() * 2
+    nbytes_tile = big.numel() * big.element_size()
     copy_src = torch.empty(nbytes_tile // 4, dtype=torch.float32, device=dev)
     copy_dst = torch.empty_like(copy_src)
     t_copy = tt.do_bench_cudagraph(lambda: copy_dst.copy_(copy_src)) * 1e-3
@@ -297,6 +311,9 @@ def main() -> None:
     ap.add_argument("--tiles", type=int, default=256 * 32, help="tiles timed on the GPU (B x HV; default 256 x 32)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--out", default=None, help="JSON file for the results")
+    ap.add_argument("--tile-dtype", default="bf16", choices=sorted(TILE_DTYPES),
+                    help="the tiles' dtype: bf16 (bf16 states, the bf16 read copy) or fp8_e4m3 (the fp8 read copy; "
+                         "fma and mma_in forms only)")
     args = ap.parse_args()
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
@@ -305,12 +322,13 @@ def main() -> None:
     meta = dict(triton=triton.__version__, torch=torch.__version__, commit=os.environ.get("REPLAYSSM_COMMIT", "?"),
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), seed=args.seed)
     if args.offline:
-        rows = offline(variants)
-        meta["mode"] = "offline sm_90 compile (static SASS per program, one warp, BV 32, K = V = 128, bf16 tile)"
+        rows = offline(variants, args.tile_dtype)
+        meta["mode"] = (f"offline sm_90 compile (static SASS per program, one warp, BV 32, K = V = 128, "
+                        f"{args.tile_dtype} tile)")
     else:
         meta["gpu"] = torch.cuda.get_device_name(0)
-        rows = gpu(variants, args.tiles, args.seed)
-        meta["mode"] = f"GPU, {args.tiles} bf16 tiles [{V_DIM}, {K_DIM}], CUDA-graph medians"
+        rows = gpu(variants, args.tiles, args.seed, args.tile_dtype)
+        meta["mode"] = f"GPU, {args.tiles} {args.tile_dtype} tiles [{V_DIM}, {K_DIM}], CUDA-graph medians"
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
