@@ -17,17 +17,18 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import tile_dots_study as T  # noqa: E402
 
 
-def _inputs(n, seed):
+def _inputs(n, seed, tile_dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
-    tiles = (torch.randn(n, T.V_DIM, T.K_DIM, generator=g) * 0.05).to(torch.bfloat16)
+    tiles = (torch.randn(n, T.V_DIM, T.K_DIM, generator=g) * 0.05).to(tile_dtype)
     q = torch.nn.functional.normalize(torch.randn(n, T.K_DIM, generator=g, dtype=torch.float64), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(n, T.K_DIM, generator=g, dtype=torch.float64), dim=-1)
     return tiles, q, k
 
 
-@pytest.mark.parametrize("variant", ["fma_u", "fma_p3"])
-def test_fma_kernels_match_float64(variant):
-    tiles, q, k = _inputs(3, seed=torch.seed() % 10000)
+@pytest.mark.parametrize("variant,tile_dtype", [("fma_u", torch.bfloat16), ("fma_p3", torch.bfloat16),
+                                                ("fma_u", torch.float8_e4m3fn)])
+def test_fma_kernels_match_float64(variant, tile_dtype):
+    tiles, q, k = _inputs(3, seed=torch.seed() % 10000, tile_dtype=tile_dtype)
     out = torch.full((3, T.V_DIM, 2), float("nan"))
     T.launch(variant, tiles, q.float(), k.float(), None, out)
     ref = T.reference(tiles, q, k)
