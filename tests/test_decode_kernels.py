@@ -972,10 +972,14 @@ def test_gdn_tile_mma_on_the_read_copy(pipe, chunk_bytes):
     assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
 
 
-def test_tile_mma_refused_for_kda():
+def test_tile_mma_refused_for_kda_and_narrow_chunks():
     hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=82, impl="v3", fold="dot3", read_dtype="bf16",
                  qkv_dtype=torch.bfloat16, v3_opts=dict(tile_mma=True))
     with pytest.raises(ValueError, match="tile_mma is for GDN only"):
+        hz.run(1)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=32, L=4, seed=82, impl="v3", fold="dot3", read_dtype="bf16",
+                 qkv_dtype=torch.bfloat16, v3_opts=dict(tile_mma=True, chunk_bytes=16))
+    with pytest.raises(ValueError, match="chunk_bytes >= 32"):
         hz.run(1)
 
 
