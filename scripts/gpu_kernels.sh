@@ -6,7 +6,8 @@
 # kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
 # (+ pydantic-core, annotated-types, typing-inspection). Steps: GPU tests (fp32 and bf16 states against the
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
-# Env: GPU_TESTS=0 skips the tests; TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
+# Env: TILE_STUDY=1 first runs scripts/tile_dots_study.py (the tile reduction on the tensor cores, bf16 and fp8 tiles;
+# about a minute); GPU_TESTS=0 skips the tests; TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
 # kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
 # (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
 # v3_r32, v3_r16_rows, v3_L1) at B = 1, 32, 128, 256).
@@ -35,6 +36,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 echo "setup $(( $(date +%s) - t0 ))s; commit $REPLAYSSM_COMMIT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total --format=csv,noheader
+if [ "${TILE_STUDY:-0}" = 1 ]; then
+  for td in bf16 fp8_e4m3; do
+    timeout ${STUDY_TIMEOUT:-120} python3 scripts/tile_dots_study.py --tile-dtype $td \
+      --out "$OUT/tile-dots-gpu-$(date -u +%Y%m%d-%H%M)-$td.json" 2>&1 | tail -12
+  done
+  echo "study $(( $(date +%s) - t0 ))s"
+fi
 if [ "${GPU_TESTS:-1}" = 1 ]; then
   timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py -k "${TEST_K:-gpu_real and v3}" 2>&1 \
     | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
