@@ -6,6 +6,8 @@ tl.dot is not usable: it returned values of order 1e11 for a product of order 40
 forms (the claim the study rests on: the tensor-core form drops the per-element bf16 conversions and most of the
 FMAs). The tensor-core kernels' numbers come from the GPU mode.
 """
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +16,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
 import tile_dots_study as T  # noqa: E402
+from test_compile_sm90 import _has_cuda_backend  # noqa: E402  (the one check for an sm_90-capable Triton)
 
 
 def _inputs(n, seed, tile_dtype=torch.bfloat16):
@@ -54,23 +58,13 @@ def test_split_matrix_carries_fp32_grade_vectors():
     assert ((hi_only - ref).norm() / ref.norm()).item() > 1e-4
 
 
-def _has_cuda_backend() -> bool:
-    try:
-        import triton.backends.nvidia.compiler  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 @pytest.mark.compile
 @pytest.mark.skipif(not _has_cuda_backend(), reason="Triton without its NVIDIA backend cannot compile for sm_90")
-def test_tensor_core_form_compiles_without_per_element_conversions(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    import subprocess
-
+def test_tensor_core_form_compiles_without_per_element_conversions():
+    # compiled, not interpreted: the subprocess runs without TRITON_INTERPRET
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tile_dots_study.py"), "--offline",
                         "--variants", "fma_u,mma_u"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"})
+                       env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {}
     for line in r.stdout.splitlines():
