@@ -247,14 +247,24 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 @triton.jit
 def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
                MMA_F32: tl.constexpr):
-    """acc [BV, 16] + C chunk c [BV, BKT] (bf16) times [q, k, 0, ...] of the chunk ([BKT, 16], bf16 from the input:
-    column 0 q, column 1 k, which is H * K further on): _tile_dots' tensor-core form."""
+    """acc [BV, 16] + C chunk c [BV, BKT] (bf16, or fp8 e4m3 codes made bf16 in registers: exact, e4m3's values are
+    all bf16 values) times [q, k, 0, ...] of the chunk ([BKT, 16], bf16 from the input: column 0 q, column 1 k, which
+    is H * K further on): _tile_dots' tensor-core form. (An fp8 tile's per-V-row scale is applied by the caller.)"""
     o_kc = c * BKT + tl.arange(0, BKT)
     o_n = tl.arange(0, 16)
     mk = o_kc < K
-    C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=mask_v[:, None] & mk[None, :], other=0.0)
+    m_c = mask_v[:, None] & mk[None, :]
     B_c = tl.load(p_x + o_kc[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
                   mask=mk[:, None] & (o_n < 2)[None, :], other=0.0)
+    if p_tile.dtype.element_ty == tl.bfloat16:
+        C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0.0)
+    else:
+        # fp8: no `other=` (the interpreter cannot make an fp8 fill value); masked lanes zeroed after the cast
+        C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c)
+        if MMA_F32:
+            C_c = tl.where(m_c, C_c.to(tl.float32), 0.0)
+        else:
+            C_c = tl.where(m_c, C_c.to(tl.bfloat16), tl.zeros(C_c.shape, dtype=tl.bfloat16))
     if MMA_F32:
         acc = tl.dot(C_c.to(tl.float32), B_c.to(tl.float32), acc, input_precision="ieee")
     else:
@@ -277,11 +287,11 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     them inside the loop are not asynchronous copies (2-byte elements) and stall every iteration (H200,
     2026-11-30 01:21: GDN 172 -> 204 us). PIPE = 0: the chunks unrolled into registers (q, k loaded per chunk),
     the products accumulated element-wise and reduced once at the end.
-    MMA (opt-in ``tile_mma``; GDN with a bf16 tile and bf16 inputs, else ignored): the raw q and k are exactly bf16
-    there and so is the tile, so each chunk's C q and C k are one tensor-core product, C chunk [BV, BKT] times a
-    [BKT, 16] operand whose columns 0 and 1 are q and k of the chunk straight from the input (the other 14 zero:
-    tl.dot needs N >= 16), accumulated in fp32: the products of the CUDA-core form, without its per-element
-    bf16-to-fp32 conversions (scripts/tile_dots_study.py). MMA_F32: the same product in fp32 (the values are
+    MMA (opt-in ``tile_mma``; GDN with a bf16 or fp8 tile and bf16 inputs, else ignored): the raw q and k are exactly
+    bf16 there and so is the tile (fp8 codes are bf16 values), so each chunk's C q and C k are one tensor-core product,
+    C chunk [BV, BKT] times a [BKT, 16] operand whose columns 0 and 1 are q and k of the chunk straight from the
+    input (the other 14 zero: tl.dot needs N >= 16), accumulated in fp32: the products of the CUDA-core form, without
+    its per-element conversions to fp32 (scripts/tile_dots_study.py). MMA_F32: the same product in fp32 (the values are
     exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable."""
     o_k = tl.arange(0, BK)
     q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
@@ -289,7 +299,8 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
     s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
     NC: tl.constexpr = BK // BKT
-    if MMA and (not IS_KDA) and p_tile.dtype.element_ty == tl.bfloat16 and p_x.dtype.element_ty == tl.bfloat16:
+    if MMA and (not IS_KDA) and (p_tile.dtype.element_ty == tl.bfloat16 or p_tile.dtype.element_ty == tl.float8e4nv) \
+            and p_x.dtype.element_ty == tl.bfloat16:
         o_n = tl.arange(0, 16)
         acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
         if PIPE > 0:
@@ -728,9 +739,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop
     folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on the H200
     and was replaced by this: docs/benchmarks.md.)
-    tile_mma (GDN; opt-in, None: V3_TUNED, off; session 18, not yet timed on the GPU): where a row reads a bf16 tile
-    (a bf16 state, or the bf16 read copy) and the inputs are bf16 (the server's), the tile's C q and C k are tensor-core
-    products with the raw q and k as operand columns (_tile_dots); elsewhere (fp32 or fp8 tiles, fp32 inputs) the
+    tile_mma (GDN; None: V3_TUNED): where a row reads a 2- or 1-byte tile (a bf16 state, the bf16 or fp8 read copy)
+    and the inputs are bf16 (the server's), the tile's C q and C k are tensor-core products with the raw q and k as
+    operand columns (_tile_dots; fp8 codes made bf16 in registers, exactly); elsewhere (fp32 tiles, fp32 inputs) the
     CUDA-core form runs as without it. KDA refuses it (its q~ carries e^{G_t} per channel, not exactly bf16)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
@@ -813,9 +824,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
-    if tile_mma and tile_es == 2 and BKT < 16:
-        raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= 32 for a "
-                         f"bf16 tile, got {chunk_bytes}")
+    if tile_mma and tile_es <= 2 and BKT < 16:
+        raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
+                         f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,

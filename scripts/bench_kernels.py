@@ -21,8 +21,9 @@ Arms (per layer kind, state dtype and batch size B):
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
-  v3_r16_mma, v3_rc_bf16_mma (--variants mma, GDN) decode v3 with tile_mma (the bf16 tile's dots on the tensor
-              cores), beside v3_r16_srv / v3_rc_bf16_srv: the same launches without it
+  v3_r16_mma*, v3_rc_bf16_mma, v3_rc_fp8_mma* (--variants mma, GDN) decode v3 with tile_mma (the 2- / 1-byte
+              tile's dots on the tensor cores), beside v3_r16_srv / v3_rc_*_srv: the same launches without it;
+              bf16 states also v3_r16_p3 / v3_r16_mma_p3 (the read pipelined) and v3_r16_mma_p3_dot3
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -427,6 +428,16 @@ SPLIT_ARMS = {
                                                     v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
     # GDN's bf16 read copy with its tile's C q / C k as tensor-core products (decode_v3 tile_mma, session 18; GDN only)
     "v3_rc_bf16_mma": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(tile_mma=True))),
+    # the fp8 copy's tile the same way (fp8 codes made bf16 in registers; session 19): with its V3_TUNED launch
+    # (unrolled 64-byte chunks, two heads per program, 168-register cap: offline 432 B spilled against 72), the read
+    # software-pipelined in 64-byte chunks as the tile study's fastest form, and each without the register cap
+    "v3_rc_fp8_mma": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(tile_mma=True))),
+    "v3_rc_fp8_mma_m255": (torch.float32, None, dict(read_dtype="fp8_e4m3",
+                                                    v3_opts=dict(tile_mma=True, main_maxnreg=255))),
+    "v3_rc_fp8_mma_p3": (torch.float32, None, dict(read_dtype="fp8_e4m3",
+                                                  v3_opts=dict(tile_mma=True, pipe_stages=3, chunk_bytes=64))),
+    "v3_rc_fp8_mma_p3_m255": (torch.float32, None, dict(read_dtype="fp8_e4m3", v3_opts=dict(
+        tile_mma=True, pipe_stages=3, chunk_bytes=64, main_maxnreg=255))),
 }
 
 
@@ -707,10 +718,21 @@ def main():
                     # without it; both with the server's launch configuration (V3_CONFIGS / V3_TUNED)
                     arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3")
                     arms["v3_r16_mma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=True))
+                    # bf16 states: the read pipelined in 128-byte chunks (the bf16 copy's launch), with and
+                    # without the product, and with the copy's pipelined tf32x3 fold too
+                    P3 = dict(pipe_stages=3, chunk_bytes=128)
+                    arms["v3_r16_p3"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=P3)
+                    arms["v3_r16_mma_p3"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(P3, tile_mma=True))
+                    arms["v3_r16_mma_p3_dot3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3", v3_opts=dict(
+                        P3, tile_mma=True, fold_bytes=64, fold_pipe_stages=3, pdl=True))
                     if sdt == "float32":
                         arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16")
                         arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
                                                           v3_opts=dict(tile_mma=True))
+                        arms["v3_rc_fp8_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="fp8_e4m3")
+                        for n in ("v3_rc_fp8_mma", "v3_rc_fp8_mma_m255", "v3_rc_fp8_mma_p3", "v3_rc_fp8_mma_p3_m255"):
+                            rec, cfg, kw = SPLIT_ARMS[n]
+                            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", **kw)
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)

@@ -813,14 +813,21 @@ def test_gpu_real_shapes_v3_pipe(kind, read_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("state_dtype,read_dtype", [("bfloat16", "same"), ("float32", "bf16")])
-def test_gpu_real_shapes_tile_mma(state_dtype, read_dtype):
+@pytest.mark.parametrize("state_dtype,read_dtype,opts", [
+    ("bfloat16", "same", ""), ("bfloat16", "same", "p3"), ("bfloat16", "same", "p3dot3"), ("float32", "bf16", ""),
+    ("float32", "fp8_e4m3", ""), ("float32", "fp8_e4m3", "p3")])
+def test_gpu_real_shapes_tile_mma(state_dtype, read_dtype, opts):
     """tile_mma's bf16 tensor-core product at real head sizes (GDN), bf16 q|k|v: a bf16 state, and an fp32 state with
-    the bf16 read copy (the launch's other options as V3_TUNED has them), window switching, against float64."""
+    the bf16 or fp8 read copy (the launch's other options as V3_TUNED has them, or the read pipelined: "p3", with
+    the pipelined tf32x3 fold: "p3dot3"), window switching, against float64."""
+    v3_opts = dict(tile_mma=True)
+    if opts:
+        v3_opts.update(pipe_stages=3, chunk_bytes=128 if state_dtype == "bfloat16" else 64)
+    if opts == "p3dot3":
+        v3_opts.update(fold_bytes=64, fold_pipe_stages=3, pdl=True)
     hz = _real_harness("gdn", state_dtype=DTYPES[state_dtype], rec_dtype=torch.float32, seed=8, impl="v3",
-                       fold=None, read_dtype=read_dtype, qkv_dtype=torch.bfloat16,
-                       windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,),
-                       v3_opts=dict(tile_mma=True))
+                       fold="dot3" if opts == "p3dot3" else None, read_dtype=read_dtype, qkv_dtype=torch.bfloat16,
+                       windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), v3_opts=v3_opts)
     st = hz.run(26)
     assert st["flushes"] > 0
 
@@ -960,12 +967,14 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
 # (MMA_F32: the operands are exactly bf16, so the values are those of the bf16 product); bf16 states and the bf16
 # product itself run in the GPU test below.
 
-@pytest.mark.parametrize("pipe,chunk_bytes", [(3, 32), (0, 32), (0, 64)])
-def test_gdn_tile_mma_on_the_read_copy(pipe, chunk_bytes):
-    """GDN's bf16 read copy read by the tensor-core form, bf16 q|k|v as the server's, pipelined and unrolled chunk
-    loops: outputs, checkpoints and copies against the two-copy float64 reference, staggered cursors, forced flushes,
-    padded rows, a shorter window."""
-    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=32, L=4, seed=81, impl="v3", fold="dot3", read_dtype="bf16",
+@pytest.mark.parametrize("read_dtype,pipe,chunk_bytes", [("bf16", 3, 32), ("bf16", 0, 32), ("bf16", 0, 64),
+                                                         ("fp8_e4m3", 0, 16), ("fp8_e4m3", 3, 16)])
+def test_gdn_tile_mma_on_the_read_copy(read_dtype, pipe, chunk_bytes):
+    """GDN's bf16 / fp8 read copy read by the tensor-core form (fp8 codes made bf16, the row scales after the
+    product), bf16 q|k|v as the server's, pipelined and unrolled chunk loops: outputs, checkpoints and copies against
+    the two-copy float64 reference, staggered cursors, forced flushes, padded rows, a shorter window."""
+    hz = Harness("gdn", B=3, H=1, HV=2, K=32, V=32, L=4, seed=81, impl="v3",
+                 fold="dot3" if read_dtype == "bf16" else "chunked", read_dtype=read_dtype,
                  qkv_dtype=torch.bfloat16, windows=(4, 4, 4, 2), p_forced=0.1,
                  v3_opts=dict(tile_mma=True, pipe_stages=pipe, chunk_bytes=chunk_bytes))
     st = hz.run(12)
