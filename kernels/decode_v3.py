@@ -685,6 +685,16 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
 # 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
 _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
+# 2026-12-01 11:19 / 11:34 UTC (kernels-20261201-1119 / -1134, kernels-split-20261201-1120 / -1135-mma, H200, B = 256):
+# the bf16 tiles' C q / C k as tensor-core products (tile_mma), GDN. Its bf16 copy: 169.6 -> 158.5 and 169.1 -> 157.5 us
+# (graph, staggered; 1.61x -> 1.73x conventional, faster than upstream's 164.4-164.6), 160.5 -> 155.2 and 160.4 -> 154.7
+# (split, the server's arguments; plain step 110.9 -> 105.2). A bf16 state, whose tuned entry was none (the record-loop
+# fold, an unrolled 64-byte read): 167.0 with it, 234.3 with tile_mma alone, 155.5 with tile_mma, the read pipelined
+# in 128-byte chunks and the bf16 copy's pipelined tf32x3 fold (still below conventional's 141.5; the small-batch
+# policy keeps bf16 pools on window 1). The fp8 copy with tile_mma is slower (186.7 -> 226.4; split 148.0 -> 181.2:
+# 82 B spilled at the 168 cap, slower still uncapped or pipelined) and keeps the CUDA-core form.
+_RC_BF16_PIPE_MMA = dict(_RC_BF16_PIPE, tile_mma=True)
+_R16_MMA = dict(_RC_BF16_PIPE_MMA)
 # KDA's bf16 copy: the main launch capped at 168 registers (2026-12-01, H200, B = 256, the server's arguments, step
 # split kernels-split-20261201-0135-maxnreg.*): uncapped, the H200's Triton compiles it to 184 (predecayed keys) / 200
 # (raw) registers and the plain step takes 173-176 us; at 168 (2 bytes spilled) 136.5-138.6, and the layer-step goes
@@ -697,7 +707,8 @@ _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, ma
 _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE, ("kda", 4, torch.bfloat16): _RC_BF16_KDA}
+                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA,
+                  ("gdn", 2, None): _R16_MMA}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -739,7 +750,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop
     folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on the H200
     and was replaced by this: docs/benchmarks.md.)
-    tile_mma (GDN; None: V3_TUNED): where a row reads a 2- or 1-byte tile (a bf16 state, the bf16 or fp8 read copy)
+    tile_mma (GDN; None: V3_TUNED, on for GDN's bf16 copy and bf16 states): where a row reads a 2- or 1-byte tile (a bf16 state, the bf16 or fp8 read copy)
     and the inputs are bf16 (the server's), the tile's C q and C k are tensor-core products with the raw q and k as
     operand columns (_tile_dots; fp8 codes made bf16 in registers, exactly); elsewhere (fp32 tiles, fp32 inputs) the
     CUDA-core form runs as without it. KDA refuses it (its q~ carries e^{G_t} per channel, not exactly bf16)."""

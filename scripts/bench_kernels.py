@@ -21,9 +21,9 @@ Arms (per layer kind, state dtype and batch size B):
   *_aligned   (--variants aligned, B >= 128) upstream and v3 with every row on the same cursor (all checkpoint
               writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
-  v3_r16_mma*, v3_rc_bf16_mma, v3_rc_fp8_mma* (--variants mma, GDN) decode v3 with tile_mma (the 2- / 1-byte
-              tile's dots on the tensor cores), beside v3_r16_srv / v3_rc_*_srv: the same launches without it;
-              bf16 states also v3_r16_p3 / v3_r16_mma_p3 (the read pipelined) and v3_r16_mma_p3_dot3
+  v3_*_srv, v3_*_nomma, v3_r16_s18, v3_rc_fp8_mma (--variants mma, GDN) decode v3's server launches (V3_TUNED:
+              tile_mma, the tile's dots on the tensor cores, for bf16 states and GDN's bf16 copy) beside the same
+              without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -209,7 +209,7 @@ def arm_upstream(c: Case, aligned=False):
 SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=False, impl="v1", rows=False,
+def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=False, impl="v1", rows=False,
              records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
              parts=None):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
@@ -272,7 +272,8 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold="loop", freeze_h=Fa
         def run(step):
             if rows:
                 extra.update(h_rows=h_rows[step % c.NSTEPS], advance_h=False, may_prefold=False)
-            vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold == "loop" else dict(fold=fold))
+            # fold None: the launch's own choice (v1 / v2: the record loop; v3: V3_TUNED's)
+            vx = dict(fold=fold, records=records) if impl == "v2" else ({} if fold is None else dict(fold=fold))
             if v3_opts:
                 vx["v3_opts"] = v3_opts
             replay_decode(c.kind, *c.x(step), c.pool(step), rings[step % c.NL], c.slot_idx, out=c.out, L=L,
@@ -426,8 +427,10 @@ SPLIT_ARMS = {
     "v3_r32_pred_m80": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(main_maxnreg=80))),
     "v3_r32_pred_m64_p2": (torch.float32, None, dict(kda_keys="predecayed",
                                                     v3_opts=dict(main_maxnreg=64, pipe_stages=2))),
-    # GDN's bf16 read copy with its tile's C q / C k as tensor-core products (decode_v3 tile_mma, session 18; GDN only)
+    # GDN's bf16 read copy with its tile's C q / C k as tensor-core products (decode_v3 tile_mma, session 18; GDN only;
+    # V3_TUNED's since session 19) and without them
     "v3_rc_bf16_mma": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(tile_mma=True))),
+    "v3_rc_bf16_nomma": (torch.float32, None, dict(read_dtype="bf16", v3_opts=dict(tile_mma=False))),
     # the fp8 copy's tile the same way (fp8 codes made bf16 in registers; session 19): with its V3_TUNED launch
     # (unrolled 64-byte chunks, two heads per program, 168-register cap: offline 432 B spilled against 72), the read
     # software-pipelined in 64-byte chunks as the tile study's fastest form, and each without the register cap
@@ -714,25 +717,21 @@ def main():
                     arms["v3_rc_fp8_c16"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", read_dtype="fp8_e4m3",
                                                      v3_opts=dict(chunk_bytes=16))
                 if v3 and "mma" in variants and kind == "gdn":
-                    # the bf16 tile's C q / C k on the tensor cores (decode_v3 tile_mma), beside the same launch
-                    # without it; both with the server's launch configuration (V3_CONFIGS / V3_TUNED)
+                    # the 2- / 1-byte tiles' C q / C k on the tensor cores (decode_v3 tile_mma; V3_TUNED has it for
+                    # GDN's bf16 copy and bf16 states since session 19): the server's launches (*_srv) beside the same
+                    # without it (*_nomma), the bf16 state also beside its launch before session 19 (*_s18: the
+                    # record-loop fold, the 64-byte unrolled read), the fp8 copy with it (its default is without)
                     arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3")
-                    arms["v3_r16_mma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=True))
-                    # bf16 states: the read pipelined in 128-byte chunks (the bf16 copy's launch), with and
-                    # without the product, and with the copy's pipelined tf32x3 fold too
-                    P3 = dict(pipe_stages=3, chunk_bytes=128)
-                    arms["v3_r16_p3"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=P3)
-                    arms["v3_r16_mma_p3"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(P3, tile_mma=True))
-                    arms["v3_r16_mma_p3_dot3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3", v3_opts=dict(
-                        P3, tile_mma=True, fold_bytes=64, fold_pipe_stages=3, pdl=True))
+                    arms["v3_r16_nomma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=False))
+                    arms["v3_r16_s18"] = arm_ours(c, torch.bfloat16, impl="v3", fold="loop", v3_opts=dict(
+                        tile_mma=False, pipe_stages=0, chunk_bytes=64, fold_bytes=64, fold_pipe_stages=0, pdl=False))
                     if sdt == "float32":
                         arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16")
-                        arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
-                                                          v3_opts=dict(tile_mma=True))
+                        arms["v3_rc_bf16_nomma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                            v3_opts=dict(tile_mma=False))
                         arms["v3_rc_fp8_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="fp8_e4m3")
-                        for n in ("v3_rc_fp8_mma", "v3_rc_fp8_mma_m255", "v3_rc_fp8_mma_p3", "v3_rc_fp8_mma_p3_m255"):
-                            rec, cfg, kw = SPLIT_ARMS[n]
-                            arms[n] = arm_ours(c, rec, cfg=cfg, impl="v3", **kw)
+                        rec, cfg, kw = SPLIT_ARMS["v3_rc_fp8_mma"]
+                        arms["v3_rc_fp8_mma"] = arm_ours(c, rec, cfg=cfg, impl="v3", **kw)
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)
