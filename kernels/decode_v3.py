@@ -765,6 +765,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
+    tile_mma_asked = tile_mma is not None  # an explicit tile_mma=True refuses K chunks too short for tl.dot
     tile_mma = bool(tile_mma if tile_mma is not None else tuned.get("tile_mma", False))
     if tile_mma and kind != "gdn":
         raise ValueError("tile_mma is for GDN only: KDA's q~ and k~ carry e^{G_t} per channel and are not exactly "
@@ -835,6 +836,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
+    if tile_mma and tile_es <= 2 and BKT < 16 and not tile_mma_asked:
+        tile_mma = False  # V3_TUNED's choice, for the default chunks; a caller's shorter chunks read with CUDA cores
     if tile_mma and tile_es <= 2 and BKT < 16:
         raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
                          f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
