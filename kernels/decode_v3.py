@@ -685,7 +685,8 @@ _RC_BF16 = dict(fold="chunked", pipe_stages=0, chunk_bytes=64, fold_bytes=128)
 # fp8 copies: two value heads per main program (heads_per_program 2): GDN 181.5 -> 169.8, KDA 216.3 -> 208.2 (run
 # 1545: 181.5 -> 170.0, 216.8 -> 208.1); without a copy or with bf16 it is slower (GDN 181.5 -> 189.6 / 162.5 -> 168.1).
 _RC_BF16_PIPE = dict(fold="dot3", pipe_stages=3, chunk_bytes=128, fold_bytes=64, pdl=True, fold_pipe_stages=3)
-# 2026-12-01 11:19 / 11:34 UTC (kernels-20261201-1119 / -1134, kernels-split-20261201-1120 / -1135-mma, H200, B = 256):
+# 2026-12-01 11:19 / 11:34 UTC (session 19; their raw files were lost, docs/benchmarks.md; re-timed with files at 21:25,
+# kernels-20261201-2125: bf16 copy 168.9 -> 158.6, bf16 state 168.1 before -> 155.3, fp8 copy 189.1 -> 228.8; H200, B = 256):
 # the bf16 tiles' C q / C k as tensor-core products (tile_mma), GDN. Its bf16 copy: 169.6 -> 158.5 and 169.1 -> 157.5 us
 # (graph, staggered; 1.61x -> 1.73x conventional, faster than upstream's 164.4-164.6), 160.5 -> 155.2 and 160.4 -> 154.7
 # (split, the server's arguments; plain step 110.9 -> 105.2). A bf16 state, whose tuned entry was none (the record-loop
