@@ -897,7 +897,10 @@ def plot(path):
                   "v2_r16": "tab:olive", "v2_r32": "tab:cyan", "v2_r16_rows": "tab:pink", "v2_r16_unroll": "black",
                   "v2_r16_all": "tab:gray", "v3_r16": "darkgreen", "v3_r32": "darkorange", "v3_r16_rows": "magenta",
                   "v3_L1": "darkred", "v3_r16_chunked": "lime", "v3_r32_chunked": "gold",
-                  "v3_rc_bf16": "navy", "v3_rc_fp8": "crimson"}
+                  "v3_rc_bf16": "navy", "v3_rc_fp8": "crimson",
+                  # --variants mma: the server's launches (*_srv) beside the same without tile_mma (*_nomma)
+                  "v3_rc_bf16_srv": "navy", "v3_rc_bf16_nomma": "lightsteelblue", "v3_rc_fp8_srv": "crimson",
+                  "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
