@@ -245,19 +245,16 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 
 
 @triton.jit
-def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
-               MMA_F32: tl.constexpr):
-    """acc [BV, 16] + C chunk c [BV, BKT] (bf16, or fp8 e4m3 codes made bf16 in registers: exact, e4m3's values are
-    all bf16 values) times [q, k, 0, ...] of the chunk ([BKT, 16], bf16 from the input: column 0 q, column 1 k, which
-    is H * K further on): _tile_dots' tensor-core form. (An fp8 tile's per-V-row scale is applied by the caller.)"""
+def _mma_tile_chunk(c, p_tile, o_v, mask_v, K: tl.constexpr, BKT: tl.constexpr, MMA_F32: tl.constexpr):
+    """K chunk c [BV, BKT] of the tile at p_tile as a tensor-core operand: bf16 as stored, fp8 e4m3 codes made bf16
+    (exact: e4m3's values are all bf16 values); masked lanes 0. MMA_F32 (Triton's interpreter): the same values as
+    fp32."""
     o_kc = c * BKT + tl.arange(0, BKT)
-    o_n = tl.arange(0, 16)
-    mk = o_kc < K
-    m_c = mask_v[:, None] & mk[None, :]
-    B_c = tl.load(p_x + o_kc[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
-                  mask=mk[:, None] & (o_n < 2)[None, :], other=0.0)
+    m_c = mask_v[:, None] & (o_kc < K)[None, :]
     if p_tile.dtype.element_ty == tl.bfloat16:
         C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c, other=0.0)
+        if MMA_F32:
+            C_c = C_c.to(tl.float32)
     else:
         # fp8: no `other=` (the interpreter cannot make an fp8 fill value); masked lanes zeroed after the cast
         C_c = tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c)
@@ -265,11 +262,49 @@ def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexp
             C_c = tl.where(m_c, C_c.to(tl.float32), 0.0)
         else:
             C_c = tl.where(m_c, C_c.to(tl.bfloat16), tl.zeros(C_c.shape, dtype=tl.bfloat16))
+    return C_c
+
+
+@triton.jit
+def _mma_acc(C_c, B_c, acc, MMA_F32: tl.constexpr):
+    """acc + C_c B_c, fp32 accumulation: bf16 tensor cores, or (MMA_F32, the interpreter) an fp32 product of the
+    same, exactly bf16, values."""
     if MMA_F32:
-        acc = tl.dot(C_c.to(tl.float32), B_c.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(C_c, B_c.to(tl.float32), acc, input_precision="ieee")
     else:
-        acc = tl.dot(C_c, B_c, acc)
+        acc = tl.dot(C_c, B_c.to(tl.bfloat16), acc)
     return acc
+
+
+@triton.jit
+def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
+               MMA_F32: tl.constexpr):
+    """GDN: acc [BV, 16] + C chunk c [BV, BKT] times [q, k, 0, ...] of the chunk ([BKT, 16], bf16 from the input:
+    column 0 q, column 1 k, which is H * K further on): _tile_dots' tensor-core form. (An fp8 tile's per-V-row scale
+    is applied by the caller.)"""
+    o_kc = c * BKT + tl.arange(0, BKT)
+    o_n = tl.arange(0, 16)
+    B_c = tl.load(p_x + o_kc[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
+                  mask=(o_kc < K)[:, None] & (o_n < 2)[None, :], other=0.0)
+    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), B_c, acc, MMA_F32)
+
+
+@triton.jit
+def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT: tl.constexpr,
+                     MMA_F32: tl.constexpr):
+    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times [q_hi, q_lo, k_hi, k_lo, 0, ...] ([BKT, 16]), where q_c, k_c
+    (fp32 [BKT]: q~, k~ of the chunk, which carry e^{G_t} per channel and are not bf16 values) are split into a bf16
+    high part and the bf16 of what is left (hi = bf16(x), lo = bf16(x - hi): x to 16 significant bits, relative error
+    <= 2^-16, far below the 2^-9 of the bf16 tile it multiplies). Columns 0 + 1 give C q~, 2 + 3 give C k~."""
+    o_n = tl.arange(0, 16)[None, :]
+    q_hi = q_c.to(tl.bfloat16).to(tl.float32)
+    k_hi = k_c.to(tl.bfloat16).to(tl.float32)
+    q_lo = (q_c - q_hi).to(tl.bfloat16).to(tl.float32)
+    k_lo = (k_c - k_hi).to(tl.bfloat16).to(tl.float32)
+    # every value below is a bf16 value, so the operand's cast to bf16 (in _mma_acc) is exact
+    B_c = tl.where(o_n == 0, q_hi[:, None], tl.where(o_n == 1, q_lo[:, None], tl.where(
+        o_n == 2, k_hi[:, None], tl.where(o_n == 3, k_lo[:, None], 0.0))))
+    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), B_c, acc, MMA_F32)
 
 
 @triton.jit
@@ -292,15 +327,17 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     C chunk [BV, BKT] times a [BKT, 16] operand whose columns 0 and 1 are q and k of the chunk straight from the
     input (the other 14 zero: tl.dot needs N >= 16), accumulated in fp32: the products of the CUDA-core form, without
     its per-element conversions to fp32 (scripts/tile_dots_study.py). MMA_F32: the same product in fp32 (the values are
-    exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable."""
+    exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable. KDA (session 20): q~ and k~ carry
+    e^{G_t} per channel and are not bf16 values, so each is split into a bf16 high and low part, four operand columns
+    (_mma_chunk_split; 16 significant bits, against the tile's 8)."""
     o_k = tl.arange(0, BK)
     q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
     k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
     s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
     s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
     NC: tl.constexpr = BK // BKT
-    if MMA and (not IS_KDA) and (p_tile.dtype.element_ty == tl.bfloat16 or p_tile.dtype.element_ty == tl.float8e4nv) \
-            and p_x.dtype.element_ty == tl.bfloat16:
+    narrow_tile: tl.constexpr = p_tile.dtype.element_ty == tl.bfloat16 or p_tile.dtype.element_ty == tl.float8e4nv
+    if MMA and (not IS_KDA) and narrow_tile and p_x.dtype.element_ty == tl.bfloat16:
         o_n = tl.arange(0, 16)
         acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
         if PIPE > 0:
@@ -311,6 +348,27 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
                 acc = _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H, K, BKT, MMA_F32)
         dq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
         dk = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
+    elif MMA and IS_KDA and narrow_tile:
+        # KDA: q~ and k~ (fp32, e^{G_t} per channel) split into bf16 high and low columns (_mma_chunk_split)
+        o_n = tl.arange(0, 16)
+        acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
+        if PIPE > 0:
+            o_ch = tl.arange(0, NC)
+            offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]
+            Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                               H, K, IS_KDA, USE_LOWER_BOUND)
+            for c in tl.range(0, NC, num_stages=PIPE):
+                sel = o_ch[:, None] == c
+                acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, tl.sum(tl.where(sel, Q2, 0.0), 0),
+                                       tl.sum(tl.where(sel, K2, 0.0), 0), K, BKT, MMA_F32)
+        else:
+            for c in tl.static_range(NC):
+                o_kc = c * BKT + tl.arange(0, BKT)
+                q_c, k_c = _qk_tilde(p_x, o_kc, o_kc < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a,
+                                     lower_bound, H, K, IS_KDA, USE_LOWER_BOUND)
+                acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K, BKT, MMA_F32)
+        dq = tl.sum(tl.where(o_n[None, :] < 2, acc, 0.0), 1)
+        dk = tl.sum(tl.where((o_n[None, :] >= 2) & (o_n[None, :] < 4), acc, 0.0), 1)
     elif PIPE > 0:
         o_ch = tl.arange(0, NC)
         offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
@@ -751,10 +809,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop
     folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on the H200
     and was replaced by this: docs/benchmarks.md.)
-    tile_mma (GDN; None: V3_TUNED, on for GDN's bf16 copy and bf16 states): where a row reads a 2- or 1-byte tile (a bf16 state, the bf16 or fp8 read copy)
-    and the inputs are bf16 (the server's), the tile's C q and C k are tensor-core products with the raw q and k as
-    operand columns (_tile_dots; fp8 codes made bf16 in registers, exactly); elsewhere (fp32 tiles, fp32 inputs) the
-    CUDA-core form runs as without it. KDA refuses it (its q~ carries e^{G_t} per channel, not exactly bf16)."""
+    tile_mma (None: V3_TUNED, on for GDN's bf16 copy and bf16 states): where a row reads a 2- or 1-byte tile (a bf16
+    state, the bf16 or fp8 read copy), the tile's C q and C k are tensor-core products (_tile_dots; fp8 codes made bf16
+    in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
+    keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into bf16 high and low columns. fp32 tiles
+    keep the CUDA-core form."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -768,9 +827,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
     tile_mma_asked = tile_mma is not None  # an explicit tile_mma=True refuses K chunks too short for tl.dot
     tile_mma = bool(tile_mma if tile_mma is not None else tuned.get("tile_mma", False))
-    if tile_mma and kind != "gdn":
-        raise ValueError("tile_mma is for GDN only: KDA's q~ and k~ carry e^{G_t} per channel and are not exactly "
-                         "bf16 (drop tile_mma)")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:

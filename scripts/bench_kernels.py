@@ -23,7 +23,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3_*_srv, v3_*_nomma, v3_r16_s18, v3_rc_fp8_mma (--variants mma, GDN) decode v3's server launches (V3_TUNED:
               tile_mma, the tile's dots on the tensor cores, for bf16 states and GDN's bf16 copy) beside the same
-              without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma
+              without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma;
+              KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3, v3_rc_bf16_mma (its split-operand tile_mma, opt-in)
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -732,6 +733,20 @@ def main():
                         arms["v3_rc_fp8_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="fp8_e4m3")
                         rec, cfg, kw = SPLIT_ARMS["v3_rc_fp8_mma"]
                         arms["v3_rc_fp8_mma"] = arm_ours(c, rec, cfg=cfg, impl="v3", **kw)
+                if v3 and "mma" in variants and kind == "kda":
+                    # KDA's split-operand tile_mma (session 20, opt-in): the server's launch (*_srv) beside the same
+                    # with tile_mma (*_mma), bf16 states also with GDN's bf16-state launch (*_mma_p3: the read
+                    # pipelined in 128-byte chunks, the pipelined tf32x3 fold); fp32 states with the bf16 copy and
+                    # predecayed keys (the server's for KDA without speculative decoding)
+                    arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3")
+                    arms["v3_r16_mma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=True))
+                    arms["v3_r16_mma_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3", v3_opts=dict(
+                        tile_mma=True, pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_pipe_stages=3, pdl=True))
+                    if sdt == "float32":
+                        arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                          kda_keys="predecayed")
+                        arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                          kda_keys="predecayed", v3_opts=dict(tile_mma=True))
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)
@@ -900,7 +915,8 @@ def plot(path):
                   "v3_rc_bf16": "navy", "v3_rc_fp8": "crimson",
                   # --variants mma: the server's launches (*_srv) beside the same without tile_mma (*_nomma)
                   "v3_rc_bf16_srv": "navy", "v3_rc_bf16_nomma": "lightsteelblue", "v3_rc_fp8_srv": "crimson",
-                  "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki"}
+                  "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki",
+                  "v3_r16_mma": "teal", "v3_r16_mma_p3": "turquoise", "v3_rc_bf16_mma": "slateblue"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

@@ -834,6 +834,26 @@ def test_gpu_real_shapes_tile_mma(state_dtype, read_dtype, opts):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("state_dtype,read_dtype,kda_keys,opts", [
+    ("bfloat16", "same", "raw", ""), ("bfloat16", "same", "raw", "p3dot3"), ("float32", "bf16", "predecayed", ""),
+    ("float32", "bf16", "raw", "")])
+def test_gpu_real_shapes_kda_tile_mma(state_dtype, read_dtype, kda_keys, opts):
+    """KDA's tile_mma (q~, k~ split into bf16 high and low operand columns) at real head sizes on the bf16 tensor
+    cores: a bf16 state (its launch as V3_TUNED has it, or the read pipelined with the pipelined tf32x3 fold:
+    "p3dot3"), an fp32 state with the bf16 read copy (raw and predecayed keys), window switching, against float64."""
+    v3_opts = dict(tile_mma=True)
+    if opts == "p3dot3":
+        v3_opts.update(pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_pipe_stages=3, pdl=True)
+    hz = _real_harness("kda", state_dtype=DTYPES[state_dtype], rec_dtype=torch.float32, seed=9, impl="v3",
+                       fold="dot3" if opts == "p3dot3" else None, read_dtype=read_dtype, kda_keys=kda_keys,
+                       qkv_dtype=torch.bfloat16,
+                       windows=(16, 16, 16, 16, 16, 4) if read_dtype == "same" else (None,), v3_opts=v3_opts)
+    st = hz.run(26)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,kda_keys", [("gdn", "raw"), ("kda", "raw"), ("kda", "predecayed")])
 @pytest.mark.parametrize("L", [32, 64])
 def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
@@ -962,7 +982,7 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
 
 
-# --- tile_mma: the tile's C q / C k as tensor-core products (GDN, bf16 tiles, bf16 inputs; opt-in, session 18) ------
+# --- tile_mma: the tile's C q / C k as tensor-core products (bf16 / fp8 tiles; session 18, KDA session 20) ---------
 # On the CPU the bf16 tile is the read copy (the interpreter runs fp32 states only) and the product runs in fp32
 # (MMA_F32: the operands are exactly bf16, so the values are those of the bf16 product); bf16 states and the bf16
 # product itself run in the GPU test below.
@@ -981,11 +1001,21 @@ def test_gdn_tile_mma_on_the_read_copy(read_dtype, pipe, chunk_bytes):
     assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
 
 
-def test_tile_mma_refused_for_kda_and_narrow_chunks():
-    hz = Harness("kda", B=2, H=2, HV=2, K=16, V=16, L=4, seed=82, impl="v3", fold="dot3", read_dtype="bf16",
-                 qkv_dtype=torch.bfloat16, v3_opts=dict(tile_mma=True))
-    with pytest.raises(ValueError, match="tile_mma is for GDN only"):
-        hz.run(1)
+@pytest.mark.parametrize("kda_keys,read_dtype,pipe", [("raw", "bf16", 0), ("raw", "bf16", 3),
+                                                      ("predecayed", "bf16", 3), ("predecayed", "fp8_e4m3", 0)])
+def test_kda_tile_mma_split_operand(kda_keys, read_dtype, pipe):
+    """KDA's read copy read by the tensor-core form: q~ and k~ (e^{G_t} per channel, fp32) split into bf16 high and
+    low operand columns (decode_v3._mma_chunk_split), raw and predecayed key records, pipelined and unrolled chunk
+    loops, against the two-copy float64 reference with staggered cursors, forced flushes, padded rows."""
+    hz = Harness("kda", B=3, H=2, HV=2, K=32, V=32, L=4, seed=83, impl="v3", kda_keys=kda_keys,
+                 fold="dot3" if read_dtype == "bf16" else "chunked", read_dtype=read_dtype,
+                 qkv_dtype=torch.bfloat16, windows=(4, 4, 4, 2), p_forced=0.1,
+                 v3_opts=dict(tile_mma=True, pipe_stages=pipe, chunk_bytes=32))
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+
+
+def test_tile_mma_refused_for_narrow_chunks():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=32, L=4, seed=82, impl="v3", fold="dot3", read_dtype="bf16",
                  qkv_dtype=torch.bfloat16, v3_opts=dict(tile_mma=True, chunk_bytes=16))
     with pytest.raises(ValueError, match="chunk_bytes >= 32"):
