@@ -25,7 +25,7 @@ Arms (per layer kind, state dtype and batch size B):
               tile_mma, the tile's dots on the tensor cores, for bf16 states and GDN's bf16 copy) beside the same
               without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma;
               KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3, v3_rc_bf16_mma (its split-operand tile_mma, opt-in)
-              and v3_r16_p3 (v3_r16_mma_p3's launch without tile_mma)
+              and v3_r16_p3 (v3_r16_mma_p3's launch without tile_mma), v3_rc_bf16_mma_p3 (the copy read pipelined)
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -750,6 +750,10 @@ def main():
                                                           kda_keys="predecayed")
                         arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
                                                           kda_keys="predecayed", v3_opts=dict(tile_mma=True))
+                        # with the copy read pipelined in 128-byte chunks too (GDN's bf16-copy launch; not timed yet)
+                        arms["v3_rc_bf16_mma_p3"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                             kda_keys="predecayed", v3_opts=dict(
+                                                                 tile_mma=True, pipe_stages=3, chunk_bytes=128))
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)
@@ -920,7 +924,7 @@ def plot(path):
                   "v3_rc_bf16_srv": "navy", "v3_rc_bf16_nomma": "lightsteelblue", "v3_rc_fp8_srv": "crimson",
                   "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki",
                   "v3_r16_mma": "teal", "v3_r16_mma_p3": "turquoise", "v3_rc_bf16_mma": "slateblue",
-                  "v3_r16_p3": "olive"}
+                  "v3_r16_p3": "olive", "v3_rc_bf16_mma_p3": "mediumpurple"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

@@ -72,3 +72,17 @@ def test_verify_mode_smoke():
                          env=dict(os.environ, TRITON_INTERPRET="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "smoke ok" in out.stdout and "smoke gdn step 5 ours" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.parametrize("v3_opts", [dict(tile_mma=True), dict(tile_mma=True, pipe_stages=3, chunk_bytes=64)])
+def test_kda_mma_arm_same_decode(v3_opts, monkeypatch):
+    """The `--variants mma` KDA arms (the bf16 copy with predecayed keys read by the split-operand tensor-core form,
+    unrolled and pipelined) decode what the CUDA-core arm decodes, to the split's 16 significant bits: a timing
+    difference between them is the form's, not a different computation."""
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"kda": dict(H=2, HV=2, K=32, V=16)})
+    base = _decode_outputs("kda", torch.float32, read_dtype="bf16", kda_keys="predecayed",
+                           v3_opts=dict(tile_mma=False))
+    mma = _decode_outputs("kda", torch.float32, read_dtype="bf16", kda_keys="predecayed", v3_opts=v3_opts)
+    assert torch.isfinite(mma).all() and mma.abs().max() > 0
+    torch.testing.assert_close(mma, base, rtol=2e-3, atol=2e-3 * float(base.abs().max()))
+    assert not torch.equal(mma, base)  # the split form ran (its sums differ in the last bits)
