@@ -758,8 +758,7 @@ _R16_MMA = dict(_RC_BF16_PIPE_MMA)
 # split-operand tile_mma (q~, k~ as bf16 high + low columns) with the same launch as GDN's bf16 state: a bf16 state
 # 333.9 -> 271.3 us at B = 256 (0.43x -> 0.53x conventional; 0.52-0.53x at B = 128 / 512); that launch without
 # tile_mma 338.2, tile_mma alone 613.6. Below conventional still: the policy keeps bf16 pools on window 1. KDA's bf16
-# copy is slower with it (220.5 -> 267.3) and keeps the CUDA-core tile.
-_R16_MMA_KDA = dict(_R16_MMA)
+# copy is slower with it (220.5 -> 267.3) and keeps the CUDA-core tile. So both kinds' bf16 states take _R16_MMA.
 # KDA's bf16 copy: the main launch capped at 168 registers (2026-12-01, H200, B = 256, the server's arguments, step
 # split kernels-split-20261201-0135-maxnreg.*): uncapped, the H200's Triton compiles it to 184 (predecayed keys) / 200
 # (raw) registers and the plain step takes 173-176 us; at 168 (2 bytes spilled) 136.5-138.6, and the layer-step goes
@@ -773,7 +772,7 @@ _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
                   ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA,
-                  ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA_KDA}
+                  ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -899,11 +898,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
-    if tile_mma and tile_es <= 2 and BKT < 16 and not tile_mma_asked:
-        tile_mma = False  # V3_TUNED's choice, for the default chunks; a caller's shorter chunks read with CUDA cores
     if tile_mma and tile_es <= 2 and BKT < 16:
-        raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
-                         f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
+        if not tile_mma_asked:
+            tile_mma = False  # V3_TUNED's choice, for the default chunks; a caller's shorter chunks: CUDA cores
+        else:
+            raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
+                             f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,

@@ -739,12 +739,13 @@ def main():
                     # with tile_mma (*_mma), bf16 states also with GDN's bf16-state launch (*_mma_p3: the read
                     # pipelined in 128-byte chunks, the pipelined tf32x3 fold); fp32 states with the bf16 copy and
                     # predecayed keys (the server's for KDA without speculative decoding)
+                    p3 = dict(pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_pipe_stages=3, pdl=True)
                     arms["v3_r16_srv"] = arm_ours(c, torch.bfloat16, impl="v3")
                     arms["v3_r16_mma"] = arm_ours(c, torch.bfloat16, impl="v3", v3_opts=dict(tile_mma=True))
-                    arms["v3_r16_mma_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3", v3_opts=dict(
-                        tile_mma=True, pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_pipe_stages=3, pdl=True))
-                    arms["v3_r16_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3", v3_opts=dict(
-                        tile_mma=False, pipe_stages=3, chunk_bytes=128, fold_bytes=64, fold_pipe_stages=3, pdl=True))
+                    arms["v3_r16_mma_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3",
+                                                     v3_opts=dict(p3, tile_mma=True))
+                    arms["v3_r16_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3",
+                                                 v3_opts=dict(p3, tile_mma=False))
                     if sdt == "float32":
                         arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
                                                           kda_keys="predecayed")
