@@ -6,7 +6,8 @@
 # kernels/upstream.py) and, for SGLang's KDA CUDA row-streaming decode, apache-tvm-ffi, pybase64, pydantic
 # (+ pydantic-core, annotated-types, typing-inspection). Steps: GPU tests (fp32 and bf16 states against the
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
-# Env: TILE_STUDY=1 first runs scripts/tile_dots_study.py (the tile reduction on the tensor cores, bf16 and fp8 tiles;
+# Env: STREAM_STUDY=1 runs scripts/stream_floor_study.py (per-tile against persistent programs; STREAM_DTYPES,
+# STREAM_ARGS); TILE_STUDY=1 first runs scripts/tile_dots_study.py (the tile reduction on the tensor cores, bf16 and fp8 tiles;
 # about a minute); GPU_TESTS=0 skips the tests; TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
 # kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
 # (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
@@ -42,6 +43,14 @@ if [ "${TILE_STUDY:-0}" = 1 ]; then
       --out "$OUT/tile-dots-gpu-$(date -u +%Y%m%d-%H%M)-$td.json" 2>&1 | tail -12
   done
   echo "study $(( $(date +%s) - t0 ))s"
+fi
+if [ "${STREAM_STUDY:-0}" = 1 ]; then
+  # scripts/stream_floor_study.py: the plain step's memory pattern per tile vs persistent, prefetching programs
+  for td in ${STREAM_DTYPES:-bf16 fp8_e4m3}; do
+    timeout ${STUDY_TIMEOUT:-150} python3 scripts/stream_floor_study.py --tile-dtype $td ${STREAM_ARGS:-} \
+      --out "$OUT/stream-floor-$(date -u +%Y%m%d-%H%M)-$td.json" 2>&1 | tail -30
+  done
+  echo "stream study $(( $(date +%s) - t0 ))s"
 fi
 if [ "${GPU_TESTS:-1}" = 1 ]; then
   timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -x -p no:cacheprovider tests/test_decode_kernels.py -k "${TEST_K:-gpu_real and v3}" 2>&1 \

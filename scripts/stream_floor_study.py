@@ -1,0 +1,386 @@
+#!/usr/bin/env python
+"""Study: can a persistent, prefetching program lift decode v3's per-program floor for 2- and 1-byte tiles?
+
+Decode v3's main launch reads a bf16 tile (bf16 states, the bf16 read copy) or an fp8 one (the fp8 read copy) in
+~105-110 us at B = 256 on steps that write no checkpoint, where the same bytes stream in ~67 us without the rest of
+the program around them (scripts/tile_dots_study.py) and the fp32 checkpoint, 2x the bytes, takes ~142 us
+(docs/benchmarks.md, "Reading fewer bytes stops paying below ~110 us"). The explanation on record: each of the
+32,768 one- or two-warp programs waits on a chain of dependent memory round trips (slot and ring row, then h, then
+the tile, then the records), and the ~12 programs an SM holds do not keep enough bytes in flight. The fix named
+there and never tried: a persistent grid whose programs walk many tiles and issue the next tile's loads before they
+compute this one. This script measures that alone, on the plain step's memory pattern:
+
+for every (row n, value head hv, V-tile iv) of B x HV x V / BV items:
+    slot = slot_idx[n]; rrow = ring_idx[n]; h = ring_h[rrow]                  (dependent round trips 1-2)
+    C = state[slot, hv, iv-th BV rows, :]  ([BV, K], bf16 or fp8 codes)     (3; with --h-gates-tile it waits for h,
+                                                                             as a ring with a read copy does)
+    Cq, Ck = C q, C k (one tensor-core product with the raw bf16 q and k as columns 0 and 1: decode v3's tile_mma)
+    cq, ck = coef[n, hv]; U = ring_u[rrow, hv, :h, iv-th BV]  (fp32)         (3-4)
+    u = v - Ck - U^T ck;  out[n, hv, iv-th BV] = Cq + U^T cq + u / 2
+
+Kernels (one item's loads and maths are shared helpers, so every kernel computes the same thing):
+- ``tile``: one program per item (decode v3's layout);
+- ``stream``: one program per item without the chain (slot = n, no h, no records): the bytes alone;
+- ``persist``: a grid of P programs, each walking items w = pid, pid + P, ...: the loop carries the next item's
+  data (tile, operands, records; loaded one iteration ahead), its h (two ahead) and its slot and ring row (three
+  ahead), so a program waits on nothing issued in the same iteration;
+- ``persist_tl``: the same walk written plainly, one item per iteration, left to Triton's software pipeliner
+  (``tl.range(num_stages=S)``).
+
+Each kernel's output is checked against float64 (fresh random inputs, NaN-poisoned outputs, padded rows, untouched
+outputs of other rows); then the median time over CUDA-graph replays at B = 256, HV = 32, K = V = 128 (GDN's state:
+256 MiB bf16, 128 MiB fp8), bytes moved and the fraction of the copy peak. ``--offline`` compiles for sm_90 without a
+GPU and prints registers and spills. Writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+H_DIM, HV_DIM, K_DIM, V_DIM, CAP = 16, 32, 128, 128, 16
+
+
+@triton.jit
+def _decomp(w, HV: tl.constexpr, NV: tl.constexpr):
+    """Item w -> (row, value head, V-tile): the V-tile fastest, then the value head (decode v3's grid order within
+    a row)."""
+    r = w // NV
+    return r // HV, r % HV, w % NV
+
+
+@triton.jit
+def _load_idx(w, T, slot_idx, ring_idx, HV: tl.constexpr, NV: tl.constexpr, CHAIN: tl.constexpr):
+    """(slot, ring row) of item w; slot -1 past the last item (and for padded rows). Without CHAIN: the row itself,
+    no load."""
+    i_n, _, _ = _decomp(w, HV, NV)
+    ok = w < T
+    if CHAIN:
+        slot = tl.load(slot_idx + i_n, mask=ok, other=-1)
+        rrow = tl.load(ring_idx + i_n, mask=ok, other=0)
+    else:
+        slot = tl.where(ok, i_n, -1)
+        rrow = i_n * 0
+    return slot, rrow
+
+
+@triton.jit
+def _load_h(slot, rrow, ring_h, CHAIN: tl.constexpr):
+    """h of the ring row (0 for a padded row, and without CHAIN)."""
+    if CHAIN:
+        h = tl.load(ring_h + rrow, mask=slot >= 0, other=0)
+    else:
+        h = slot * 0
+    return h
+
+
+@triton.jit
+def _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+               BV: tl.constexpr, BC: tl.constexpr, CAP: tl.constexpr, H_GATES_TILE: tl.constexpr):
+    """Every load of item w: the [BV, K] tile (as stored), the [K, 16] operand QK (columns 0 and 1: q and k, bf16,
+    as decode v3's tile_mma loads it; the rest zero), cq, ck, the records U [BC, BV] (zero past h) and v."""
+    i_n, i_hv, i_v = _decomp(w, HV, NV)
+    i_h = i_hv // (HV // H)
+    ok = slot >= 0
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    o_c = tl.arange(0, BC)
+    o_n = tl.arange(0, 16)
+    ok_t = ok
+    if H_GATES_TILE:
+        ok_t = ok & (h < CAP)  # always true for a real ring: it only makes the tile's address wait for h
+    C = tl.load(state + (slot.to(tl.int64) * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :], mask=ok_t)
+    C = tl.where(ok_t, C, tl.zeros(C.shape, C.dtype))  # (no `other=`: the interpreter cannot make an fp8 fill)
+    p_x = x + i_n.to(tl.int64) * stride_x
+    QK = tl.load(p_x + i_h * K + o_k[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
+                 mask=ok & (o_n < 2)[None, :], other=0.0)
+    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+    cq = tl.load(p_c, mask=ok, other=0.0)
+    ck = tl.load(p_c + BC, mask=ok, other=0.0)
+    U = tl.load(ring_u + ((rrow * HV + i_hv) * CAP + o_c[:, None]) * V + o_v[None, :],
+                mask=ok & (o_c < h)[:, None], other=0.0)
+    v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=ok, other=0.0).to(tl.float32)
+    return C, QK, cq, ck, U, v
+
+
+@triton.jit
+def _compute_store(w, T, C, QK, cq, ck, U, v, out, HV: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+                   BV: tl.constexpr, MMA_F32: tl.constexpr):
+    """Item w's output from its loaded data (zeros for a padded row: every load was masked to 0). C q and C k are
+    one tensor-core product, C QK."""
+    i_n, i_hv, i_v = _decomp(w, HV, NV)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_n = tl.arange(0, 16)
+    if MMA_F32:  # Triton's interpreter: the same (exactly bf16) values in fp32
+        acc = tl.dot(C.to(tl.float32), QK.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(C.to(tl.bfloat16), QK)  # (fp8 codes are bf16 values: exact)
+    Cq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
+    Ck = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
+    u = v - Ck - tl.sum(U * ck[:, None], 0)
+    o = Cq + tl.sum(U * cq[:, None], 0) + 0.5 * u
+    tl.store(out + (i_n.to(tl.int64) * HV + i_hv) * V + o_v, o, mask=(w < T) & (o_v < V))
+
+
+@triton.jit
+def tile_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T, stride_x,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                BC: tl.constexpr, CAP: tl.constexpr, CHAIN: tl.constexpr, H_GATES_TILE: tl.constexpr,
+                MMA_F32: tl.constexpr):
+    """One program per item (``tile``; ``stream`` without CHAIN)."""
+    NV: tl.constexpr = V // BV
+    w = tl.program_id(0)
+    slot, rrow = _load_idx(w, T, slot_idx, ring_idx, HV, NV, CHAIN)
+    h = _load_h(slot, rrow, ring_h, CHAIN)
+    C, QK, cq, ck, U, v = _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x, H, HV, K, V, NV, BV, BC,
+                                     CAP, H_GATES_TILE)
+    _compute_store(w, T, C, QK, cq, ck, U, v, out, HV, V, NV, BV, MMA_F32)
+
+
+@triton.jit
+def persist_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T, stride_x,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                   BC: tl.constexpr, CAP: tl.constexpr, CHAIN: tl.constexpr, H_GATES_TILE: tl.constexpr,
+                   MMA_F32: tl.constexpr):
+    """A grid of P programs; program pid walks items pid, pid + P, ... with its loads issued ahead by hand: in
+    the iteration of item w it issues the data loads of w + P (their addresses known since the previous
+    iteration), the h of w + 2P and the slot and ring row of w + 3P, then computes w from data loaded one
+    iteration ago."""
+    NV: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    s0, r0 = _load_idx(pid, T, slot_idx, ring_idx, HV, NV, CHAIN)
+    s1, r1 = _load_idx(pid + P, T, slot_idx, ring_idx, HV, NV, CHAIN)
+    s2, r2 = _load_idx(pid + 2 * P, T, slot_idx, ring_idx, HV, NV, CHAIN)
+    h0 = _load_h(s0, r0, ring_h, CHAIN)
+    h1 = _load_h(s1, r1, ring_h, CHAIN)
+    C, QK, cq, ck, U, v = _load_data(pid, s0, r0, h0, state, x, coef, ring_u, stride_x, H, HV, K, V, NV, BV, BC,
+                                     CAP, H_GATES_TILE)
+    for w in range(pid, T, P):
+        Cn, QKn, cqn, ckn, Un, vn = _load_data(w + P, s1, r1, h1, state, x, coef, ring_u, stride_x, H, HV, K, V,
+                                               NV, BV, BC, CAP, H_GATES_TILE)
+        h2 = _load_h(s2, r2, ring_h, CHAIN)
+        s3, r3 = _load_idx(w + 3 * P, T, slot_idx, ring_idx, HV, NV, CHAIN)
+        _compute_store(w, T, C, QK, cq, ck, U, v, out, HV, V, NV, BV, MMA_F32)
+        C, QK, cq, ck, U, v = Cn, QKn, cqn, ckn, Un, vn
+        s1, r1, h1 = s2, r2, h2
+        s2, r2 = s3, r3
+
+
+@triton.jit
+def persist_tl_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T, stride_x,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                      BC: tl.constexpr, CAP: tl.constexpr, CHAIN: tl.constexpr, H_GATES_TILE: tl.constexpr,
+                      MMA_F32: tl.constexpr, STAGES: tl.constexpr):
+    """A grid of P programs walking items pid, pid + P, ..., one item per iteration as written, the loop left to
+    Triton's software pipeliner over STAGES stages."""
+    NV: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    for w in tl.range(pid, T, P, num_stages=STAGES):
+        slot, rrow = _load_idx(w, T, slot_idx, ring_idx, HV, NV, CHAIN)
+        h = _load_h(slot, rrow, ring_h, CHAIN)
+        C, QK, cq, ck, U, v = _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x, H, HV, K, V, NV, BV,
+                                         BC, CAP, H_GATES_TILE)
+        _compute_store(w, T, C, QK, cq, ck, U, v, out, HV, V, NV, BV, MMA_F32)
+
+
+def parse_arm(name: str) -> dict:
+    """An arm's name -> its launch: ``tile[_hgate]_wN`` / ``stream_wN`` / ``persist[_hgate]_pM_wN`` /
+    ``persist_tl[_hgate]_pM_sS_wN`` (M programs per SM, S stages, N warps; BV 32 unless ``_bv64``)."""
+    parts = name.split("_")
+    kind = "persist_tl" if name.startswith("persist_tl") else parts[0]
+    if kind not in ("tile", "stream", "persist", "persist_tl"):
+        raise ValueError(f"unknown arm kind in {name!r}")
+    arm = dict(kind=kind, hgate="hgate" in parts, per_sm=None, stages=None, warps=2, BV=32)
+    for p in parts:
+        if p.startswith("p") and p[1:].isdigit():
+            arm["per_sm"] = int(p[1:])
+        elif p.startswith("s") and p[1:].isdigit():
+            arm["stages"] = int(p[1:])
+        elif p.startswith("w") and p[1:].isdigit():
+            arm["warps"] = int(p[1:])
+        elif p.startswith("bv") and p[2:].isdigit():
+            arm["BV"] = int(p[2:])
+    if kind.startswith("persist") and arm["per_sm"] is None:
+        raise ValueError(f"{name!r}: a persistent arm needs pM (programs per SM)")
+    if kind == "persist_tl" and arm["stages"] is None:
+        raise ValueError(f"{name!r}: persist_tl needs sS (pipeliner stages)")
+    return arm
+
+
+def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
+    """Run arm ``name`` over every item of the problem d (make_problem)."""
+    arm = parse_arm(name)
+    B, HV, V, K = d["B"], HV_DIM, V_DIM, K_DIM
+    T = B * HV * (V // arm["BV"])
+    kw = dict(H=H_DIM, HV=HV, K=K, V=V, BV=arm["BV"], BC=CAP, CAP=CAP, CHAIN=arm["kind"] != "stream",
+              H_GATES_TILE=arm["hgate"], MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
+              num_warps=arm["warps"])
+    args = (d["state"], d["x"], d["coef"], d["ring_u"], d["ring_h"], d["slot_idx"], d["ring_idx"], out, T,
+            d["x"].stride(0))
+    if arm["kind"] in ("tile", "stream"):
+        tile_kernel[(T,)](*args, **kw)
+    elif arm["kind"] == "persist":
+        persist_kernel[(min(T, n_sm * arm["per_sm"]),)](*args, **kw)
+    else:
+        persist_tl_kernel[(min(T, n_sm * arm["per_sm"]),)](*args, STAGES=arm["stages"], **kw)
+
+
+def make_problem(B: int, tile_dtype: torch.dtype, device, gen: torch.Generator, pad_rows: int = 0) -> dict:
+    """Random inputs: a pool of B + 3 slots (rows take a random permutation of them; pad_rows rows padded with
+    slot -1), ring rows permuted, h in [0, CAP), bf16 q | k | v."""
+    n_slots = B + 3
+    state = (torch.randn(n_slots, HV_DIM, V_DIM, K_DIM, generator=gen) * 0.05).to(tile_dtype)
+    x = torch.randn(B, 2 * H_DIM * K_DIM + HV_DIM * V_DIM, generator=gen).to(torch.bfloat16)
+    coef = torch.randn(B, HV_DIM, 2, CAP, generator=gen)
+    ring_u = torch.randn(B, HV_DIM, CAP, V_DIM, generator=gen)
+    ring_h = torch.randint(0, CAP, (B,), generator=gen, dtype=torch.int32)
+    slot_idx = torch.randperm(n_slots, generator=gen)[:B].to(torch.int32)
+    if pad_rows:
+        slot_idx[torch.randperm(B, generator=gen)[:pad_rows]] = -1
+    ring_idx = torch.randperm(B, generator=gen).to(torch.int32)
+    d = dict(state=state, x=x, coef=coef, ring_u=ring_u, ring_h=ring_h, slot_idx=slot_idx, ring_idx=ring_idx)
+    d = {k: t.to(device) for k, t in d.items()}
+    d["B"] = B
+    return d
+
+
+def reference(d: dict, chain: bool = True) -> torch.Tensor:
+    """float64 [B, HV, V] from the problem's inputs, written from the item maths in the module docstring."""
+    B = d["B"]
+    x = d["x"].double().cpu()
+    q = x[:, :H_DIM * K_DIM].view(B, H_DIM, K_DIM).repeat_interleave(HV_DIM // H_DIM, 1)
+    k = x[:, H_DIM * K_DIM:2 * H_DIM * K_DIM].view(B, H_DIM, K_DIM).repeat_interleave(HV_DIM // H_DIM, 1)
+    v = x[:, 2 * H_DIM * K_DIM:].view(B, HV_DIM, V_DIM)
+    out = torch.zeros(B, HV_DIM, V_DIM, dtype=torch.float64)
+    state = d["state"].cpu().double()
+    for n in range(B):
+        slot = int(d["slot_idx"][n]) if chain else n
+        if slot < 0:
+            continue
+        rrow = int(d["ring_idx"][n]) if chain else 0
+        h = int(d["ring_h"][rrow]) if chain else 0
+        C = state[slot]  # [HV, V, K]
+        Cq = torch.einsum("hvk,hk->hv", C, q[n])
+        Ck = torch.einsum("hvk,hk->hv", C, k[n])
+        U = d["ring_u"][rrow, :, :h].cpu().double()  # [HV, h, V]
+        cq = d["coef"][n, :, 0, :h].cpu().double()
+        ck = d["coef"][n, :, 1, :h].cpu().double()
+        u = v[n] - Ck - torch.einsum("hjv,hj->hv", U, ck)
+        out[n] = Cq + torch.einsum("hjv,hj->hv", U, cq) + 0.5 * u
+    return out
+
+
+def check(arms: list[str], tile_dtype: torch.dtype, device, seed: int, B: int = 8, pad_rows: int = 2,
+          n_sm: int = 3) -> dict:
+    """Every arm on a fresh small problem against float64: relative error (inf if anything is not finite or a
+    padded row is not zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = make_problem(B, tile_dtype, device, gen, pad_rows=pad_rows)
+    refs = {c: reference(d, c) for c in (True, False)}
+    errs = {}
+    for name in arms:
+        out = torch.full((B, HV_DIM, V_DIM), float("nan"), device=device)
+        launch(name, d, out, n_sm)
+        o = out.cpu().double()
+        ref = refs[parse_arm(name)["kind"] != "stream"]
+        ok = bool(torch.isfinite(o).all())
+        errs[name] = ((o - ref).norm() / ref.norm()).item() if ok else float("inf")
+    return errs
+
+
+def gpu(arms: list[str], B: int, seed: int, tile_dtype: torch.dtype) -> list[dict]:
+    import triton.testing as tt
+
+    dev = torch.device("cuda")
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    errs = check(arms, tile_dtype, dev, seed, B=16, pad_rows=3, n_sm=n_sm)
+    for name, e in errs.items():
+        print(f"check {name:26s} relative error vs float64 {e:.2e} {'ok' if e < 1e-5 else 'FAILED'}", flush=True)
+    d = make_problem(B, tile_dtype, dev, torch.Generator().manual_seed(seed + 1))
+    out = torch.empty(B, HV_DIM, V_DIM, device=dev)
+    tile_bytes = B * HV_DIM * V_DIM * K_DIM * d["state"].element_size()
+    src = torch.empty(tile_bytes // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    t_copy = tt.do_bench_cudagraph(lambda: dst.copy_(src)) * 1e-3
+    peak = 2 * tile_bytes / t_copy
+    print(f"copy peak {peak / 1e12:.2f} TB/s; {tile_bytes / 2**20:.0f} MiB of tiles, B = {B}, {n_sm} SMs", flush=True)
+    rows = []
+    for name in arms:
+        t = tt.do_bench_cudagraph(lambda: launch(name, d, out, n_sm)) * 1e-3
+        rows.append(dict(arm=name, **parse_arm(name), t_us=t * 1e6, tile_TBps=tile_bytes / t / 1e12,
+                         frac_copy_peak=tile_bytes / t / peak, rel_err=errs[name]))
+        print(f"time  {name:26s} {t * 1e6:8.1f} us  tiles {tile_bytes / t / 1e12:5.2f} TB/s "
+              f"({100 * tile_bytes / t / peak:4.1f}% of the copy peak)", flush=True)
+    return rows
+
+
+def offline(arms: list[str], tile_dtype: str) -> list[dict]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sm90_offline import compile_sm90, sass_stats
+
+    td = {"bf16": "bf16", "fp8_e4m3": "fp8e4nv"}[tile_dtype]
+    rows = []
+    for name in arms:
+        arm = parse_arm(name)
+        fn = {"tile": tile_kernel, "stream": tile_kernel, "persist": persist_kernel,
+              "persist_tl": persist_tl_kernel}[arm["kind"]]
+        ptr = dict(state=td, x="bf16", coef="fp32", ring_u="fp32", ring_h="i32", slot_idx="i32", ring_idx="i32",
+                   out="fp32")
+        const = dict(H=H_DIM, HV=HV_DIM, K=K_DIM, V=V_DIM, BV=arm["BV"], BC=CAP, CAP=CAP,
+                     CHAIN=arm["kind"] != "stream", H_GATES_TILE=arm["hgate"], MMA_F32=False)
+        if arm["kind"] == "persist_tl":
+            const["STAGES"] = arm["stages"]
+        kern = compile_sm90(fn, ptr, const, num_warps=arm["warps"], aligned=tuple(ptr))  # T, stride_x: i32
+        n, _, regs, spill = sass_stats(kern)
+        rows.append(dict(arm=name, registers=regs, spill_bytes=spill, sass=n))
+        print(f"{name:26s} regs {regs:4d} spill {spill:4d} B  SASS {n:5d}", flush=True)
+    return rows
+
+
+# persistent grids sized to what an SM holds at the registers ptxas gives them (sm_90, offline: persist w2 155 ->
+# 6 programs, w4 122 -> 4, bv64 w4 131 -> 3; persist_tl s2 88 -> 11, s3 110 -> 9), plus one past it
+DEFAULT_ARMS = ("stream_w2,tile_w2,tile_w1,tile_hgate_w2,tile_bv64_w4,persist_p2_w2,persist_p4_w2,persist_p6_w2,"
+                "persist_p12_w2,persist_hgate_p6_w2,persist_p2_w4,persist_p4_w4,persist_bv64_p3_w4,"
+                "persist_tl_p8_s2_w2,persist_tl_p11_s2_w2,persist_tl_p9_s3_w2,persist_tl_p16_s2_w2")
+TILE_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", default=DEFAULT_ARMS)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--tile-dtype", default="bf16", choices=sorted(TILE_DTYPES))
+    ap.add_argument("--offline", action="store_true", help="compile for sm_90 and print registers; no GPU")
+    ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    args = ap.parse_args()
+    arms = args.arms.split(",")
+    for a in arms:
+        parse_arm(a)  # refuse unknown names before anything runs
+    meta = dict(triton=triton.__version__, torch=torch.__version__, commit=os.environ.get("REPLAYSSM_COMMIT", "?"),
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), seed=args.seed, batch=args.batch,
+                tile_dtype=args.tile_dtype, shapes=dict(H=H_DIM, HV=HV_DIM, K=K_DIM, V=V_DIM, CAP=CAP))
+    if args.offline:
+        rows = offline(arms, args.tile_dtype)
+        meta["mode"] = "offline sm_90 compile"
+    else:
+        meta["gpu"] = torch.cuda.get_device_name(0)
+        rows = gpu(arms, args.batch, args.seed, TILE_DTYPES[args.tile_dtype])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
