@@ -21,6 +21,9 @@ for every (row n, value head hv, V-tile iv) of B x HV x V / BV items:
 Kernels (one item's loads and maths are shared helpers, so every kernel computes the same thing):
 - ``tile``: one program per item (decode v3's layout);
 - ``stream``: one program per item without the chain (slot = n, no h, no records): the bytes alone;
+- ``tile_cC_sS`` / ``stream_cC_sS``: the same two with the tile read as decode v3 reads a bf16 tile, in K chunks of
+  C bytes per row in a loop Triton software-pipelines over S stages (asynchronous copies into shared memory), one
+  tensor-core product per chunk (the others hold the whole tile in registers);
 - ``persist``: a grid of P programs, each walking items w = pid, pid + P, ...: the loop carries the next item's
   data (tile, operands, records; loaded one iteration ahead), its h (two ahead) and its slot and ring row (three
   ahead), so a program waits on nothing issued in the same iteration;
@@ -82,52 +85,85 @@ def _load_h(slot, rrow, ring_h, CHAIN: tl.constexpr):
 
 
 @triton.jit
-def _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x,
-               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
-               BV: tl.constexpr, BC: tl.constexpr, CAP: tl.constexpr, H_GATES_TILE: tl.constexpr):
-    """Every load of item w: the [BV, K] tile (as stored), the [K, 16] operand QK (columns 0 and 1: q and k, bf16,
-    as decode v3's tile_mma loads it; the rest zero), cq, ck, the records U [BC, BV] (zero past h) and v."""
+def _load_rest(w, slot, rrow, h, x, coef, ring_u, stride_x, HV: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+               BV: tl.constexpr, BC: tl.constexpr, CAP: tl.constexpr, H: tl.constexpr, K: tl.constexpr):
+    """Item w's loads besides the tile and q, k: cq, ck, the records U [BC, BV] (zero past h) and v."""
+    i_n, i_hv, i_v = _decomp(w, HV, NV)
+    ok = slot >= 0
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_c = tl.arange(0, BC)
+    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+    cq = tl.load(p_c, mask=ok, other=0.0)
+    ck = tl.load(p_c + BC, mask=ok, other=0.0)
+    U = tl.load(ring_u + ((rrow * HV + i_hv) * CAP + o_c[:, None]) * V + o_v[None, :],
+                mask=ok & (o_c < h)[:, None], other=0.0)
+    v = tl.load(x + i_n.to(tl.int64) * stride_x + 2 * H * K + i_hv * V + o_v, mask=ok, other=0.0).to(tl.float32)
+    return cq, ck, U, v
+
+
+@triton.jit
+def _load_tile(w, slot, h, state, x, stride_x, kc, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, NV: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr, CAP: tl.constexpr,
+               H_GATES_TILE: tl.constexpr):
+    """K columns [kc, kc + BKT) of item w's [BV, K] tile (as stored; 0 for a padded row) and the [BKT, 16] operand
+    QK of the same columns (columns 0 and 1: q and k, bf16, as decode v3's tile_mma loads it; the rest zero)."""
     i_n, i_hv, i_v = _decomp(w, HV, NV)
     i_h = i_hv // (HV // H)
     ok = slot >= 0
     o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, K)
-    o_c = tl.arange(0, BC)
+    o_k = kc + tl.arange(0, BKT)
     o_n = tl.arange(0, 16)
     ok_t = ok
     if H_GATES_TILE:
         ok_t = ok & (h < CAP)  # always true for a real ring: it only makes the tile's address wait for h
     C = tl.load(state + (slot.to(tl.int64) * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :], mask=ok_t)
     C = tl.where(ok_t, C, tl.zeros(C.shape, C.dtype))  # (no `other=`: the interpreter cannot make an fp8 fill)
-    p_x = x + i_n.to(tl.int64) * stride_x
-    QK = tl.load(p_x + i_h * K + o_k[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
+    QK = tl.load(x + i_n.to(tl.int64) * stride_x + i_h * K + o_k[:, None] + tl.where(o_n == 1, H * K, 0)[None, :],
                  mask=ok & (o_n < 2)[None, :], other=0.0)
-    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
-    cq = tl.load(p_c, mask=ok, other=0.0)
-    ck = tl.load(p_c + BC, mask=ok, other=0.0)
-    U = tl.load(ring_u + ((rrow * HV + i_hv) * CAP + o_c[:, None]) * V + o_v[None, :],
-                mask=ok & (o_c < h)[:, None], other=0.0)
-    v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=ok, other=0.0).to(tl.float32)
+    return C, QK
+
+
+@triton.jit
+def _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+               BV: tl.constexpr, BC: tl.constexpr, CAP: tl.constexpr, H_GATES_TILE: tl.constexpr):
+    """Every load of item w: the whole [BV, K] tile and its operand QK (_load_tile), then _load_rest's."""
+    C, QK = _load_tile(w, slot, h, state, x, stride_x, 0, H, HV, K, V, NV, BV, K, CAP, H_GATES_TILE)
+    cq, ck, U, v = _load_rest(w, slot, rrow, h, x, coef, ring_u, stride_x, HV, V, NV, BV, BC, CAP, H, K)
     return C, QK, cq, ck, U, v
 
 
 @triton.jit
-def _compute_store(w, T, C, QK, cq, ck, U, v, out, HV: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
-                   BV: tl.constexpr, MMA_F32: tl.constexpr):
-    """Item w's output from its loaded data (zeros for a padded row: every load was masked to 0). C q and C k are
-    one tensor-core product, C QK."""
+def _mma(C, QK, acc, MMA_F32: tl.constexpr):
+    """acc + C QK in fp32: bf16 tensor cores (fp8 codes are bf16 values: exact), or (MMA_F32, Triton's interpreter)
+    the same values in fp32."""
+    if MMA_F32:
+        acc = tl.dot(C.to(tl.float32), QK.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(C.to(tl.bfloat16), QK, acc)
+    return acc
+
+
+@triton.jit
+def _finish(w, T, acc, cq, ck, U, v, out, HV: tl.constexpr, V: tl.constexpr, NV: tl.constexpr, BV: tl.constexpr):
+    """Item w's output from C QK (acc: column 0 C q, column 1 C k) and the rest of its data (zeros for a padded
+    row: every load was masked to 0)."""
     i_n, i_hv, i_v = _decomp(w, HV, NV)
     o_v = i_v * BV + tl.arange(0, BV)
     o_n = tl.arange(0, 16)
-    if MMA_F32:  # Triton's interpreter: the same (exactly bf16) values in fp32
-        acc = tl.dot(C.to(tl.float32), QK.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.dot(C.to(tl.bfloat16), QK)  # (fp8 codes are bf16 values: exact)
     Cq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
     Ck = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
     u = v - Ck - tl.sum(U * ck[:, None], 0)
     o = Cq + tl.sum(U * cq[:, None], 0) + 0.5 * u
     tl.store(out + (i_n.to(tl.int64) * HV + i_hv) * V + o_v, o, mask=(w < T) & (o_v < V))
+
+
+@triton.jit
+def _compute_store(w, T, C, QK, cq, ck, U, v, out, HV: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
+                   BV: tl.constexpr, MMA_F32: tl.constexpr):
+    """Item w's output from its loaded whole tile: one tensor-core product C QK, then _finish."""
+    acc = _mma(C, QK, tl.zeros([BV, 16], dtype=tl.float32), MMA_F32)
+    _finish(w, T, acc, cq, ck, U, v, out, HV, V, NV, BV)
 
 
 @triton.jit
@@ -143,6 +179,25 @@ def tile_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T, stri
     C, QK, cq, ck, U, v = _load_data(w, slot, rrow, h, state, x, coef, ring_u, stride_x, H, HV, K, V, NV, BV, BC,
                                      CAP, H_GATES_TILE)
     _compute_store(w, T, C, QK, cq, ck, U, v, out, HV, V, NV, BV, MMA_F32)
+
+
+@triton.jit
+def tile_pipe_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T, stride_x,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                     BC: tl.constexpr, CAP: tl.constexpr, CHAIN: tl.constexpr, H_GATES_TILE: tl.constexpr,
+                     MMA_F32: tl.constexpr, BKT: tl.constexpr, STAGES: tl.constexpr):
+    """One program per item, the tile read as decode v3 reads a bf16 tile (arms ``tile_cC_sS``, ``stream_cC_sS``):
+    K chunks of BKT columns in a loop Triton software-pipelines over STAGES stages, one product per chunk."""
+    NV: tl.constexpr = V // BV
+    w = tl.program_id(0)
+    slot, rrow = _load_idx(w, T, slot_idx, ring_idx, HV, NV, CHAIN)
+    h = _load_h(slot, rrow, ring_h, CHAIN)
+    acc = tl.zeros([BV, 16], dtype=tl.float32)
+    for c in tl.range(0, K // BKT, num_stages=STAGES):
+        C, QK = _load_tile(w, slot, h, state, x, stride_x, c * BKT, H, HV, K, V, NV, BV, BKT, CAP, H_GATES_TILE)
+        acc = _mma(C, QK, acc, MMA_F32)
+    cq, ck, U, v = _load_rest(w, slot, rrow, h, x, coef, ring_u, stride_x, HV, V, NV, BV, BC, CAP, H, K)
+    _finish(w, T, acc, cq, ck, U, v, out, HV, V, NV, BV)
 
 
 @triton.jit
@@ -194,14 +249,18 @@ def persist_tl_kernel(state, x, coef, ring_u, ring_h, slot_idx, ring_idx, out, T
 
 
 def parse_arm(name: str) -> dict:
-    """An arm's name -> its launch: ``tile[_hgate]_wN`` / ``stream_wN`` / ``persist[_hgate]_pM_wN`` /
-    ``persist_tl[_hgate]_pM_sS_wN`` (M programs per SM, S stages, N warps; BV 32 unless ``_bv64``)."""
+    """An arm's name -> its launch: ``tile[_hgate]_wN`` / ``stream_wN`` (the whole tile in registers),
+    ``tile[_hgate]_cC_sS_wN`` / ``stream_cC_sS_wN`` (the tile in pipelined K chunks of C bytes per row),
+    ``persist[_hgate]_pM_wN`` / ``persist_tl[_hgate]_pM_sS_wN`` (M programs per SM, S stages, N warps; BV 32 unless
+    ``_bv64``)."""
     parts = name.split("_")
     kind = "persist_tl" if name.startswith("persist_tl") else parts[0]
     if kind not in ("tile", "stream", "persist", "persist_tl"):
         raise ValueError(f"unknown arm kind in {name!r}")
-    arm = dict(kind=kind, hgate="hgate" in parts, per_sm=None, stages=None, warps=2, BV=32)
+    arm = dict(kind=kind, hgate="hgate" in parts, per_sm=None, stages=None, warps=2, BV=32, chunk_bytes=None)
     for p in parts:
+        if p.startswith("c") and p[1:].isdigit():
+            arm["chunk_bytes"] = int(p[1:])
         if p.startswith("p") and p[1:].isdigit():
             arm["per_sm"] = int(p[1:])
         elif p.startswith("s") and p[1:].isdigit():
@@ -212,9 +271,16 @@ def parse_arm(name: str) -> dict:
             arm["BV"] = int(p[2:])
     if kind.startswith("persist") and arm["per_sm"] is None:
         raise ValueError(f"{name!r}: a persistent arm needs pM (programs per SM)")
-    if kind == "persist_tl" and arm["stages"] is None:
-        raise ValueError(f"{name!r}: persist_tl needs sS (pipeliner stages)")
+    if (kind == "persist_tl" or arm["chunk_bytes"]) and arm["stages"] is None:
+        raise ValueError(f"{name!r}: persist_tl and chunked arms need sS (pipeliner stages)")
+    if arm["chunk_bytes"] and kind not in ("tile", "stream"):
+        raise ValueError(f"{name!r}: K chunks (cC) are for the per-item arms (tile, stream)")
     return arm
+
+
+def _bkt(arm: dict, element_size: int) -> int:
+    """K elements per chunk of a chunked arm."""
+    return min(K_DIM, max(16, arm["chunk_bytes"] // element_size))
 
 
 def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
@@ -227,7 +293,9 @@ def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
               num_warps=arm["warps"])
     args = (d["state"], d["x"], d["coef"], d["ring_u"], d["ring_h"], d["slot_idx"], d["ring_idx"], out, T,
             d["x"].stride(0))
-    if arm["kind"] in ("tile", "stream"):
+    if arm["chunk_bytes"]:
+        tile_pipe_kernel[(T,)](*args, BKT=_bkt(arm, d["state"].element_size()), STAGES=arm["stages"], **kw)
+    elif arm["kind"] in ("tile", "stream"):
         tile_kernel[(T,)](*args, **kw)
     elif arm["kind"] == "persist":
         persist_kernel[(min(T, n_sm * arm["per_sm"]),)](*args, **kw)
@@ -334,12 +402,16 @@ def offline(arms: list[str], tile_dtype: str) -> list[dict]:
         arm = parse_arm(name)
         fn = {"tile": tile_kernel, "stream": tile_kernel, "persist": persist_kernel,
               "persist_tl": persist_tl_kernel}[arm["kind"]]
+        if arm["chunk_bytes"]:
+            fn = tile_pipe_kernel
         ptr = dict(state=td, x="bf16", coef="fp32", ring_u="fp32", ring_h="i32", slot_idx="i32", ring_idx="i32",
                    out="fp32")
         const = dict(H=H_DIM, HV=HV_DIM, K=K_DIM, V=V_DIM, BV=arm["BV"], BC=CAP, CAP=CAP,
                      CHAIN=arm["kind"] != "stream", H_GATES_TILE=arm["hgate"], MMA_F32=False)
-        if arm["kind"] == "persist_tl":
+        if arm["kind"] == "persist_tl" or arm["chunk_bytes"]:
             const["STAGES"] = arm["stages"]
+        if arm["chunk_bytes"]:
+            const["BKT"] = _bkt(arm, 2 if tile_dtype == "bf16" else 1)
         kern = compile_sm90(fn, ptr, const, num_warps=arm["warps"], aligned=tuple(ptr))  # T, stride_x: i32
         n, _, regs, spill = sass_stats(kern)
         rows.append(dict(arm=name, registers=regs, spill_bytes=spill, sass=n))
