@@ -758,12 +758,18 @@ _R16_MMA = dict(_RC_BF16_PIPE_MMA)
 # split-operand tile_mma (q~, k~ as bf16 high + low columns) with the same launch as GDN's bf16 state: a bf16 state
 # 333.9 -> 271.3 us at B = 256 (0.43x -> 0.53x conventional; 0.52-0.53x at B = 128 / 512); that launch without
 # tile_mma 338.2, tile_mma alone 613.6. Below conventional still: the policy keeps bf16 pools on window 1. KDA's bf16
-# copy is slower with it (220.5 -> 267.3) and keeps the CUDA-core tile. So both kinds' bf16 states take _R16_MMA.
+# copy was slower with tile_mma alone (220.5 -> 267.3); with the read pipelined as well it is faster (session 21,
+# _RC_BF16_KDA_MMA below). So both kinds' bf16 states take _R16_MMA.
 # KDA's bf16 copy: the main launch capped at 168 registers (2026-12-01, H200, B = 256, the server's arguments, step
 # split kernels-split-20261201-0135-maxnreg.*): uncapped, the H200's Triton compiles it to 184 (predecayed keys) / 200
 # (raw) registers and the plain step takes 173-176 us; at 168 (2 bytes spilled) 136.5-138.6, and the layer-step goes
 # from 230.2 to 192.6 us (predecayed; `same`: 194.1) and from 250.0 to 206.2 (raw).
 _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, main_maxnreg=168)
+# 2026-12-02 00:17 UTC (session 21, kernels-20261202-0017, H200, graph benchmark, staggered cursors, B = 256,
+# predecayed keys): KDA's bf16 copy read by the split-operand tile_mma in a loop pipelined over 128-byte chunks
+# (the bench arm v3_rc_bf16_mma_p3) 207.6 us against 220.6 for _RC_BF16_KDA (1.25x -> 1.33x conventional); tile_mma
+# with the unrolled 64-byte read 269.5 (session 20: 267.3). So its bf16 copy takes the pair, as GDN's does.
+_RC_BF16_KDA_MMA = dict(_RC_BF16_KDA, tile_mma=True, pipe_stages=3, chunk_bytes=128)
 # fp8 copies: the main launch capped at 168 registers too (2026-12-01, kernels-split-20261201-0301-fp8cap.*, B = 256,
 # the server's arguments, us per layer-step): uncapped the H200's Triton gives it 255 registers (8 programs per SM);
 # at 168 (56-72 B spilled) GDN 176.1 -> 150.3 (1.82x conventional), KDA predecayed 196.7 -> 167.6 (1.65x), raw keys
@@ -771,7 +777,7 @@ _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, ma
 _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
 V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA,
+                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA_MMA,
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
@@ -814,7 +820,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     None: V3_TUNED (3 for the bf16 read copies, 1 for fp32 states without a copy, else 0). Ignored by the record-loop
     folds. (Session 8's fold_ahead, each chunk's loads issued one chunk early by hand, measured no gain on the H200
     and was replaced by this: docs/benchmarks.md.)
-    tile_mma (None: V3_TUNED, on for GDN's bf16 copy and for bf16 states): where a row reads a 2- or 1-byte tile (a bf16
+    tile_mma (None: V3_TUNED, on for the bf16 copies and for bf16 states): where a row reads a 2- or 1-byte tile (a bf16
     state, the bf16 or fp8 read copy), the tile's C q and C k are tensor-core products (_tile_dots; fp8 codes made bf16
     in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
     keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into bf16 high and low columns. fp32 tiles

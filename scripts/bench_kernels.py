@@ -24,8 +24,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_*_srv, v3_*_nomma, v3_r16_s18, v3_rc_fp8_mma (--variants mma, GDN) decode v3's server launches (V3_TUNED:
               tile_mma, the tile's dots on the tensor cores, for bf16 states and GDN's bf16 copy) beside the same
               without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma;
-              KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3, v3_rc_bf16_mma (its split-operand tile_mma, opt-in)
-              and v3_r16_p3 (v3_r16_mma_p3's launch without tile_mma), v3_rc_bf16_mma_p3 (the copy read pipelined)
+              KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3 (its split-operand tile_mma) and v3_r16_p3
+              (v3_r16_mma_p3's launch without tile_mma); the bf16 copy (tile_mma, read pipelined: V3_TUNED since
+              session 21) beside v3_rc_bf16_s20 (its launch before), v3_rc_bf16_nomma, v3_rc_bf16_mma_u
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -747,14 +748,19 @@ def main():
                     arms["v3_r16_p3"] = arm_ours(c, torch.bfloat16, impl="v3", fold="dot3",
                                                  v3_opts=dict(p3, tile_mma=False))
                     if sdt == "float32":
+                        # the bf16 copy (V3_TUNED since session 21: tile_mma with the read pipelined in 128-byte
+                        # chunks) beside its launch before (*_s20: CUDA-core tile, unrolled 64-byte read), the
+                        # pipelined read without tile_mma (*_nomma) and tile_mma with the unrolled read (*_mma_u)
                         arms["v3_rc_bf16_srv"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
                                                           kda_keys="predecayed")
-                        arms["v3_rc_bf16_mma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
-                                                          kda_keys="predecayed", v3_opts=dict(tile_mma=True))
-                        # with the copy read pipelined in 128-byte chunks too (GDN's bf16-copy launch; not timed yet)
-                        arms["v3_rc_bf16_mma_p3"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
-                                                             kda_keys="predecayed", v3_opts=dict(
-                                                                 tile_mma=True, pipe_stages=3, chunk_bytes=128))
+                        arms["v3_rc_bf16_s20"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                          kda_keys="predecayed", v3_opts=dict(
+                                                              tile_mma=False, pipe_stages=0, chunk_bytes=64))
+                        arms["v3_rc_bf16_nomma"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                            kda_keys="predecayed", v3_opts=dict(tile_mma=False))
+                        arms["v3_rc_bf16_mma_u"] = arm_ours(c, torch.float32, impl="v3", read_dtype="bf16",
+                                                            kda_keys="predecayed", v3_opts=dict(
+                                                                tile_mma=True, pipe_stages=0, chunk_bytes=64))
                 if "w1" in variants and B <= 128:  # the window-1 kernel (the small-batch policy's path)
                     arms["ours_w1"] = arm_ours(c, torch.bfloat16, window=1, impl="w1")
                 if v3 and "pdl" in variants:  # main and post launches as programmatic dependents (PDL)
@@ -925,7 +931,8 @@ def plot(path):
                   "v3_rc_bf16_srv": "navy", "v3_rc_bf16_nomma": "lightsteelblue", "v3_rc_fp8_srv": "crimson",
                   "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki",
                   "v3_r16_mma": "teal", "v3_r16_mma_p3": "turquoise", "v3_rc_bf16_mma": "slateblue",
-                  "v3_r16_p3": "olive", "v3_rc_bf16_mma_p3": "mediumpurple"}
+                  "v3_r16_p3": "olive", "v3_rc_bf16_mma_u": "mediumpurple",
+                  "v3_rc_bf16_s20": "darkkhaki"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)

@@ -104,7 +104,8 @@ def server_scenarios() -> list[Scenario]:
     interval set) and, for the plain fp32 ring, not; KDA with and without the safe-gate lower bound; verify T=4,
     and T=8 for fp32 pools (KDA's pair loop: verify.VERIFY_TUNED["kda"]["pair_loop_min_T"]).
     Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot), and GDN's
-    opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy and on KDA's bf16 copy."""
+    opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy, and KDA's bf16 copy with the
+    CUDA-core tile (its launch before session 21, opt-out)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -130,12 +131,12 @@ def server_scenarios() -> list[Scenario]:
     # a longer window (--linear-replayssm-cache-len 32): the ring's record tiles double (BC 16 -> 32)
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "same", 2 * L_RING))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", 2 * L_RING, kda_keys="predecayed"))
-    # the tile's C q / C k as tensor-core products (decode_v3 tile_mma): V3_TUNED's for GDN's bf16 states and bf16 copy
-    # (above); opt-in for the fp8 copy (slower there, session 19)
+    # the tile's C q / C k as tensor-core products (decode_v3 tile_mma): V3_TUNED's for bf16 states and the bf16
+    # copies (above); opt-in for the fp8 copy (slower there, session 19)
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "fp8_e4m3", L_RING, v3_opts=(("tile_mma", True),)))
-    # KDA's split-operand form (session 20): V3_TUNED's for bf16 states (above); opt-in for its bf16 copy (slower)
+    # KDA's bf16 copy with the CUDA-core tile (its default until session 21; opt-out now)
     out.append(Scenario("decode", "kda", "fp32", "fp32", "bf16", L_RING, kda_keys="predecayed",
-                        v3_opts=(("tile_mma", True),)))
+                        v3_opts=(("tile_mma", False),)))
     return out
 
 
