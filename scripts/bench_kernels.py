@@ -22,7 +22,7 @@ Arms (per layer kind, state dtype and batch size B):
               writes in one step of L, as in a batch that started together) instead of staggered cursors
   v3p_*_rowsN (--variants prerows, fp32 states, B >= 128) the PDL arms with N rows per pre-launch program
   v3_*_srv, v3_*_nomma, v3_r16_s18, v3_rc_fp8_mma (--variants mma, GDN) decode v3's server launches (V3_TUNED:
-              tile_mma, the tile's dots on the tensor cores, for bf16 states and GDN's bf16 copy) beside the same
+              tile_mma, the tile's dots on the tensor cores, for bf16 states and the bf16 copies) beside the same
               without tile_mma, the bf16 state's launch of session 18, and the fp8 copy with tile_mma;
               KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3 (its split-operand tile_mma) and v3_r16_p3
               (v3_r16_mma_p3's launch without tile_mma); the bf16 copy (tile_mma, read pipelined: V3_TUNED since
@@ -932,7 +932,7 @@ def plot(path):
                   "v3_rc_fp8_mma": "lightsalmon", "v3_r16_nomma": "yellowgreen", "v3_r16_s18": "darkkhaki",
                   "v3_r16_mma": "teal", "v3_r16_mma_p3": "turquoise", "v3_rc_bf16_mma": "slateblue",
                   "v3_r16_p3": "olive", "v3_rc_bf16_mma_u": "mediumpurple",
-                  "v3_rc_bf16_s20": "darkkhaki"}
+                  "v3_rc_bf16_s20": "peru"}
         for arm in colors:
             pts = sorted((r["B"], r["speedup_vs_conv"]) for r in rows
                          if r["kind"] == kind and r["state_dtype"] == sdt and r["arm"] == arm)
