@@ -33,7 +33,7 @@ Kernels (one item's loads and maths are shared helpers, so every kernel computes
 Each kernel's output is checked against float64 (fresh random inputs, NaN-poisoned outputs, padded rows, untouched
 outputs of other rows); then the median time over CUDA-graph replays at B = 256, HV = 32, K = V = 128 (GDN's state:
 256 MiB bf16, 128 MiB fp8), bytes moved and the fraction of the copy peak. ``--offline`` compiles for sm_90 without a
-GPU and prints registers and spills. Writes JSON (``--out``).
+GPU and prints registers and spills. Writes JSON (``--out``); ``--plot JSON... --png PNG`` draws results as bars.
 """
 
 from __future__ import annotations
@@ -421,6 +421,39 @@ def offline(arms: list[str], tile_dtype: str) -> list[dict]:
 
 # persistent grids sized to what an SM holds at the registers ptxas gives them (sm_90, offline: persist w2 155 ->
 # 6 programs, w4 122 -> 4, bv64 w4 131 -> 3; persist_tl s2 88 -> 11, s3 110 -> 9), plus one past it
+def plot(paths: list[str], png: str) -> None:
+    """Horizontal bars: each arm's time per tile dtype (one panel per dtype, the runs' arms merged: the later run
+    wins a name timed twice), the bare stream's fastest arm as a dashed line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_dtype: dict[str, dict] = {}
+    meta, commits = None, []
+    for p in paths:
+        d = json.load(open(p))
+        meta = d["meta"]
+        commits += [meta["commit"]] if meta["commit"] not in commits else []
+        by_dtype.setdefault(d["meta"]["tile_dtype"], {}).update({r["arm"]: r for r in d["rows"]})
+    colors = {"stream": "tab:gray", "tile": "tab:blue", "persist": "tab:red", "persist_tl": "tab:orange"}
+    fig, axes = plt.subplots(1, len(by_dtype), figsize=(6.5 * len(by_dtype), 0.28 * max(map(len, by_dtype.values()))
+                                                          + 1.6), squeeze=False)
+    for ax, (td, rows) in zip(axes[0], sorted(by_dtype.items())):
+        arms = sorted(rows, key=lambda a: rows[a]["t_us"])
+        ax.barh(range(len(arms)), [rows[a]["t_us"] for a in arms], color=[colors[rows[a]["kind"]] for a in arms])
+        ax.set_yticks(range(len(arms)), arms, fontsize=7)
+        ax.invert_yaxis()
+        best_stream = min((r["t_us"] for r in rows.values() if r["kind"] == "stream"), default=None)
+        if best_stream:
+            ax.axvline(best_stream, ls="--", color="k", lw=0.8)
+        ax.set_xlabel("us per step, B = %d (lower is better)" % meta["batch"])
+        ax.set_title(f"{td} tiles", fontsize=9)
+    fig.suptitle(f"plain-step memory pattern: per item (tile), bare (stream), persistent ({meta.get('gpu', '?')}, "
+                 f"commits {', '.join(commits)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 DEFAULT_ARMS = ("stream_w2,tile_w2,tile_w1,tile_hgate_w2,tile_bv64_w4,persist_p2_w2,persist_p4_w2,persist_p6_w2,"
                 "persist_p12_w2,persist_hgate_p6_w2,persist_p2_w4,persist_p4_w4,persist_bv64_p3_w4,"
                 "persist_tl_p8_s2_w2,persist_tl_p11_s2_w2,persist_tl_p9_s3_w2,persist_tl_p16_s2_w2")
@@ -435,7 +468,14 @@ def main() -> None:
     ap.add_argument("--offline", action="store_true", help="compile for sm_90 and print registers; no GPU")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--out", default=None, help="JSON file for the results")
+    ap.add_argument("--plot", nargs="+", default=None, metavar="JSON",
+                    help="only draw these results (one panel per tile dtype) into --png")
+    ap.add_argument("--png", default="stream-floor.png")
     args = ap.parse_args()
+    if args.plot:
+        plot(args.plot, args.png)
+        print(f"wrote {args.png}")
+        return
     arms = args.arms.split(",")
     for a in arms:
         parse_arm(a)  # refuse unknown names before anything runs

@@ -46,3 +46,20 @@ def test_arm_names_are_checked():
     for bad in ("persist_w2", "persist_tl_p4_w2", "tile_c64_w1", "persist_c64_p2_s2_w2", "foo_w2"):
         with pytest.raises(ValueError):
             S.parse_arm(bad)
+
+
+def test_plot_draws_every_dtype(tmp_path):
+    """--plot merges runs per tile dtype (a later run's arm replaces an earlier one of the same name) into one PNG."""
+    pytest.importorskip("matplotlib")
+    paths = []
+    for i, (td, arms) in enumerate([("bf16", {"stream_w2": 80.0, "tile_w2": 90.0}),
+                                    ("bf16", {"tile_w2": 88.0, "persist_p4_w2": 120.0}),
+                                    ("fp8_e4m3", {"stream_w2": 70.0, "persist_tl_p8_s2_w2": 110.0})]):
+        rows = [dict(arm=a, **S.parse_arm(a), t_us=t) for a, t in arms.items()]
+        p = tmp_path / f"r{i}.json"
+        p.write_text(__import__("json").dumps(dict(meta=dict(tile_dtype=td, batch=256, commit=f"c{i}", gpu="x"),
+                                                    rows=rows)))
+        paths.append(str(p))
+    png = tmp_path / "out.png"
+    S.plot(paths, str(png))
+    assert png.stat().st_size > 1000
