@@ -290,20 +290,32 @@ def _mma_chunk(c, acc, p_tile, o_v, mask_v, p_x, H: tl.constexpr, K: tl.constexp
 
 
 @triton.jit
+def _bf16_parts(x):
+    """x (fp32) as three bf16 values whose sum is x to fp32's precision: hi = bf16(x), mid = bf16(x - hi),
+    lo = bf16(x - hi - mid) (each difference exact in fp32; 3 x 8 significant bits cover fp32's 24), as fp32."""
+    hi = x.to(tl.bfloat16).to(tl.float32)
+    r = x - hi
+    mid = r.to(tl.bfloat16).to(tl.float32)
+    lo = (r - mid).to(tl.bfloat16).to(tl.float32)
+    return hi, mid, lo
+
+
+@triton.jit
 def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT: tl.constexpr,
                      MMA_F32: tl.constexpr):
-    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times [q_hi, q_lo, k_hi, k_lo, 0, ...] ([BKT, 16]), where q_c, k_c
-    (fp32 [BKT]: q~, k~ of the chunk, which carry e^{G_t} per channel and are not bf16 values) are split into a bf16
-    high part and the bf16 of what is left (hi = bf16(x), lo = bf16(x - hi): x to 16 significant bits, relative error
-    <= 2^-16, far below the 2^-9 of the bf16 tile it multiplies). Columns 0 + 1 give C q~, 2 + 3 give C k~."""
+    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times [q_hi, q_mid, q_lo, k_hi, k_mid, k_lo, 0, ...] ([BKT, 16]), where
+    q_c, k_c (fp32 [BKT]: q~, k~ of the chunk, which carry e^{G_t} per channel and are not bf16 values) are split into
+    three bf16 parts each (_bf16_parts: the sum is x to fp32 precision). Columns 0-2 give C q~, 3-5 C k~: the products
+    of the CUDA-core form to fp32 rounding, at the cost of one tensor-core product (N = 16 whatever the columns used).
+    (Session 20's two parts, x to 16 significant bits, left an output error of ~3e-5 of the rms where the fp32 checks
+    allow 2e-5: below the bf16 copy's own rounding, but not fp32-grade.)"""
     o_n = tl.arange(0, 16)[None, :]
-    q_hi = q_c.to(tl.bfloat16).to(tl.float32)
-    k_hi = k_c.to(tl.bfloat16).to(tl.float32)
-    q_lo = (q_c - q_hi).to(tl.bfloat16).to(tl.float32)
-    k_lo = (k_c - k_hi).to(tl.bfloat16).to(tl.float32)
+    q_hi, q_mid, q_lo = _bf16_parts(q_c)
+    k_hi, k_mid, k_lo = _bf16_parts(k_c)
     # every value below is a bf16 value, so the operand's cast to bf16 (in _mma_acc) is exact
-    B_c = tl.where(o_n == 0, q_hi[:, None], tl.where(o_n == 1, q_lo[:, None], tl.where(
-        o_n == 2, k_hi[:, None], tl.where(o_n == 3, k_lo[:, None], 0.0))))
+    B_c = tl.where(o_n == 0, q_hi[:, None], tl.where(o_n == 1, q_mid[:, None], tl.where(
+        o_n == 2, q_lo[:, None], tl.where(o_n == 3, k_hi[:, None], tl.where(
+            o_n == 4, k_mid[:, None], tl.where(o_n == 5, k_lo[:, None], 0.0))))))
     return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), B_c, acc, MMA_F32)
 
 
@@ -328,8 +340,8 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     input (the other 14 zero: tl.dot needs N >= 16), accumulated in fp32: the products of the CUDA-core form, without
     its per-element conversions to fp32 (scripts/tile_dots_study.py). MMA_F32: the same product in fp32 (the values are
     exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable. KDA (session 20): q~ and k~ carry
-    e^{G_t} per channel and are not bf16 values, so each is split into a bf16 high and low part, four operand columns
-    (_mma_chunk_split; 16 significant bits, against the tile's 8)."""
+    e^{G_t} per channel and are not bf16 values, so each is split into three bf16 parts, six operand columns
+    (_mma_chunk_split; fp32's 24 significant bits since session 21, 16 before)."""
     o_k = tl.arange(0, BK)
     q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
     k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
@@ -349,7 +361,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
         dq = tl.sum(tl.where(o_n[None, :] == 0, acc, 0.0), 1)
         dk = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
     elif MMA and IS_KDA and narrow_tile:
-        # KDA: q~ and k~ (fp32, e^{G_t} per channel) split into bf16 high and low columns (_mma_chunk_split)
+        # KDA: q~ and k~ (fp32, e^{G_t} per channel) split into three bf16 columns each (_mma_chunk_split)
         o_n = tl.arange(0, 16)
         acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
         if PIPE > 0:
@@ -367,8 +379,8 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
                 q_c, k_c = _qk_tilde(p_x, o_kc, o_kc < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                      lower_bound, H, K, IS_KDA, USE_LOWER_BOUND)
                 acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K, BKT, MMA_F32)
-        dq = tl.sum(tl.where(o_n[None, :] < 2, acc, 0.0), 1)
-        dk = tl.sum(tl.where((o_n[None, :] >= 2) & (o_n[None, :] < 4), acc, 0.0), 1)
+        dq = tl.sum(tl.where(o_n[None, :] < 3, acc, 0.0), 1)
+        dk = tl.sum(tl.where((o_n[None, :] >= 3) & (o_n[None, :] < 6), acc, 0.0), 1)
     elif PIPE > 0:
         o_ch = tl.arange(0, NC)
         offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
@@ -769,6 +781,10 @@ _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, ma
 # predecayed keys): KDA's bf16 copy read by the split-operand tile_mma in a loop pipelined over 128-byte chunks
 # (the bench arm v3_rc_bf16_mma_p3) 207.6 us against 220.6 for _RC_BF16_KDA (1.25x -> 1.33x conventional); tile_mma
 # with the unrolled 64-byte read 269.5 (session 20: 267.3). So its bf16 copy takes the pair, as GDN's does.
+# (Timed with session 20's two-part split of q~ / k~. Later in session 21 the split became three parts, fp32-grade,
+# after the fp32 CPU checks caught the two-part error on this default path: offline, Triton 3.6, sm_90, the main launch
+# goes 134 -> 150 registers with predecayed keys (138 -> 155 raw), no spills, 13 programs per SM either way (12 raw);
+# its GPU timing and GPU tests are the next GPU call's first item, docs/benchmarks.md "Next GPU runs".)
 _RC_BF16_KDA_MMA = dict(_RC_BF16_KDA, tile_mma=True, pipe_stages=3, chunk_bytes=128)
 # fp8 copies: the main launch capped at 168 registers too (2026-12-01, kernels-split-20261201-0301-fp8cap.*, B = 256,
 # the server's arguments, us per layer-step): uncapped the H200's Triton gives it 255 registers (8 programs per SM);
@@ -823,7 +839,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     tile_mma (None: V3_TUNED, on for the bf16 copies and for bf16 states): where a row reads a 2- or 1-byte tile (a bf16
     state, the bf16 or fp8 read copy), the tile's C q and C k are tensor-core products (_tile_dots; fp8 codes made bf16
     in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
-    keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into bf16 high and low columns. fp32 tiles
+    keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into three bf16 columns each. fp32 tiles
     keep the CUDA-core form."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
