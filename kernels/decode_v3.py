@@ -320,6 +320,15 @@ def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT
 
 
 @triton.jit
+def _split_sums(acc):
+    """(C q~, C k~) [BV] from the [BV, 16] product of _mma_chunk_split's operand: columns 0-2 and 3-5 summed."""
+    o_n = tl.arange(0, 16)[None, :]
+    dq = tl.sum(tl.where(o_n < 3, acc, 0.0), 1)
+    dk = tl.sum(tl.where((o_n >= 3) & (o_n < 6), acc, 0.0), 1)
+    return dq, dk
+
+
+@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, MMA: tl.constexpr = False,
@@ -362,7 +371,6 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
         dk = tl.sum(tl.where(o_n[None, :] == 1, acc, 0.0), 1)
     elif MMA and IS_KDA and narrow_tile:
         # KDA: q~ and k~ (fp32, e^{G_t} per channel) split into three bf16 columns each (_mma_chunk_split)
-        o_n = tl.arange(0, 16)
         acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
         if PIPE > 0:
             o_ch = tl.arange(0, NC)
@@ -379,8 +387,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
                 q_c, k_c = _qk_tilde(p_x, o_kc, o_kc < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a,
                                      lower_bound, H, K, IS_KDA, USE_LOWER_BOUND)
                 acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K, BKT, MMA_F32)
-        dq = tl.sum(tl.where(o_n[None, :] < 3, acc, 0.0), 1)
-        dk = tl.sum(tl.where((o_n[None, :] >= 3) & (o_n[None, :] < 6), acc, 0.0), 1)
+        dq, dk = _split_sums(acc)
     elif PIPE > 0:
         o_ch = tl.arange(0, NC)
         offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
