@@ -245,6 +245,25 @@ def _qk_tilde(p_x, offs, m, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, l
 
 
 @triton.jit
+def _qk_tilde_chunks(p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound, H: tl.constexpr,
+                     K: tl.constexpr, BKT: tl.constexpr, NC: tl.constexpr, IS_KDA: tl.constexpr,
+                     USE_LOWER_BOUND: tl.constexpr):
+    """_qk_tilde over all of K as [NC, BKT] tensors (chunk c in row c: K positions c * BKT + j), made before a
+    pipelined chunk loop, which picks chunk c out in registers (_chunk_of); and the row index o_ch [NC]."""
+    o_ch = tl.arange(0, NC)
+    offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]
+    Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                       H, K, IS_KDA, USE_LOWER_BOUND)
+    return o_ch, Q2, K2
+
+
+@triton.jit
+def _chunk_of(X2, o_ch, c):
+    """Row c of X2 [NC, BKT] as a [BKT] vector (in registers: a loop index cannot index a register tensor)."""
+    return tl.sum(tl.where(o_ch[:, None] == c, X2, 0.0), 0)
+
+
+@triton.jit
 def _mma_tile_chunk(c, p_tile, o_v, mask_v, K: tl.constexpr, BKT: tl.constexpr, MMA_F32: tl.constexpr):
     """K chunk c [BV, BKT] of the tile at p_tile as a tensor-core operand: bf16 as stored, fp8 e4m3 codes made bf16
     (exact: e4m3's values are all bf16 values); masked lanes 0. MMA_F32 (Triton's interpreter): the same values as
@@ -301,30 +320,40 @@ def _bf16_parts(x):
 
 
 @triton.jit
-def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT: tl.constexpr,
-                     MMA_F32: tl.constexpr):
-    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times [q_hi, q_mid, q_lo, k_hi, k_mid, k_lo, 0, ...] ([BKT, 16]), where
-    q_c, k_c (fp32 [BKT]: q~, k~ of the chunk, which carry e^{G_t} per channel and are not bf16 values) are split into
-    three bf16 parts each (_bf16_parts: the sum is x to fp32 precision). Columns 0-2 give C q~, 3-5 C k~: the products
-    of the CUDA-core form to fp32 rounding, at the cost of one tensor-core product (N = 16 whatever the columns used).
-    (Session 20's two parts, x to 16 significant bits, left an output error of ~3e-5 of the rms where the fp32 checks
-    allow 2e-5: below the bf16 copy's own rounding, but not fp32-grade.)"""
-    o_n = tl.arange(0, 16)[None, :]
+def _split_operand(q_c, k_c):
+    """The [BKT, 16] tensor-core operand of q_c, k_c (fp32 [BKT]), each split into three bf16 parts (_bf16_parts):
+    q's parts in columns 0-7 and k's in 8-15, the other columns of each half 0. Built by joins, so each value's column
+    is fixed by its register rather than chosen per element by a chain of selects (sm_90, Triton 3.6, KDA's bf16-copy
+    main launch: 150 -> 140 registers, 3728 -> 3552 SASS). A join adds a last dimension of 2 and a reshape reads the
+    dimensions in order, so the innermost join's choice (q or k) is the column's most significant bit;
+    _split_sums reads the halves back. Every value is a bf16 value, so the operand's cast to bf16 (_mma_acc) is exact."""
     q_hi, q_mid, q_lo = _bf16_parts(q_c)
     k_hi, k_mid, k_lo = _bf16_parts(k_c)
-    # every value below is a bf16 value, so the operand's cast to bf16 (in _mma_acc) is exact
-    B_c = tl.where(o_n == 0, q_hi[:, None], tl.where(o_n == 1, q_mid[:, None], tl.where(
-        o_n == 2, q_lo[:, None], tl.where(o_n == 3, k_hi[:, None], tl.where(
-            o_n == 4, k_mid[:, None], tl.where(o_n == 5, k_lo[:, None], 0.0))))))
-    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), B_c, acc, MMA_F32)
+    z = tl.zeros_like(q_hi)
+    B8 = tl.join(tl.join(tl.join(q_hi, k_hi), tl.join(q_mid, k_mid)), tl.join(tl.join(q_lo, k_lo), tl.join(z, z)))
+    B8 = tl.reshape(B8, [q_c.shape[0], 8])
+    return tl.reshape(tl.join(B8, tl.zeros_like(B8)), [q_c.shape[0], 16])
+
+
+@triton.jit
+def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT: tl.constexpr,
+                     MMA_F32: tl.constexpr):
+    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times the split operand of q_c, k_c (fp32 [BKT]: q~, k~ of the chunk,
+    which carry e^{G_t} per channel and are not bf16 values): three bf16 parts each (_bf16_parts: the sum is x to fp32
+    precision), six of the 16 columns (_split_operand). The products of the CUDA-core form to fp32 rounding, at the
+    cost of one tensor-core product (N = 16 whatever the columns used). (Session 20's two parts, x to 16 significant
+    bits, left an output error of ~3e-5 of the rms where the fp32 checks allow 2e-5: below the bf16 copy's own
+    rounding, but not fp32-grade.)"""
+    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), _split_operand(q_c, k_c), acc,
+                    MMA_F32)
 
 
 @triton.jit
 def _split_sums(acc):
-    """(C q~, C k~) [BV] from the [BV, 16] product of _mma_chunk_split's operand: columns 0-2 and 3-5 summed."""
+    """(C q~, C k~) [BV] from the [BV, 16] product with _split_operand's operand: columns 0-7 and 8-15 summed."""
     o_n = tl.arange(0, 16)[None, :]
-    dq = tl.sum(tl.where(o_n < 3, acc, 0.0), 1)
-    dk = tl.sum(tl.where((o_n >= 3) & (o_n < 6), acc, 0.0), 1)
+    dq = tl.sum(tl.where(o_n < 8, acc, 0.0), 1)
+    dk = tl.sum(tl.where(o_n >= 8, acc, 0.0), 1)
     return dq, dk
 
 
@@ -373,14 +402,11 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
         # KDA: q~ and k~ (fp32, e^{G_t} per channel) split into three bf16 columns each (_mma_chunk_split)
         acc = tl.zeros([o_v.shape[0], 16], dtype=tl.float32)
         if PIPE > 0:
-            o_ch = tl.arange(0, NC)
-            offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]
-            Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                               H, K, IS_KDA, USE_LOWER_BOUND)
+            o_ch, Q2, K2 = _qk_tilde_chunks(p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                            H, K, BKT, NC, IS_KDA, USE_LOWER_BOUND)
             for c in tl.range(0, NC, num_stages=PIPE):
-                sel = o_ch[:, None] == c
-                acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, tl.sum(tl.where(sel, Q2, 0.0), 0),
-                                       tl.sum(tl.where(sel, K2, 0.0), 0), K, BKT, MMA_F32)
+                acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, _chunk_of(Q2, o_ch, c), _chunk_of(K2, o_ch, c),
+                                       K, BKT, MMA_F32)
         else:
             for c in tl.static_range(NC):
                 o_kc = c * BKT + tl.arange(0, BKT)
@@ -389,19 +415,16 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
                 acc = _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K, BKT, MMA_F32)
         dq, dk = _split_sums(acc)
     elif PIPE > 0:
-        o_ch = tl.arange(0, NC)
-        offs = o_ch[:, None] * BKT + tl.arange(0, BKT)[None, :]  # [NC, BKT]: chunk c holds c*BKT + j
-        Q2, K2 = _qk_tilde(p_x, offs, offs < K, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
-                           H, K, IS_KDA, USE_LOWER_BOUND)
+        o_ch, Q2, K2 = _qk_tilde_chunks(p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                        H, K, BKT, NC, IS_KDA, USE_LOWER_BOUND)
         dq = tl.zeros(o_v.shape, dtype=tl.float32)
         dk = tl.zeros(o_v.shape, dtype=tl.float32)
         for c in tl.range(0, NC, num_stages=PIPE):
             o_kc = c * BKT + tl.arange(0, BKT)
             m_c = mask_v[:, None] & (o_kc < K)[None, :]
             C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
-            sel = o_ch[:, None] == c
-            dq += tl.sum(C_c * tl.sum(tl.where(sel, Q2, 0.0), 0)[None, :], 1)
-            dk += tl.sum(C_c * tl.sum(tl.where(sel, K2, 0.0), 0)[None, :], 1)
+            dq += tl.sum(C_c * _chunk_of(Q2, o_ch, c)[None, :], 1)
+            dk += tl.sum(C_c * _chunk_of(K2, o_ch, c)[None, :], 1)
     else:
         acc_q = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
         acc_k = tl.zeros([o_v.shape[0], BKT], dtype=tl.float32)
