@@ -320,40 +320,30 @@ def _bf16_parts(x):
 
 
 @triton.jit
-def _split_operand(q_c, k_c):
-    """The [BKT, 16] tensor-core operand of q_c, k_c (fp32 [BKT]), each split into three bf16 parts (_bf16_parts):
-    q's parts in columns 0-7 and k's in 8-15, the other columns of each half 0. Built by joins, so each value's column
-    is fixed by its register rather than chosen per element by a chain of selects (sm_90, Triton 3.6, KDA's bf16-copy
-    main launch: 150 -> 140 registers, 3728 -> 3552 SASS). A join adds a last dimension of 2 and a reshape reads the
-    dimensions in order, so the innermost join's choice (q or k) is the column's most significant bit;
-    _split_sums reads the halves back. Every value is a bf16 value, so the operand's cast to bf16 (_mma_acc) is exact."""
-    q_hi, q_mid, q_lo = _bf16_parts(q_c)
-    k_hi, k_mid, k_lo = _bf16_parts(k_c)
-    z = tl.zeros_like(q_hi)
-    B8 = tl.join(tl.join(tl.join(q_hi, k_hi), tl.join(q_mid, k_mid)), tl.join(tl.join(q_lo, k_lo), tl.join(z, z)))
-    B8 = tl.reshape(B8, [q_c.shape[0], 8])
-    return tl.reshape(tl.join(B8, tl.zeros_like(B8)), [q_c.shape[0], 16])
-
-
-@triton.jit
 def _mma_chunk_split(c, acc, p_tile, o_v, mask_v, q_c, k_c, K: tl.constexpr, BKT: tl.constexpr,
                      MMA_F32: tl.constexpr):
-    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times the split operand of q_c, k_c (fp32 [BKT]: q~, k~ of the chunk,
-    which carry e^{G_t} per channel and are not bf16 values): three bf16 parts each (_bf16_parts: the sum is x to fp32
-    precision), six of the 16 columns (_split_operand). The products of the CUDA-core form to fp32 rounding, at the
-    cost of one tensor-core product (N = 16 whatever the columns used). (Session 20's two parts, x to 16 significant
-    bits, left an output error of ~3e-5 of the rms where the fp32 checks allow 2e-5: below the bf16 copy's own
-    rounding, but not fp32-grade.)"""
-    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), _split_operand(q_c, k_c), acc,
-                    MMA_F32)
+    """KDA: acc [BV, 16] + C chunk c [BV, BKT] times [q_hi, q_mid, q_lo, k_hi, k_mid, k_lo, 0, ...] ([BKT, 16]), where
+    q_c, k_c (fp32 [BKT]: q~, k~ of the chunk, which carry e^{G_t} per channel and are not bf16 values) are split into
+    three bf16 parts each (_bf16_parts: the sum is x to fp32 precision). Columns 0-2 give C q~, 3-5 C k~: the products
+    of the CUDA-core form to fp32 rounding, at the cost of one tensor-core product (N = 16 whatever the columns used).
+    (Session 20's two parts, x to 16 significant bits, left an output error of ~3e-5 of the rms where the fp32 checks
+    allow 2e-5: below the bf16 copy's own rounding, but not fp32-grade.)"""
+    o_n = tl.arange(0, 16)[None, :]
+    q_hi, q_mid, q_lo = _bf16_parts(q_c)
+    k_hi, k_mid, k_lo = _bf16_parts(k_c)
+    # every value below is a bf16 value, so the operand's cast to bf16 (in _mma_acc) is exact
+    B_c = tl.where(o_n == 0, q_hi[:, None], tl.where(o_n == 1, q_mid[:, None], tl.where(
+        o_n == 2, q_lo[:, None], tl.where(o_n == 3, k_hi[:, None], tl.where(
+            o_n == 4, k_mid[:, None], tl.where(o_n == 5, k_lo[:, None], 0.0))))))
+    return _mma_acc(_mma_tile_chunk(c, p_tile, o_v, mask_v, K, BKT, MMA_F32), B_c, acc, MMA_F32)
 
 
 @triton.jit
 def _split_sums(acc):
-    """(C q~, C k~) [BV] from the [BV, 16] product with _split_operand's operand: columns 0-7 and 8-15 summed."""
+    """(C q~, C k~) [BV] from the [BV, 16] product of _mma_chunk_split's operand: columns 0-2 and 3-5 summed."""
     o_n = tl.arange(0, 16)[None, :]
-    dq = tl.sum(tl.where(o_n < 8, acc, 0.0), 1)
-    dk = tl.sum(tl.where(o_n >= 8, acc, 0.0), 1)
+    dq = tl.sum(tl.where(o_n < 3, acc, 0.0), 1)
+    dk = tl.sum(tl.where((o_n >= 3) & (o_n < 6), acc, 0.0), 1)
     return dq, dk
 
 
