@@ -803,8 +803,9 @@ _RC_BF16_KDA = dict(_RC_BF16, fold="dot3", fold_bytes=64, fold_pipe_stages=3, ma
 # with the unrolled 64-byte read 269.5 (session 20: 267.3). So its bf16 copy takes the pair, as GDN's does.
 # (Timed with session 20's two-part split of q~ / k~. Later in session 21 the split became three parts, fp32-grade,
 # after the fp32 CPU checks caught the two-part error on this default path: offline, Triton 3.6, sm_90, the main launch
-# goes 134 -> 150 registers with predecayed keys (138 -> 155 raw), no spills, 13 programs per SM either way (12 raw);
-# its GPU timing and GPU tests are the next GPU call's first item, docs/benchmarks.md "Next GPU runs".)
+# goes 134 -> 150 registers with predecayed keys (138 -> 155 raw), no spills, 13 programs per SM either way (12 raw).
+# Session 22 (kernels-20261202-0259 / -0338): 218.4 / 219.4 us, 1.26x, against 220.4 / 221.7 for the pipelined read
+# without tile_mma: the third part costs 12 of the 13 us; the pair stays, 2 us ahead and fp32-grade.)
 _RC_BF16_KDA_MMA = dict(_RC_BF16_KDA, tile_mma=True, pipe_stages=3, chunk_bytes=128)
 # fp8 copies: the main launch capped at 168 registers too (2026-12-01, kernels-split-20261201-0301-fp8cap.*, B = 256,
 # the server's arguments, us per layer-step): uncapped the H200's Triton gives it 255 registers (8 programs per SM);
