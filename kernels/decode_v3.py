@@ -36,7 +36,8 @@ tile read software-pipelined, tf32x3 dot fold): GDN 1.50-1.59x conventional, KDA
 records); bf16 states stayed below conventional when last measured (docs/design.md, "Decode kernel v3").
 
 Options (``launch``; unset ones come from V3_TUNED): ``fold`` "loop" / "chunked" / "dot" / "dot3" (V3_FOLDS),
-``pipe_stages`` (the software-pipelined tile read), ``chunk_bytes`` / ``fold_bytes`` (K-chunk widths).
+``pipe_stages`` (the software-pipelined tile read), ``chunk_bytes`` / ``fold_bytes`` (K-chunk widths), ``row_order``
+(the main launch's dispatch order; "flush_first": the rows that fold this step first, _row_order_kernel).
 KDA rings with predecayed key records (``Ring.kda_keys``, docs/design.md "Pre-decayed KDA keys"; PRED in the kernels):
 records hold k_j e^{-G_j}, the pre launch reads no gate records, folds decay all records by one e^{G_f}; a head whose
 G would pass ring.PREDECAYED_MIN_G is rebased alone (main folds it through the token, post zeroes its key records).
@@ -485,6 +486,41 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
 
 
 @triton.jit
+def _row_order_kernel(ring_h, h_rows, slot_idx, ring_idx, forced, rc_valid, row_perm, B, L,
+                      BB: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
+                      HAS_RING_IDX: tl.constexpr, HAS_RC: tl.constexpr):
+    """One program: row_perm [B] = the batch rows that write their checkpoint this step (flush, pre-fold, forced,
+    stale read copy: _decode_rule_rc's rule) first, then the others, each part in batch order (padded rows with
+    the others). The main launch with ROW_ORDER 2 takes its rows in this order. A permutation whatever h holds,
+    so it moves only when work is done, never what is computed. (A head rebased by the predecayed keys' overflow
+    rule is decided in the pre launch and not seen here: it only stays in the second part.)"""
+    i = tl.arange(0, BB)
+    m = i < B
+    slot = tl.load(slot_idx + i, mask=m, other=-1).to(tl.int64)
+    if HAS_RING_IDX:
+        rrow = tl.load(ring_idx + i, mask=m, other=-1).to(tl.int64)
+        real = m & (slot >= 0) & (rrow >= 0)
+    else:
+        rrow = slot
+        real = m & (slot >= 0)
+    if HAS_H_ROWS:
+        h = tl.load(h_rows + i, mask=m, other=0).to(tl.int32)
+    else:
+        h = tl.load(ring_h + rrow, mask=real, other=0).to(tl.int32)
+    if HAS_FORCED:
+        hot = tl.load(forced + i, mask=m, other=0) != 0
+    else:
+        hot = h < 0  # never
+    if HAS_RC:
+        hot = hot | (tl.load(rc_valid + rrow, mask=real, other=1) == 0)
+    heavy = real & ((h + 1 >= L) | hot)  # a pre-fold (h >= L) or a flush: the row's programs fold
+    light = m & (heavy == 0)
+    n_heavy = tl.sum(heavy.to(tl.int32), 0)
+    pos = tl.where(heavy, tl.cumsum(heavy.to(tl.int32), 0) - 1, n_heavy + tl.cumsum(light.to(tl.int32), 0) - 1)
+    tl.store(row_perm + pos, i, mask=m)
+
+
+@triton.jit
 def replay_decode_v3_kernel(
     mixed_qkv, a, b, A_log, dt_bias, out, state,
     ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
@@ -502,15 +538,28 @@ def replay_decode_v3_kernel(
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
     TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
+    row_perm=None, ROW_ORDER: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
-    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache."""
+    (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache.
+    ROW_ORDER (opt-in ``row_order``, see ``launch``): 0 the grid above; 1 grid (V / BV, HV / HPP, B), the rows
+    outermost, so a row's programs are dispatched together, in batch order; 2 the same with row
+    ``row_perm[program_id(2)]`` (_row_order_kernel: the rows that write their checkpoint first)."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
+    if ROW_ORDER == 0:
+        i_n = tl.program_id(1)
+        i_hp = tl.program_id(2)
+    elif ROW_ORDER == 1:
+        i_n = tl.program_id(2)
+        i_hp = tl.program_id(1)
+    else:
+        i_n = tl.load(row_perm + tl.program_id(2))
+        i_hp = tl.program_id(1)
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
-        _main_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2) * HPP + r,
+        _main_tile(tl.program_id(0), i_n, i_hp * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
                    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
@@ -816,6 +865,8 @@ V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
                   ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
                   ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA_MMA,
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
+# launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER
+ROW_ORDERS = {"grid": 0, "rows": 1, "flush_first": 2}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -824,7 +875,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None):
+           tile_mma=None, row_order=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -861,7 +912,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     state, the bf16 or fp8 read copy), the tile's C q and C k are tensor-core products (_tile_dots; fp8 codes made bf16
     in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
     keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into three bf16 columns each. fp32 tiles
-    keep the CUDA-core form."""
+    keep the CUDA-core form.
+    row_order (None: V3_TUNED, "grid"): the order in which the main launch's programs are dispatched. "grid": V-tiles,
+    then rows, then value heads (each head's sweep over the batch in turn), so with staggered cursors the programs
+    that fold (1 row in L each step, ~3.6x a plain program's time) are spread through the whole launch and some
+    start last; "rows": rows outermost, in batch order; "flush_first": rows outermost, the rows that write their
+    checkpoint first (_row_order_kernel, one small launch before the pre launch), so the long programs start first
+    and the short ones fill in behind them. Where every row is on the same cursor (a batch that started together)
+    no order changes anything. What is computed is the same in every order."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -875,6 +933,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
     tile_mma_asked = tile_mma is not None  # an explicit tile_mma=True refuses K chunks too short for tl.dot
     tile_mma = bool(tile_mma if tile_mma is not None else tuned.get("tile_mma", False))
+    row_order = row_order if row_order is not None else tuned.get("row_order", "grid")
+    if row_order not in ROW_ORDERS:
+        raise ValueError(f"row_order must be one of {list(ROW_ORDERS)}, got {row_order!r}")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -947,6 +1008,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         else:
             raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
                              f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
+    order = ROW_ORDERS[row_order]
+    row_perm = None
+    if order == 2 and run_main:
+        # before the pre launch, so that the main launch (its PDL dependent) can read it before gdc_wait
+        row_perm = torch.empty(B, dtype=torch.int32, device=dev)
+        _row_order_kernel[(1,)](ring.h, hr, slot_idx, ri, f, ring.rc_valid if has_rc else slot_idx, row_perm, B, L,
+                                BB=triton.next_power_of_2(B), HAS_FORCED=forced is not None,
+                                HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
+                                num_warps=4)
     if run_pre:
         replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -955,7 +1025,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
         )
     if run_main:
-        _LAST["kernel"] = replay_decode_v3_kernel[(triton.cdiv(V, BV), B, HV // hpp)](
+        grid = (triton.cdiv(V, BV), B, HV // hpp) if order == 0 else (triton.cdiv(V, BV), HV // hpp, B)
+        _LAST["kernel"] = replay_decode_v3_kernel[grid](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,
             ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
@@ -968,6 +1039,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
+            row_perm=row_perm, ROW_ORDER=order,
             **common, **_pdl_kw(pdl), **main_opts,
         )
     if run_post and (advance_h or may_prefold):

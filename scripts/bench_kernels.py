@@ -27,6 +27,10 @@ Arms (per layer kind, state dtype and batch size B):
               KDA: v3_*_srv beside v3_r16_mma, v3_r16_mma_p3 (its split-operand tile_mma) and v3_r16_p3
               (v3_r16_mma_p3's launch without tile_mma); the bf16 copy (tile_mma, read pipelined: V3_TUNED since
               session 21) beside v3_rc_bf16_s20 (its launch before), v3_rc_bf16_nomma, v3_rc_bf16_mma_u
+  v3_r32*_rows, *_ff, *_ff_m96, *_aligned (--variants order, fp32 states, B >= 128; KDA also with predecayed keys,
+              v3_r32_pred*) the main launch's programs dispatched rows outermost, in batch order / with the rows that
+              write their checkpoint this step first (decode_v3 row_order "flush_first"), and that capped at 96
+              registers, beside every row on the same cursor
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -358,6 +362,8 @@ SPLIT_ARMS = {
                                                       v3_opts=dict(fold_pipe_stages=3, fold_bytes=64))),
     # KDA only: predecayed key records (no per-(record, K) gate read or exponentiated; ring.Ring.kda_keys)
     "v3_r32_pred": (torch.float32, None, dict(kda_keys="predecayed")),
+    "v3_r32_ff": (torch.float32, None, dict(v3_opts=dict(row_order="flush_first"))),
+    "v3_r32_pred_ff": (torch.float32, None, dict(kda_keys="predecayed", v3_opts=dict(row_order="flush_first"))),
     "v3_rc_bf16_pred": (torch.float32, None, dict(read_dtype="bf16", kda_keys="predecayed")),
     # session 13: the options timed on raw keys (fold pipelined, two heads per program), now on predecayed keys,
     # and the tile read in 64-byte chunks (8 stages' worth of a 512-byte row; the default is 128)
@@ -787,6 +793,24 @@ def main():
                     arms["v3_r16_aligned"] = arm_ours(c, torch.bfloat16, cfg=cfg3, impl="v3", aligned=True)
                     if sdt == "float32":
                         arms["v3_r32_aligned"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", aligned=True)
+                if v3 and "order" in variants and B >= 128 and sdt == "float32":
+                    # the main launch's dispatch order (decode_v3 row_order): with staggered cursors 1 row in L folds
+                    # each step, its programs ~3.6x a plain one's time and spread through the grid; rows outermost
+                    # in batch order, then the folding rows first (one small launch for the order), then that with
+                    # the main launch capped at 96 registers (the permutation's load takes it 92 -> 103 offline:
+                    # 21 -> 19 programs per SM); the aligned arm is the same work with no mixing at all
+                    keys = ("raw", "predecayed") if c.kind == "kda" else ("raw",)
+                    for kk in keys:
+                        tag = "v3_r32" + ("_pred" if kk == "predecayed" else "")
+                        if kk == "predecayed":
+                            arms[tag] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", kda_keys=kk)
+                        for sfx, opts in (("_rows", dict(row_order="rows")), ("_ff", dict(row_order="flush_first")),
+                                          ("_ff_m96", dict(row_order="flush_first", main_maxnreg=96))):
+                            arms[tag + sfx] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", kda_keys=kk,
+                                                       v3_opts=opts)
+                        if c.NL == 1:
+                            arms[tag + "_aligned"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", kda_keys=kk,
+                                                              aligned=True)
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

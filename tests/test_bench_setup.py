@@ -103,3 +103,32 @@ def test_kda_mma_arm_same_decode(v3_opts, monkeypatch):
     # the same bf16 outputs up to one unit in their last place (the two forms sum in different orders; the fp32-grade
     # check of the split is the decode tests' 2e-5 against float64)
     torch.testing.assert_close(mma, base, rtol=2 ** -8, atol=1e-6 * float(base.abs().max()))
+
+
+@pytest.mark.parametrize("kind,kda_keys", [("gdn", "raw"), ("kda", "predecayed")])
+def test_order_arms_same_decode(kind, kda_keys, monkeypatch):
+    """The `--variants order` arms (decode_v3 row_order "rows" / "flush_first") decode bit for bit what the default
+    grid decodes over six steps with staggered cursors (each program's work does not depend on when it runs), and
+    their main launches ran with the rows outermost (ROW_ORDER recorded from the launch)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
+    real = decode_v3.replay_decode_v3_kernel
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def go(*a, **kw):
+                seen.append(kw["ROW_ORDER"])
+                return real[grid](*a, **kw)
+            return go
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy())
+    base = _decode_outputs(kind, torch.float32, kda_keys=kda_keys)
+    assert seen and not any(seen)
+    assert torch.isfinite(base).all() and base.abs().max() > 0
+    for order in ("rows", "flush_first"):
+        seen.clear()
+        out = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order=order))
+        assert seen and all(o == decode_v3.ROW_ORDERS[order] for o in seen)
+        assert torch.equal(out, base), order

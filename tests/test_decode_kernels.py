@@ -671,6 +671,106 @@ def test_fold_pipe(kind, fold, read_dtype, stages):
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
+@pytest.mark.parametrize("kind,read_dtype,ring_idx,kda_keys", [
+    ("gdn", "same", False, "raw"), ("gdn", "bf16", True, "raw"), ("kda", "same", True, "predecayed"),
+    ("kda", "fp8_e4m3", False, "raw")])
+@pytest.mark.parametrize("order", ["rows", "flush_first"])
+def test_row_order(kind, read_dtype, ring_idx, kda_keys, order, monkeypatch):
+    """row_order: the main launch's programs dispatched rows outermost ("rows") and with the checkpoint-writing rows
+    first (_row_order_kernel's permutation): outputs, the state at every flush and the records against the float64
+    reference, untouched slots bit-identical, with padded rows, forced flushes, staggered cursors and window switches
+    (pre-folds); rings keyed by ring row, read copies (a stale copy is a forced flush), predecayed KDA keys."""
+    from replayssm_sglang.kernels import decode_v3
+
+    seen, mains = [], []
+
+    class Spy:  # records a kernel's launches: the permutation each step used, the main launch's grid and order
+        def __init__(self, real, record):
+            self.real, self.record = real, record
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                self.real[grid](*args, **kw)
+                self.record(grid, args, kw)
+            return run
+
+    monkeypatch.setattr(decode_v3, "_row_order_kernel", Spy(decode_v3._row_order_kernel,
+                                                            lambda g, a, kw: seen.append(a[6].cpu().clone())))
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy(decode_v3.replay_decode_v3_kernel,
+                                                                  lambda g, a, kw: mains.append((g, kw["ROW_ORDER"]))))
+    hz = Harness(kind, B=5, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=4, seed=61, windows=(4, 4, 2, 4),
+                 p_forced=0.15, impl="v3", read_dtype=read_dtype, ring_idx=ring_idx, kda_keys=kda_keys,
+                 v3_opts=dict(row_order=order, pipe_stages=3, chunk_bytes=64))
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0
+    # the window-2 steps run v3 too (w1 only at window 1): every step's main launch had the rows outermost
+    assert len(mains) == 12 and all(g[2] == 5 and o == decode_v3.ROW_ORDERS[order] for g, o in mains), mains
+    if order == "flush_first":
+        assert len(seen) == 12, "one permutation per step"
+        assert all(sorted(p.tolist()) == list(range(5)) for p in seen)
+        assert any(p.tolist() != list(range(5)) for p in seen), "never reordered: the check below would be vacuous"
+    else:
+        assert not seen
+
+
+def test_row_order_main_reads_the_permutation(monkeypatch):
+    """The main launch takes its rows from row_perm: a permutation that names row 0 twice and row 1 never leaves row
+    1's output unwritten and its checkpoint unfolded, which the harness's float64 checks catch."""
+    from replayssm_sglang.kernels import decode_v3
+
+    real = decode_v3._row_order_kernel
+
+    class Broken:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                real[grid](*args, **kw)
+                args[6].copy_(torch.tensor([0, 0, 2, 3], dtype=torch.int32, device=args[6].device))
+            return run
+
+    monkeypatch.setattr(decode_v3, "_row_order_kernel", Broken())
+    hz = Harness("gdn", B=4, H=1, HV=2, K=32, V=16, L=4, seed=63, p_pad=0.0, impl="v3",
+                 v3_opts=dict(row_order="flush_first"))
+    with pytest.raises(AssertionError):
+        hz.run(4)
+
+
+@pytest.mark.parametrize("with_rc,ring_idx,h_rows", [(False, False, False), (True, True, False),
+                                                     (False, True, True)])
+def test_row_order_kernel(with_rc, ring_idx, h_rows):
+    """_row_order_kernel against the decode rule written out here: a row folds this step when h + 1 >= L (a flush;
+    h >= L: a pre-fold), when it is forced, or when its read copy is stale; those rows first, then the rest (padded
+    rows with them), each part in batch order; B not a power of two."""
+    from replayssm_sglang.kernels import decode_v3
+
+    g = torch.Generator().manual_seed(62)
+    B, L, nr = 13, 4, 20
+    slot_idx = torch.randperm(nr, generator=g)[:B].to(torch.int32)
+    slot_idx[[2, 9]] = -1
+    rows = torch.randperm(nr, generator=g)[:B] if ring_idx else slot_idx.long().clamp(min=0)
+    ring_h = torch.randint(0, L + 2, (nr,), generator=g, dtype=torch.int32)  # L, L + 1: pre-folds
+    hr = torch.randint(0, L + 1, (B,), generator=g, dtype=torch.int32)
+    forced = (torch.rand(B, generator=g) < 0.2).to(torch.int32)
+    rc_valid = (torch.rand(nr, generator=g) < 0.8).to(torch.int32)
+    h = hr.long() if h_rows else ring_h.long()[rows]
+    heavy = (h + 1 >= L) | (forced != 0)
+    if with_rc:
+        heavy |= rc_valid.long()[rows] == 0
+    heavy &= slot_idx >= 0
+    want = [i for i in range(B) if heavy[i]] + [i for i in range(B) if not heavy[i]]
+    assert 0 < int(heavy.sum()) < B - 2
+    perm = torch.full((B,), -5, dtype=torch.int32, device=DEV)
+    args = [t.to(DEV) for t in (ring_h, hr, slot_idx, rows, forced, rc_valid)]
+    decode_v3._row_order_kernel[(1,)](*args, perm, B, L, BB=16, HAS_FORCED=True, HAS_H_ROWS=h_rows,
+                                      HAS_RING_IDX=ring_idx, HAS_RC=with_rc, num_warps=4)
+    assert perm.cpu().tolist() == want
+
+
+def test_row_order_refused():
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(row_order="heads"))
+    with pytest.raises(ValueError, match="row_order"):
+        hz.run(1)
+
+
 def test_fold_pipe_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", fold="dot3",
                  v3_opts=dict(fold_pipe_stages=-1))
