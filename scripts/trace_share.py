@@ -52,6 +52,7 @@ STATE_UPDATE_SUBSTRINGS: tuple[str, ...] = (
     "_ring_prefold", "_ring_verify", "_ring_commit",  # verify.py: the speculative verify path on the ring
     "_materialize_kernel",               # verify.py: a draft's exact state into an extra_buffer track slot
     "_set_rc_valid_kernel",              # decode_v3.py: the read copy's valid flags (two-precision state)
+    "_row_order_kernel",                 # decode_v3.py: the main launch's row order (row_order="flush_first")
 )
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
