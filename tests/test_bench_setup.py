@@ -74,25 +74,32 @@ def test_verify_mode_smoke():
     assert "smoke ok" in out.stdout and "smoke gdn step 5 ours" in out.stdout, out.stdout[-2000:]
 
 
+def _spy_main_launch(monkeypatch, key: str) -> list:
+    """decode v3's main launch replaced by one that records its keyword argument ``key`` (a constexpr such as
+    TILE_MMA), then launches the real kernel; the list it appends to."""
+    from replayssm_sglang.kernels import decode_v3
+
+    real = decode_v3.replay_decode_v3_kernel
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def go(*a, **kw):
+                seen.append(kw[key])
+                return real[grid](*a, **kw)
+            return go
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy())
+    return seen
+
+
 @pytest.mark.parametrize("v3_opts", [dict(tile_mma=True), dict(tile_mma=True, pipe_stages=3, chunk_bytes=64)])
 def test_kda_mma_arm_same_decode(v3_opts, monkeypatch):
     """The `--variants mma` KDA arms (the bf16 copy with predecayed keys read by the split-operand tensor-core form,
     unrolled and pipelined) decode what the CUDA-core arm decodes (the launch records that the split form ran): a
     timing difference between them is the form's, not a different computation."""
-    from replayssm_sglang.kernels import decode_v3
-
     monkeypatch.setattr(bk, "KIND_SHAPES", {"kda": dict(H=2, HV=2, K=32, V=16)})
-    real = decode_v3.replay_decode_v3_kernel
-    seen = []
-
-    class Spy:  # records the main launch's TILE_MMA, then launches the real kernel
-        def __getitem__(self, grid):
-            def go(*a, **kw):
-                seen.append(kw["TILE_MMA"])
-                return real[grid](*a, **kw)
-            return go
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy())
+    seen = _spy_main_launch(monkeypatch, "TILE_MMA")
     base = _decode_outputs("kda", torch.float32, read_dtype="bf16", kda_keys="predecayed",
                            v3_opts=dict(tile_mma=False))
     assert seen and not any(seen)
@@ -113,17 +120,7 @@ def test_order_arms_same_decode(kind, kda_keys, monkeypatch):
     from replayssm_sglang.kernels import decode_v3
 
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
-    real = decode_v3.replay_decode_v3_kernel
-    seen = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def go(*a, **kw):
-                seen.append(kw["ROW_ORDER"])
-                return real[grid](*a, **kw)
-            return go
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy())
+    seen = _spy_main_launch(monkeypatch, "ROW_ORDER")
     base = _decode_outputs(kind, torch.float32, kda_keys=kda_keys)
     assert seen and not any(seen)
     assert torch.isfinite(base).all() and base.abs().max() > 0
