@@ -861,9 +861,20 @@ _RC_BF16_KDA_MMA = dict(_RC_BF16_KDA, tile_mma=True, pipe_stages=3, chunk_bytes=
 # at 168 (56-72 B spilled) GDN 176.1 -> 150.3 (1.82x conventional), KDA predecayed 196.7 -> 167.6 (1.65x), raw keys
 # 214.8 -> 184.9; a 200 cap is slower than none (187.0 / 216.7).
 _RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
-V3_TUNED: dict = {("gdn", 4, None): _PIPE3, ("kda", 4, None): _PIPE3,
-                  ("gdn", 4, torch.float8_e4m3fn): _RC_FP8_HPP, ("kda", 4, torch.float8_e4m3fn): _RC_FP8_HPP,
-                  ("gdn", 4, torch.bfloat16): _RC_BF16_PIPE_MMA, ("kda", 4, torch.bfloat16): _RC_BF16_KDA_MMA,
+# Session 23 (kernels-20261202-0610 / -0614, H200, graph benchmark, staggered cursors, B = 256; the v3_sl* arms:
+# the ring keyed by request row and a forced mask, as the server passes them, KDA predecayed): the main launch's rows
+# outermost (row_order "rows": grid (V / BV, HV / HPP, B), a row's heads dispatched together) against the grid order,
+# us per layer-step: KDA 204.5 -> 200.8 (-> 191.4 capped at 96 registers; B = 128: 113.0 -> 110.0 -> 106.0), its bf16
+# copy 218.7 -> 201.5, its fp8 copy 218.8 -> 204.7; GDN 184.7 -> 180.7 (capped: 180.3), its bf16 copy 159.5 -> 158.8,
+# its fp8 copy 189.9 -> 181.3. (The fluid model's tail, "flush_first", gains nothing beyond "rows": 196.0 against
+# 192.6 for KDA with slot-keyed rings, GDN 182.0 against 179.7.) bf16 states keep the grid order (GDN 154.5 -> 157.6).
+# So every fp32 state takes "rows", and KDA's, without a copy, also the 96-register cap.
+_ROWS = dict(row_order="rows")
+V3_TUNED: dict = {("gdn", 4, None): dict(_PIPE3, **_ROWS), ("kda", 4, None): dict(_PIPE3, **_ROWS, main_maxnreg=96),
+                  ("gdn", 4, torch.float8_e4m3fn): dict(_RC_FP8_HPP, **_ROWS),
+                  ("kda", 4, torch.float8_e4m3fn): dict(_RC_FP8_HPP, **_ROWS),
+                  ("gdn", 4, torch.bfloat16): dict(_RC_BF16_PIPE_MMA, **_ROWS),
+                  ("kda", 4, torch.bfloat16): dict(_RC_BF16_KDA_MMA, **_ROWS),
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
 # launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER
 ROW_ORDERS = {"grid": 0, "rows": 1, "flush_first": 2}
@@ -887,7 +898,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     the pre launch's coefficients. Ignored off the GPU (Triton's interpreter has no PDL).
     pre_rows: rows per program of the pre launch (1: one program per row and key head; more: a grid small enough to
     be resident at once, for PDL's overlap).
-    main_maxnreg: a register cap for the main launch (ptxas maxnreg; None: V3_TUNED, none; ignored off the GPU). The
+    main_maxnreg: a register cap for the main launch (ptxas maxnreg; None: V3_TUNED: 168 for KDA's bf16 copy and for
+    the fp8 copies, 96 for KDA's fp32 state without a copy, else none; ignored off the GPU). The
     H200's Triton 3.6 compiles KDA's bf16-copy main launch to 168 registers in some argument setups and to 182-200
     in others (an int32 ring_idx; the ring keyed by request row with a forced mask, as the server passes them;
     predecayed keys), and the plain step goes from 134 to 173-176 us at the higher counts
@@ -913,7 +925,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
     keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into three bf16 columns each. fp32 tiles
     keep the CUDA-core form.
-    row_order (None: V3_TUNED, "grid"): the order in which the main launch's programs are dispatched. "grid": V-tiles,
+    row_order (None: V3_TUNED: "rows" for fp32 states, "grid" for bf16 states; measured in session 23): the order in which the main launch's programs are dispatched. "grid": V-tiles,
     then rows, then value heads (each head's sweep over the batch in turn), so with staggered cursors the programs
     that fold (1 row in L each step, ~3.6x a plain program's time) are spread through the whole launch and some
     start last; "rows": rows outermost, in batch order; "flush_first": rows outermost, the rows that write their

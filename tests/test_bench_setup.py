@@ -114,16 +114,20 @@ def test_kda_mma_arm_same_decode(v3_opts, monkeypatch):
 
 @pytest.mark.parametrize("kind,kda_keys", [("gdn", "raw"), ("kda", "predecayed")])
 def test_order_arms_same_decode(kind, kda_keys, monkeypatch):
-    """The `--variants order` arms (decode_v3 row_order "rows" / "flush_first") decode bit for bit what the default
-    grid decodes over six steps with staggered cursors (each program's work does not depend on when it runs), and
-    their main launches ran with the rows outermost (ROW_ORDER recorded from the launch)."""
+    """The `--variants order` arms (decode_v3 row_order "rows" / "flush_first") and the default (V3_TUNED: "rows" for
+    fp32 states since session 23) decode bit for bit what the grid order decodes over six steps with staggered
+    cursors (each program's work does not depend on when it runs), and their main launches ran in the order asked
+    (ROW_ORDER recorded from the launch)."""
     from replayssm_sglang.kernels import decode_v3
 
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
     seen = _spy_main_launch(monkeypatch, "ROW_ORDER")
-    base = _decode_outputs(kind, torch.float32, kda_keys=kda_keys)
+    base = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order="grid"))
     assert seen and not any(seen)
     assert torch.isfinite(base).all() and base.abs().max() > 0
+    seen.clear()
+    assert torch.equal(_decode_outputs(kind, torch.float32, kda_keys=kda_keys), base)
+    assert seen and all(o == decode_v3.ROW_ORDERS["rows"] for o in seen)  # the tuned default
     for order in ("rows", "flush_first"):
         seen.clear()
         out = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order=order))

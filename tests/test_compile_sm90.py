@@ -123,13 +123,15 @@ def _recorded(code: str) -> list[str]:
 def test_register_caps_recorded_as_on_the_gpu():
     """The launches' register caps are GPU-only options (decode_v3.compiled_for_cuda); compile_configs records the
     launches as the H200 runs them, so KDA's bf16-copy main launch carries its maxnreg (V3_TUNED: 168, the cap that
-    keeps it off the 182-200-register cliff) and the `same` launches carry none."""
+    keeps it off the 182-200-register cliff), KDA's `same` launch its 96 (session 23: with the rows outermost, 200.8
+    -> 191.4 us at B = 256 on the H200) and GDN's `same` launch none."""
     lines = _recorded(
         "for lab in ('decode kda state=fp32 rec=fp32 read=bf16 L=16 impl=auto forced=True keys=predecayed',\n"
-        "            'decode kda state=fp32 rec=fp32 read=same L=16 impl=auto forced=True keys=predecayed'):\n"
+        "            'decode kda state=fp32 rec=fp32 read=same L=16 impl=auto forced=True keys=predecayed',\n"
+        "            'decode gdn state=fp32 rec=fp32 read=same L=16 impl=auto forced=True'):\n"
         "    L = C.record_all([s for s in C.server_scenarios() if s.label == lab])\n"
         "    print([l.kwargs.get('maxnreg') for l in L if l.kernel.fn.__name__ == 'replay_decode_v3_kernel'])\n")
-    assert lines[:2] == ["[168]", "[None]"], lines
+    assert lines[:3] == ["[168]", "[96]", "[None]"], lines
 
 
 def test_verify_launch_as_on_the_gpu():
