@@ -281,10 +281,25 @@ class Harness:
             deq = rc.double()
         wrote = flushed_slots.tolist() if writes_rc else []
         fp8 = self.ring.rc_scale is not None
+        exact = self.rec_dtype == torch.float32 and self.state_dtype == torch.float32
+        st = self.state.cpu()
         for s in wrote:
             ref_read = self.ref.state.read[s]
             r = rms_ratio(deq[s], ref_read)
-            assert r < 2e-3, f"read copy of slot {s}: rms ratio {r:.2e} against round(fold)"
+            assert r < (2e-3 if exact else self.tol_s), f"read copy of slot {s}: rms ratio {r:.2e} against round(fold)"
+            if not exact:
+                if self.state_dtype != torch.float32:
+                    self.ref.state.read[s] = deq[s]
+                    continue
+                # bf16 records: the kernel's fold differs from the float64 one by the records' rounding (~2^-9 of
+                # each correction), far more than the copy's rounding boundaries allow for, so the copy is checked
+                # against round(the kernel's own fold), which its fp32 checkpoint holds unrounded: both copies from
+                # the same matrix (that fold's closeness to float64 is the state check above, at tol_s)
+                from replayssm_sglang import precision as P
+
+                ref_read = P.round_read(st[s].double(), self.read_dtype)
+                r = rms_ratio(deq[s], ref_read)
+                assert r < 2e-3, f"read copy of slot {s}: rms ratio {r:.2e} against round(its checkpoint)"
             # round(fold) up to boundary flips: the kernel's fp32 fold and the reference's float64 fold differ
             # by ~1e-7, which moves an element across a rounding boundary of the copy now and then (on the H200
             # at K = 128: an output rms ratio of 1.2e-4 if the reference kept its own copy). Every element is
@@ -793,6 +808,20 @@ def test_read_copy_in_several_chunks(kind, read_dtype):
     hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=6, seed=52, windows=(None,),
                  p_forced=0.1, impl="v3", read_dtype=read_dtype, v3_opts=dict(chunk_bytes=16, fold_bytes=64))
     st = hz.run(12)
+    assert st["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("read_dtype", ["bf16", "fp8_e4m3"])
+def test_read_copy_bf16_records(kind, read_dtype):
+    """A read copy on a ring of bf16 records (the GPU test test_gpu_real_shapes_v3_pipe's setup, here at K = 32):
+    the copy must be round(the kernel's own fold), which its fp32 checkpoint holds, and near the float64 fold at the
+    records' precision. Until session 23 the harness held it to round(the float64 fold) at fp32 grade, which the
+    records' own rounding (2^-9) breaks: that GPU test failed the same on every dispatch order (rms 8.3e-3)."""
+    hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=16, rec_dtype=torch.bfloat16, seed=4,
+                 windows=(None,), impl="v3", fold="chunked", read_dtype=read_dtype,
+                 v3_opts=dict(pipe_stages=3, chunk_bytes=64, fold_bytes=64))
+    st = hz.run(20)
     assert st["flushes"] > 0
 
 
