@@ -171,17 +171,25 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
+    ROW_ORDER: tl.constexpr = 0,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
-    this one has started) overlaps all of it, not only its last wave."""
+    this one has started) overlaps all of it, not only its last wave. ROW_ORDER 1 (opt-in ``pre_order`` "rows"):
+    grid (HK, cdiv(B, ROWS)), the rows outermost, so a row's key heads (its records, adjacent in the ring) are
+    dispatched together."""
     if USE_PDL:
         # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
         # the coefficients with gdc_wait before it uses them)
         gdc_launch_dependents()
-    i_hk = tl.program_id(1)
+    if ROW_ORDER == 0:
+        i_hk = tl.program_id(1)
+        i_r0 = tl.program_id(0)
+    else:
+        i_hk = tl.program_id(0)
+        i_r0 = tl.program_id(1)
     for r in range(ROWS):
-        i_n = tl.program_id(0) * ROWS + r
+        i_n = i_r0 * ROWS + r
         if i_n < B:
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
@@ -878,6 +886,8 @@ V3_TUNED: dict = {("gdn", 4, None): dict(_PIPE3, **_ROWS), ("kda", 4, None): dic
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
 # launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER
 ROW_ORDERS = {"grid": 0, "rows": 1, "flush_first": 2}
+# launch(pre_order=...): the pre launch's dispatch order -> its ROW_ORDER
+PRE_ORDERS = {"grid": 0, "rows": 1}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
 
@@ -886,7 +896,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None):
+           tile_mma=None, row_order=None, pre_order=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -931,7 +941,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     start last; "rows": rows outermost, in batch order; "flush_first": rows outermost, the rows that write their
     checkpoint first (_row_order_kernel, one small launch before the pre launch), so the long programs start first
     and the short ones fill in behind them. Where every row is on the same cursor (a batch that started together)
-    no order changes anything. What is computed is the same in every order."""
+    no order changes anything. What is computed is the same in every order.
+    pre_order (None: V3_TUNED, "grid"; opt-in, not yet timed): the pre launch's dispatch order. "grid": rows, then
+    key heads (each head's sweep over the batch in turn: consecutive programs read records 256 KB apart for KDA, a
+    slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
+    The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
+    this tries for the pre launch."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -948,6 +963,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     row_order = row_order if row_order is not None else tuned.get("row_order", "grid")
     if row_order not in ROW_ORDERS:
         raise ValueError(f"row_order must be one of {list(ROW_ORDERS)}, got {row_order!r}")
+    pre_order = pre_order if pre_order is not None else tuned.get("pre_order", "grid")
+    if pre_order not in PRE_ORDERS:
+        raise ValueError(f"pre_order must be one of {list(PRE_ORDERS)}, got {pre_order!r}")
+    pre_ord = PRE_ORDERS[pre_order]
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -1030,11 +1049,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
                                 num_warps=4)
     if run_pre:
-        replay_decode_v3_pre_kernel[(triton.cdiv(B, pre_rows), lay.HK)](
+        pre_grid = (triton.cdiv(B, pre_rows), lay.HK) if pre_ord == 0 else (lay.HK, triton.cdiv(B, pre_rows))
+        replay_decode_v3_pre_kernel[pre_grid](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
         )
     if run_main:
         grid = (triton.cdiv(V, BV), B, HV // hpp) if order == 0 else (triton.cdiv(V, BV), HV // hpp, B)

@@ -32,7 +32,8 @@ Arms (per layer kind, state dtype and batch size B):
               write their checkpoint this step first (decode_v3 row_order "flush_first"), and that capped at 96
               registers, beside every row on the same cursor; and as the server launches it (v3_sl*: the ring keyed
               by request row, a forced mask, V3_TUNED; KDA predecayed) with and without each read copy
-              (v3_rc_bf16_sl*, v3_rc_fp8_sl*), with row_order "rows" (*_rows) and rows capped at 96 (v3_sl_rows_m96)
+              (v3_rc_bf16_sl*, v3_rc_fp8_sl*): in the grid order (*_grid), as tuned (rows outermost since session
+              23), and with the pre launch's rows outermost as well (*_pre: pre_order "rows")
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -813,17 +814,17 @@ def main():
                         if c.NL == 1:
                             arms[tag + "_aligned"] = arm_ours(c, torch.float32, cfg=cfg3, impl="v3", kda_keys=kk,
                                                               aligned=True)
-                    # session 23: "rows" as the server launches it (the ring keyed by request row, a forced mask,
-                    # the tuned options; KDA with predecayed keys), without a copy and with each read copy, and
-                    # rows with the main launch capped at 96 registers
+                    # as the server launches it (the ring keyed by request row, a forced mask, V3_TUNED; KDA with
+                    # predecayed keys), without a copy and with each read copy: the grid order (*_grid; V3_TUNED's
+                    # before session 23), V3_TUNED (rows outermost since session 23) and that with the pre launch's
+                    # rows outermost too (*_pre, decode_v3 pre_order "rows", opt-in)
                     kk = "predecayed" if c.kind == "kda" else "raw"
                     for rd in ("same", "bf16", "fp8_e4m3"):
                         tag = "v3_sl" if rd == "same" else f"v3_rc_{rd[:4].rstrip('_')}_sl"
-                        for sfx, opts in (("", None), ("_rows", dict(row_order="rows"))):
+                        for sfx, opts in (("_grid", dict(row_order="grid")), ("", None),
+                                          ("_pre", dict(pre_order="rows"))):
                             arms[tag + sfx] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                        server_like=True, v3_opts=opts)
-                    arms["v3_sl_rows_m96"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, server_like=True,
-                                                      v3_opts=dict(row_order="rows", main_maxnreg=96))
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

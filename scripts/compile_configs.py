@@ -105,8 +105,8 @@ def server_scenarios() -> list[Scenario]:
     and T=8 for fp32 pools (KDA's pair loop: verify.VERIFY_TUNED["kda"]["pair_loop_min_T"]).
     Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot), and GDN's
     opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy, KDA's bf16 copy with the
-    CUDA-core tile (its launch before session 21, opt-out), and the opt-in row_order "flush_first" (GDN without and
-    with the bf16 copy, KDA with predecayed keys)."""
+    CUDA-core tile (its launch before session 21, opt-out), the opt-in row_order "flush_first" (GDN without and
+    with the bf16 copy, KDA with predecayed keys) and the opt-in pre_order "rows" (KDA with predecayed keys)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -143,6 +143,9 @@ def server_scenarios() -> list[Scenario]:
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "bf16", L_RING, v3_opts=(("row_order", "flush_first"),)))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, kda_keys="predecayed",
                         v3_opts=(("row_order", "flush_first"),)))
+    # the pre launch's rows outermost (decode_v3 pre_order, opt-in, session 23)
+    out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, kda_keys="predecayed",
+                        v3_opts=(("pre_order", "rows"),)))
     return out
 
 

@@ -133,3 +133,6 @@ def test_order_arms_same_decode(kind, kda_keys, monkeypatch):
         out = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order=order))
         assert seen and all(o == decode_v3.ROW_ORDERS[order] for o in seen)
         assert torch.equal(out, base), order
+    # the pre launch's rows outermost (pre_order "rows"): the same coefficients, so the same outputs bit for bit
+    out = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order="grid", pre_order="rows"))
+    assert torch.equal(out, base), "pre_order"

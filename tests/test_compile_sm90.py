@@ -103,9 +103,10 @@ def test_scenario_labels():
             assert lab.startswith("verify") and lab.endswith((" T=4", " T=8", "lower_bound=-5.0")), lab
             assert (" T=4" in lab) != (" T=8" in lab), lab
     # (read same / bf16) x (L 1 / 16), L = 32, KDA's bf16 copy with the CUDA-core tile (opt-out of tile_mma), and
-    # row_order "flush_first" (opt-in)
-    assert sum("keys=predecayed" in lab for lab in labels) == 7
+    # row_order "flush_first" (opt-in), and pre_order "rows" (opt-in)
+    assert sum("keys=predecayed" in lab for lab in labels) == 8
     assert sum("row_order=flush_first" in lab for lab in labels) == 3
+    assert sum("pre_order=rows" in lab for lab in labels) == 1
     # eight drafts for both kinds (KDA's pair loop runs from T = 8: verify.VERIFY_TUNED)
     assert sorted(lab.split()[1] for lab in labels if lab.endswith(" T=8")) == ["gdn", "kda"]
 

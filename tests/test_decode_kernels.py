@@ -784,6 +784,41 @@ def test_row_order_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(row_order="heads"))
     with pytest.raises(ValueError, match="row_order"):
         hz.run(1)
+    hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(pre_order="heads"))
+    with pytest.raises(ValueError, match="pre_order"):
+        hz.run(1)
+
+
+@pytest.mark.parametrize("kind,kda_keys,read_dtype", [("gdn", "raw", "same"), ("kda", "predecayed", "same"),
+                                                      ("kda", "raw", "bf16")])
+@pytest.mark.parametrize("pre_rows", [1, 2])
+def test_pre_order(kind, kda_keys, read_dtype, pre_rows, monkeypatch):
+    """pre_order "rows": the pre launch's grid (HK, cdiv(B, pre_rows)), a row's key heads together; outputs, the state
+    at every flush and the records (the pre launch writes the key records) against float64, with padded rows,
+    forced flushes, pre-folds, rings keyed by ring row; B = 5 is not a multiple of pre_rows = 2."""
+    from replayssm_sglang.kernels import decode_v3
+
+    pres = []
+
+    class Spy:
+        def __init__(self, real):
+            self.real = real
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                self.real[grid](*args, **kw)
+                pres.append((grid, kw["ROW_ORDER"]))
+            return run
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", Spy(decode_v3.replay_decode_v3_pre_kernel))
+    H = 1 if kind == "gdn" else 2
+    hz = Harness(kind, B=5, H=H, HV=2, K=32, V=16, L=4, seed=64, windows=(4, 4, 2, 4), p_forced=0.15, impl="v3",
+                 read_dtype=read_dtype, ring_idx=True, kda_keys=kda_keys,
+                 v3_opts=dict(pre_order="rows", pre_rows=pre_rows))
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0 and st["prefolds"] > 0
+    HK = hz.lay.HK
+    assert len(pres) == 12 and all(g == (HK, -(-5 // pre_rows)) and o == 1 for g, o in pres), pres
 
 
 def test_fold_pipe_refused():
