@@ -935,13 +935,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     in registers, exactly). GDN: with bf16 inputs (the server's) the raw q and k are the operand's columns; fp32 inputs
     keep the CUDA-core form. KDA: q~ and k~ (e^{G_t} per channel) split into three bf16 columns each. fp32 tiles
     keep the CUDA-core form.
-    row_order (None: V3_TUNED: "rows" for fp32 states, "grid" for bf16 states; measured in session 23): the order in which the main launch's programs are dispatched. "grid": V-tiles,
-    then rows, then value heads (each head's sweep over the batch in turn), so with staggered cursors the programs
-    that fold (1 row in L each step, ~3.6x a plain program's time) are spread through the whole launch and some
-    start last; "rows": rows outermost, in batch order; "flush_first": rows outermost, the rows that write their
-    checkpoint first (_row_order_kernel, one small launch before the pre launch), so the long programs start first
-    and the short ones fill in behind them. Where every row is on the same cursor (a batch that started together)
-    no order changes anything. What is computed is the same in every order.
+    row_order (None: V3_TUNED: "rows" for fp32 states, "grid" for bf16 states; measured in session 23): the order
+    in which the main launch's programs are dispatched. "grid": V-tiles, then rows, then value heads (each head's
+    sweep over the batch in turn), so the programs resident at one time read one or two heads of nearly every row
+    (checkpoint tiles 2 MiB apart), and with staggered cursors the folding programs (1 row in L each step, ~3.6x a
+    plain program's time) are spread through the launch; "rows": rows outermost, in batch order (the resident
+    programs within ~16 rows); "flush_first": rows outermost, the rows that write their checkpoint first
+    (_row_order_kernel, one small launch before the pre launch), so the long programs start first. On the H200
+    "rows" is the gain and "flush_first" adds nothing to it (docs/design.md, "Session 23: what the order changed").
+    What is computed is the same in every order.
     pre_order (None: V3_TUNED, "grid"; opt-in, not yet timed): the pre launch's dispatch order. "grid": rows, then
     key heads (each head's sweep over the batch in turn: consecutive programs read records 256 KB apart for KDA, a
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.

@@ -821,8 +821,10 @@ def main():
                     kk = "predecayed" if c.kind == "kda" else "raw"
                     for rd in ("same", "bf16", "fp8_e4m3"):
                         tag = "v3_sl" if rd == "same" else f"v3_rc_{rd[:4].rstrip('_')}_sl"
-                        for sfx, opts in (("_grid", dict(row_order="grid")), ("", None),
-                                          ("_pre", dict(pre_order="rows"))):
+                        grid = dict(row_order="grid")
+                        if c.kind == "kda" and rd == "same":
+                            grid["main_maxnreg"] = 255  # the hardware's limit: KDA's 96 cap came with "rows"
+                        for sfx, opts in (("_grid", grid), ("", None), ("_pre", dict(pre_order="rows"))):
                             arms[tag + sfx] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                        server_like=True, v3_opts=opts)
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
