@@ -92,10 +92,16 @@ def _ring_prefold_kernel(
     HAS_RING_IDX: tl.constexpr = False,
     PIPE: tl.constexpr = 0,
     BKT: tl.constexpr = 32,
+    ROW_ORDER: tl.constexpr = 0,
 ):
+    # ROW_ORDER (ring_prefold's row_order): 0 grid (V-tiles, B, HV); 1 grid (V-tiles, HV, B), the rows outermost
     i_v = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    if ROW_ORDER == 0:
+        i_n = tl.program_id(1)
+        i_hv = tl.program_id(2)
+    else:
+        i_n = tl.program_id(2)
+        i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
 
     slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
@@ -254,15 +260,21 @@ def _ring_verify_kernel(
     SCR: tl.constexpr = 0,
     CKDOT: tl.constexpr = 0,
     PAIR_LOOP: tl.constexpr = False,
+    ROW_ORDER: tl.constexpr = 0,
 ):
     # SCR: the scratch's floats per (row, value head) (_scratch_floats): the drafts' checkpoint-side vectors
     # [2, BT, BK]; for a split step (PART 1 writes, PART 2 reads) also the K-side results: s_k, s_q [BC, BT],
     # Ti, Fmat [BT, BT], beta, ecol [BT]
     # DOT_PRECISION: products that reach the records (and so the state): C k, history k-scores, the
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
+    # ROW_ORDER (ring_verify's row_order): 0 grid (splits, B, HV); 1 grid (splits, HV, B), the rows outermost
     i_s = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    if ROW_ORDER == 0:
+        i_n = tl.program_id(1)
+        i_hv = tl.program_id(2)
+    else:
+        i_n = tl.program_id(2)
+        i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
 
     o_t = tl.arange(0, BT)
@@ -584,11 +596,13 @@ def _chunk_width(BK: int, chunk_bytes: int, state: torch.Tensor) -> int:
 
 
 def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int = 64, num_warps: int = 4, precision: str | None = None,
-                 ring_idx: torch.Tensor | None = None, pipe_stages: int = 0, chunk_bytes: int = 128):
+                 ring_idx: torch.Tensor | None = None, pipe_stages: int = 0, chunk_bytes: int = 128,
+                 row_order: str = "grid"):
     """Launch 1: fold the committed records of rows with h + T > L into their checkpoint (``ring_idx``:
     as in ``ring_verify``). pipe_stages > 0: the tile folded in K chunks of ``chunk_bytes`` per row through a
     software-pipelined loop (not with a read copy, whose fp8 scales need the whole row; built and CPU-tested
-    2026-11-30, not yet timed)."""
+    2026-11-30, not yet timed). row_order: "grid" (V-tiles, rows, value heads) or "rows" (the rows outermost, as
+    ``ring_verify``'s row_order)."""
     check_ring_idx(ring_idx, slot_idx)
     lay = ring.layout
     B = slot_idx.shape[0]
@@ -598,7 +612,8 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     BV = min(block_v, triton.next_power_of_2(lay.V))
     BC = max(16, triton.next_power_of_2(lay.cap))
     precision = precision or default_precision(state.device, state.dtype)
-    grid = (triton.cdiv(lay.V, BV), B, lay.HV)
+    order = _row_order(row_order)
+    grid = (triton.cdiv(lay.V, BV), B, lay.HV) if order == 0 else (triton.cdiv(lay.V, BV), lay.HV, B)
     has_rc = ring.rc is not None
     if pipe_stages < 0:
         raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
@@ -611,9 +626,18 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
         BK=BK, BV=BV, BC=BC, IS_KDA=(lay.kind == "kda"), DOT_PRECISION=precision,
         rc=ring.rc if has_rc else state, rc_scale=ring.rc_scale if ring.rc_scale is not None else state,
         HAS_RC=has_rc, RC_FP8=ring.rc_scale is not None,
-        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None, PIPE=pipe, BKT=BKT,
+        ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None, PIPE=pipe, BKT=BKT, ROW_ORDER=order,
         num_warps=num_warps, num_stages=max(1, pipe),
     )
+
+
+VERIFY_ROW_ORDERS = {"grid": 0, "rows": 1}
+
+
+def _row_order(row_order: str) -> int:
+    if row_order not in VERIFY_ROW_ORDERS:
+        raise ValueError(f"row_order must be one of {list(VERIFY_ROW_ORDERS)}, got {row_order!r}")
+    return VERIFY_ROW_ORDERS[row_order]
 
 
 def ring_verify(
@@ -645,6 +669,7 @@ def ring_verify(
     ck_dot: int | None = None,
     maxnreg: int | None = None,
     pair_loop: bool | None = None,
+    row_order: str | None = None,
 ) -> torch.Tensor:
     """One verify step of T draft tokens per row, in the ring.
 
@@ -677,6 +702,10 @@ def ring_verify(
     pair_loop: KDA's intra-window pair factors one draft at a time ([T, K] live instead of [T, T, K]). None:
     VERIFY_TUNED (KDA: on from T = 8, where it measured faster; off below). No effect for GDN, whose pair factors are
     scalars.
+    row_order: the dispatch order of the pre-step fold's and the verify launch's programs: "grid" (V-splits, rows,
+    value heads: each head's sweep over the batch in turn) or "rows" (the rows outermost, a row's heads together,
+    as decode v3's row_order "rows", which the H200 measured faster for every fp32-state decode in session 23).
+    None: VERIFY_TUNED ("grid"; "rows" is opt-in, not yet timed for verify). What is computed does not change.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -743,8 +772,10 @@ def ring_verify(
         maxnreg = tuned.get("maxnreg")
     launch_opts = _maxnreg_opts("maxnreg", maxnreg, state.device)
 
+    row_order = tuned.get("row_order", "grid") if row_order is None else row_order
+    order = _row_order(row_order)
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
-                 ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes)
+                 ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes, row_order=row_order)
 
     BK = triton.next_power_of_2(K)
     BV = min(block_v, triton.next_power_of_2(V))
@@ -754,18 +785,18 @@ def ring_verify(
     NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
-    grid = (nsplit, B, HV)
+    grid = (nsplit, B, HV) if order == 0 else (nsplit, HV, B)
     if pair_loop is None:  # VERIFY_TUNED: from pair_loop_min_T drafts on (KDA)
         pair_loop = T >= tuned.get("pair_loop_min_T", T + 1)
     pair_loop = bool(pair_loop)
-    pipe_kw = dict(CKDOT=ck_dot, PAIR_LOOP=pair_loop and is_kda, launch_opts=launch_opts)
+    pipe_kw = dict(CKDOT=ck_dot, PAIR_LOOP=pair_loop and is_kda, launch_opts=launch_opts, ROW_ORDER=order)
     if pipe > 0:
         pipe_kw.update(PIPE=pipe, BKT=_chunk_width(BK, chunk_bytes, state))
     if split:
         pipe_kw["split"] = True
         VS = BV  # the main launch: one V-tile per program
         nsplit = triton.cdiv(V, VS)
-        grid = (nsplit, B, HV)
+        grid = (nsplit, B, HV) if order == 0 else (nsplit, HV, B)
     _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
                    **pipe_kw)
@@ -823,22 +854,24 @@ def _scratch_floats(BT: int, BK: int, BC: int) -> int:
 
 def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx=None,
-                   PIPE=0, BKT=32, split=False, CKDOT=0, PAIR_LOOP=False, launch_opts=None):
-    B = grid[1]
+                   PIPE=0, BKT=32, split=False, CKDOT=0, PAIR_LOOP=False, launch_opts=None, ROW_ORDER=0):
+    B = grid[1] if ROW_ORDER == 0 else grid[2]
     # scratch of the pipelined read per (row, value head), fp32: the drafts' k and q vectors, and for a split step the
     # pre launch's K-side results
     scr = _scratch_floats(BT, BK, BC)
     qk_scr = torch.empty(B * HV * scr if PIPE else 1, dtype=torch.float32, device=state.device)
-    parts = ((1, (1, B, HV)), (2, grid)) if split else ((0, grid),)
+    pre_grid = (1, B, HV) if ROW_ORDER == 0 else (1, HV, B)
+    parts = ((1, pre_grid), (2, grid)) if split else ((0, grid),)
     for part, g in parts:
         _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                             slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
-                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts or {})
+                            out_precision, ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts or {},
+                            ROW_ORDER)
 
 
 def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                         slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision,
-                        ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts):
+                        ring_idx, PIPE, BKT, qk_scr, scr, CKDOT, PAIR_LOOP, launch_opts, ROW_ORDER=0):
     _ring_verify_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, state, ring.u, ring.k, ring.g, ring.h, slot_idx,
         float(scale), float(lower_bound) if lower_bound is not None else 0.0,
@@ -855,7 +888,7 @@ def _launch_verify_part(part, grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A
         HAS_RC=ring.rc is not None, RC_FP8=ring.rc_scale is not None,
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None,
         qk_scr=qk_scr, PIPE=PIPE, BKT=BKT, PART=part, SCR=scr, CKDOT=CKDOT, PAIR_LOOP=PAIR_LOOP,
-        num_warps=num_warps, num_stages=max(1, PIPE), **launch_opts,
+        ROW_ORDER=ROW_ORDER, num_warps=num_warps, num_stages=max(1, PIPE), **launch_opts,
     )
 
 

@@ -25,6 +25,8 @@ bf16 activations, fp32 state pool):
                 (not in the default arms); ours-pipe128x4: the pipelined read at BV 128, 4 warps;
   ours-pf       the default launch with the pre-step fold pipelined over K chunks (ring_verify(fold_pipe_stages=3));
                 ours-split-pf: both (not in the default arms).
+  ours-rows     VERIFY_TUNED's launch with the rows outermost (ring_verify(row_order="rows"): the pre-step fold's
+                and the verify launch's grids (tiles, HV, B); not in the default arms).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -357,6 +359,9 @@ FIXED_ARMS = {
     "ours-pl": (torch.float32, _launch(64, 2, 3, ck_dot=2, maxnreg=168, fold_pipe_stages=3, pair_loop=True)),
     "ours-pl-nocap": (torch.float32, _launch(64, 2, 3, ck_dot=2, fold_pipe_stages=3, pair_loop=True)),
     "ours-pl-64x4": (torch.float32, _launch(64, 4, 3, ck_dot=2, fold_pipe_stages=3, pair_loop=True)),
+    # session 23: VERIFY_TUNED's launch (its register cap too) with the pre-step fold's and the verify launch's rows
+    # outermost (ring_verify row_order "rows", opt-in; decode v3's "rows" gained 2-8% on the H200)
+    "ours-rows": (torch.float32, dict(row_order="rows")),
 }
 
 
@@ -453,7 +458,8 @@ def smoke():
     layer = dict(H=1, HV=2, K=32, V=32)
     for kind in ("gdn", "kda"):
         c = Case(kind, B=2, T=2, L=8, device="cpu", act_dtype=torch.float32, layer=layer, seed=1)
-        arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe", "ours-split", "ours-split-pf"])
+        arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe", "ours-split", "ours-split-pf",
+                             "ours-rows"])
         ref = ReferenceStream(c.pool0[c.slots.long()].double(), kind=kind, H=c.H, HV=c.HV, K=c.K, V=c.V,
                               A_log=c.A_log, dt_bias=c.dt_bias)
         for i, acc_v in enumerate([2, 1, 2, 2, 1, 2]):

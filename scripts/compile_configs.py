@@ -78,7 +78,8 @@ class Scenario:
     impl: str = "auto"
     kda_keys: str = "raw"  # the ring's KDA key records (ring.Ring.kda_keys)
     T: int = T_VERIFY  # verify: drafts per step (KDA's pair loop from T = 8, verify.VERIFY_TUNED)
-    v3_opts: tuple = ()  # decode: opt-in launch options as (name, value) pairs (replay_decode's v3_opts)
+    v3_opts: tuple = ()  # opt-in launch options as (name, value) pairs (decode: replay_decode's v3_opts; verify:
+    # ring_verify's keyword arguments)
 
     @property
     def label(self) -> str:
@@ -106,7 +107,8 @@ def server_scenarios() -> list[Scenario]:
     Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot), and GDN's
     opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy, KDA's bf16 copy with the
     CUDA-core tile (its launch before session 21, opt-out), the opt-in row_order "flush_first" (GDN without and
-    with the bf16 copy, KDA with predecayed keys) and the opt-in pre_order "rows" (KDA with predecayed keys)."""
+    with the bf16 copy, KDA with predecayed keys), the opt-in pre_order "rows" (KDA with predecayed keys) and
+    verify's opt-in row_order "rows" (GDN and KDA)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -143,9 +145,12 @@ def server_scenarios() -> list[Scenario]:
     out.append(Scenario("decode", "gdn", "fp32", "fp32", "bf16", L_RING, v3_opts=(("row_order", "flush_first"),)))
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, kda_keys="predecayed",
                         v3_opts=(("row_order", "flush_first"),)))
-    # the pre launch's rows outermost (decode_v3 pre_order, opt-in, session 23)
+    # the pre launch's rows outermost (decode_v3 pre_order, opt-in, session 23), and the verify step's (ring_verify
+    # row_order, opt-in, session 23)
     out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, kda_keys="predecayed",
                         v3_opts=(("pre_order", "rows"),)))
+    for kind in ("gdn", "kda"):
+        out.append(Scenario("verify", kind, "fp32", "fp32", "same", v3_opts=(("row_order", "rows"),)))
     return out
 
 
@@ -250,7 +255,7 @@ def run_scenario(sc: Scenario, log: list, label: list) -> None:
                       ring_idx=ring_idx, **({"v3_opts": dict(sc.v3_opts)} if sc.v3_opts else {}))
         return
     ring_verify(mixed, a, b, A_log, dt_bias, state, slot_idx, ring, T, scale=scale, lower_bound=sc.lower_bound,
-                ring_idx=ring_idx)
+                ring_idx=ring_idx, **dict(sc.v3_opts))
     # pool.materialize_: stacked [layers, ...] tensors, int64 indices; pool.commit_verify: flat int64 rows
     layers = 2
     temporal = torch.zeros(layers, slots, HV, V, K, dtype=DTYPE[sc.state])

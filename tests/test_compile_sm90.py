@@ -100,13 +100,15 @@ def test_scenario_labels():
         if lab.startswith("decode"):
             assert " L=" in lab and " T=" not in lab, lab
         else:
-            assert lab.startswith("verify") and lab.endswith((" T=4", " T=8", "lower_bound=-5.0")), lab
+            assert lab.startswith("verify") and lab.endswith((" T=4", " T=8", "lower_bound=-5.0", "row_order=rows")), lab
             assert (" T=4" in lab) != (" T=8" in lab), lab
     # (read same / bf16) x (L 1 / 16), L = 32, KDA's bf16 copy with the CUDA-core tile (opt-out of tile_mma), and
     # row_order "flush_first" (opt-in), and pre_order "rows" (opt-in)
     assert sum("keys=predecayed" in lab for lab in labels) == 8
     assert sum("row_order=flush_first" in lab for lab in labels) == 3
     assert sum("pre_order=rows" in lab for lab in labels) == 1
+    assert sorted(lab.split()[1] for lab in labels if lab.startswith("verify") and "row_order=rows" in lab) == [
+        "gdn", "kda"]
     # eight drafts for both kinds (KDA's pair loop runs from T = 8: verify.VERIFY_TUNED)
     assert sorted(lab.split()[1] for lab in labels if lab.endswith(" T=8")) == ["gdn", "kda"]
 

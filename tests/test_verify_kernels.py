@@ -288,6 +288,35 @@ def test_split_step(kind):
         run_sequence(kind=kind, steps=1, verify_opts=dict(pipe_stages=0, split=True))
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("opts", [dict(), dict(pipe_stages=3, chunk_bytes=64, split=True, block_v=8, num_warps=2)],
+                         ids=["tuned", "split"])
+def test_row_order(kind, opts, monkeypatch):
+    """row_order "rows": the pre-step fold's and the verify launch's programs with the rows outermost (grids (V-tiles,
+    HV, B) and (splits, HV, B); split: its pre launch (1, HV, B) too); GQA, padded rows, ring rows apart from slots,
+    every T in one sequence, against the float64 accepted stream. The launches' grids and ROW_ORDER are recorded."""
+    launched = []
+
+    class Spy:
+        def __init__(self, real, name):
+            self.real, self.name = real, name
+
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                launched.append((self.name, tuple(grid), kw["ROW_ORDER"]))
+                return self.real[grid](*args, **kw)
+            return run
+
+    monkeypatch.setattr(verify_mod, "_ring_prefold_kernel", Spy(verify_mod._ring_prefold_kernel, "fold"))
+    monkeypatch.setattr(verify_mod, "_ring_verify_kernel", Spy(verify_mod._ring_verify_kernel, "verify"))
+    B, HV = 3, 2
+    st = run_sequence(kind=kind, B=B, H=1, HV=HV, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
+                      spare_slots=2, ring_rows=True, verify_opts=dict(opts, row_order="rows"))
+    assert st["folds"] > 0 and st["non_fold"] > 0, st
+    assert {n for n, _, _ in launched} == {"fold", "verify"}
+    assert all(o == 1 and g[1:] == (HV, B + 1) for _, g, o in launched), launched  # B rows and one padded
+
+
 def test_gqa_groups_and_several_rows_gdn():
     # two value heads per key head (the k record is shared) and three rows in flight
     run_sequence(kind="gdn", B=3, H=1, HV=2, K=16, V=32, L=8, T=4, steps=6, pad_rows=1, spare_slots=2)
@@ -488,7 +517,8 @@ def test_refusals():
     before = state.clone()
     for bad, msg in ((dict(chunk_bytes=100), "chunk_bytes"), (dict(pipe_stages=-1), "pipe_stages"),
                      (dict(pipe_stages=0, split=True), "split=True needs"), (dict(ck_dot=3), "ck_dot must"),
-                     (dict(pipe_stages=0, ck_dot=1), "ck_dot chooses"), (dict(maxnreg=8), "maxnreg must")):
+                     (dict(pipe_stages=0, ck_dot=1), "ck_dot chooses"), (dict(maxnreg=8), "maxnreg must"),
+                     (dict(row_order="heads"), "row_order")):
         with pytest.raises(ValueError, match=msg):
             ring_verify(mixed, a, b, A_log, dt, state, slots, ring, 2, **bad)
         assert torch.equal(state, before), f"{bad}: the checkpoint was written before the refusal"
