@@ -33,7 +33,8 @@ Arms (per layer kind, state dtype and batch size B):
               registers, beside every row on the same cursor; and as the server launches it (v3_sl*: the ring keyed
               by request row, a forced mask, V3_TUNED; KDA predecayed) with and without each read copy
               (v3_rc_bf16_sl*, v3_rc_fp8_sl*): in the grid order (*_grid), as tuned (rows outermost since session
-              23), and with the pre launch's rows outermost as well (*_pre: pre_order "rows")
+              23), with the pre launch's rows outermost as well (*_pre: pre_order "rows"), and two value heads per
+              program (*_hpp2; not for the fp8 copy, which has two already)
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -827,6 +828,12 @@ def main():
                         for sfx, opts in (("_grid", grid), ("", None), ("_pre", dict(pre_order="rows"))):
                             arms[tag + sfx] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                        server_like=True, v3_opts=opts)
+                        if rd != "fp8_e4m3":  # (the fp8 copies' V3_TUNED has two heads per program already)
+                            # two value heads per program, slower in the grid order (session 9): a row's heads
+                            # are adjacent in the rows order, so the second head's loads may hit what the first
+                            # brought in
+                            arms[tag + "_hpp2"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
+                                                           server_like=True, v3_opts=dict(heads_per_program=2))
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
