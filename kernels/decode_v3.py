@@ -162,6 +162,32 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
 
 
 @triton.jit
+def _row_and_head(AXIS: tl.constexpr, ROWS_OUTER: tl.constexpr):
+    """(row, head) program ids of a grid whose axes AXIS and AXIS + 1 are (rows, heads), or (heads, rows) with
+    ROWS_OUTER (the rows outermost: a row's heads dispatched together). Shared by the decode and verify launches'
+    row orders."""
+    if ROWS_OUTER:
+        row = tl.program_id(AXIS + 1)
+        head = tl.program_id(AXIS)
+    else:
+        row = tl.program_id(AXIS)
+        head = tl.program_id(AXIS + 1)
+    return row, head
+
+
+def dispatch_grid(rows, heads, rows_outer: bool, *lead) -> tuple:
+    """The launch grid for _row_and_head: (*lead, rows, heads), or (*lead, heads, rows) with the rows outermost."""
+    return (*lead, heads, rows) if rows_outer else (*lead, rows, heads)
+
+
+def dispatch_order(name: str, value: str, orders: dict) -> int:
+    """A launch's dispatch-order option checked against its table (name -> ROW_ORDER constexpr)."""
+    if value not in orders:
+        raise ValueError(f"{name} must be one of {list(orders)}, got {value!r}")
+    return orders[value]
+
+
+@triton.jit
 def replay_decode_v3_pre_kernel(
     mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
     coef, scal,
@@ -182,12 +208,7 @@ def replay_decode_v3_pre_kernel(
         # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
         # the coefficients with gdc_wait before it uses them)
         gdc_launch_dependents()
-    if ROW_ORDER == 0:
-        i_hk = tl.program_id(1)
-        i_r0 = tl.program_id(0)
-    else:
-        i_hk = tl.program_id(0)
-        i_r0 = tl.program_id(1)
+    i_r0, i_hk = _row_and_head(0, ROW_ORDER == 1)
     for r in range(ROWS):
         i_n = i_r0 * ROWS + r
         if i_n < B:
@@ -557,15 +578,9 @@ def replay_decode_v3_kernel(
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
-    if ROW_ORDER == 0:
-        i_n = tl.program_id(1)
-        i_hp = tl.program_id(2)
-    elif ROW_ORDER == 1:
-        i_n = tl.program_id(2)
-        i_hp = tl.program_id(1)
-    else:
-        i_n = tl.load(row_perm + tl.program_id(2))
-        i_hp = tl.program_id(1)
+    i_n, i_hp = _row_and_head(1, ROW_ORDER != 0)
+    if ROW_ORDER == 2:
+        i_n = tl.load(row_perm + i_n)
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), i_n, i_hp * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
@@ -886,7 +901,7 @@ V3_TUNED: dict = {("gdn", 4, None): dict(_PIPE3, **_ROWS), ("kda", 4, None): dic
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
 # launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER
 ROW_ORDERS = {"grid": 0, "rows": 1, "flush_first": 2}
-# launch(pre_order=...): the pre launch's dispatch order -> its ROW_ORDER
+# launch(pre_order=...): the pre launch's dispatch order -> its ROW_ORDER (verify.ring_verify's row_order too)
 PRE_ORDERS = {"grid": 0, "rows": 1}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
 _LAST: dict = {}
@@ -962,13 +977,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
     tile_mma_asked = tile_mma is not None  # an explicit tile_mma=True refuses K chunks too short for tl.dot
     tile_mma = bool(tile_mma if tile_mma is not None else tuned.get("tile_mma", False))
-    row_order = row_order if row_order is not None else tuned.get("row_order", "grid")
-    if row_order not in ROW_ORDERS:
-        raise ValueError(f"row_order must be one of {list(ROW_ORDERS)}, got {row_order!r}")
-    pre_order = pre_order if pre_order is not None else tuned.get("pre_order", "grid")
-    if pre_order not in PRE_ORDERS:
-        raise ValueError(f"pre_order must be one of {list(PRE_ORDERS)}, got {pre_order!r}")
-    pre_ord = PRE_ORDERS[pre_order]
+    order = dispatch_order("row_order", row_order if row_order is not None else tuned.get("row_order", "grid"),
+                           ROW_ORDERS)
+    pre_ord = dispatch_order("pre_order", pre_order if pre_order is not None else tuned.get("pre_order", "grid"),
+                             PRE_ORDERS)
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -1041,7 +1053,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         else:
             raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
                              f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
-    order = ROW_ORDERS[row_order]
     row_perm = None
     if order == 2 and run_main:
         # before the pre launch, so that the main launch (its PDL dependent) can read it before gdc_wait
@@ -1051,15 +1062,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
                                 num_warps=4)
     if run_pre:
-        pre_grid = (triton.cdiv(B, pre_rows), lay.HK) if pre_ord == 0 else (lay.HK, triton.cdiv(B, pre_rows))
-        replay_decode_v3_pre_kernel[pre_grid](
+        replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
         )
     if run_main:
-        grid = (triton.cdiv(V, BV), B, HV // hpp) if order == 0 else (triton.cdiv(V, BV), HV // hpp, B)
+        grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,
             ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,

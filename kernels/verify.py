@@ -55,7 +55,8 @@ import triton.language as tl
 from replayssm_sglang import ring as ring_mod
 from replayssm_sglang.kernels.decode_v2 import _fold_records
 from replayssm_sglang.kernels.decode import _slot_row, check_ring_idx, ring_rows
-from replayssm_sglang.kernels.decode_v3 import _maxnreg_opts, _rc_scale, _store_read_copy, set_rc_valid_
+from replayssm_sglang.kernels.decode_v3 import (PRE_ORDERS, _maxnreg_opts, _rc_scale, _row_and_head,
+                                                _store_read_copy, dispatch_grid, dispatch_order, set_rc_valid_)
 
 __all__ = ["ring_verify", "ring_prefold", "ring_commit_", "default_precision"]
 
@@ -96,12 +97,7 @@ def _ring_prefold_kernel(
 ):
     # ROW_ORDER (ring_prefold's row_order): 0 grid (V-tiles, B, HV); 1 grid (V-tiles, HV, B), the rows outermost
     i_v = tl.program_id(0)
-    if ROW_ORDER == 0:
-        i_n = tl.program_id(1)
-        i_hv = tl.program_id(2)
-    else:
-        i_n = tl.program_id(2)
-        i_hv = tl.program_id(1)
+    i_n, i_hv = _row_and_head(1, ROW_ORDER == 1)
     i_h = i_hv // (HV // H)
 
     slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)  # state slot, ring row
@@ -269,12 +265,7 @@ def _ring_verify_kernel(
     # solve. OUT_PRECISION: output-only products (C q, q-scores, F): their error never compounds.
     # ROW_ORDER (ring_verify's row_order): 0 grid (splits, B, HV); 1 grid (splits, HV, B), the rows outermost
     i_s = tl.program_id(0)
-    if ROW_ORDER == 0:
-        i_n = tl.program_id(1)
-        i_hv = tl.program_id(2)
-    else:
-        i_n = tl.program_id(2)
-        i_hv = tl.program_id(1)
+    i_n, i_hv = _row_and_head(1, ROW_ORDER == 1)
     i_h = i_hv // (HV // H)
 
     o_t = tl.arange(0, BT)
@@ -612,8 +603,8 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     BV = min(block_v, triton.next_power_of_2(lay.V))
     BC = max(16, triton.next_power_of_2(lay.cap))
     precision = precision or default_precision(state.device, state.dtype)
-    order = _row_order(row_order)
-    grid = (triton.cdiv(lay.V, BV), B, lay.HV) if order == 0 else (triton.cdiv(lay.V, BV), lay.HV, B)
+    order = dispatch_order("row_order", row_order, PRE_ORDERS)
+    grid = dispatch_grid(B, lay.HV, order == 1, triton.cdiv(lay.V, BV))
     has_rc = ring.rc is not None
     if pipe_stages < 0:
         raise ValueError(f"pipe_stages must be >= 0, got {pipe_stages}")
@@ -629,15 +620,6 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
         ring_idx=ring_idx, HAS_RING_IDX=ring_idx is not None, PIPE=pipe, BKT=BKT, ROW_ORDER=order,
         num_warps=num_warps, num_stages=max(1, pipe),
     )
-
-
-VERIFY_ROW_ORDERS = {"grid": 0, "rows": 1}
-
-
-def _row_order(row_order: str) -> int:
-    if row_order not in VERIFY_ROW_ORDERS:
-        raise ValueError(f"row_order must be one of {list(VERIFY_ROW_ORDERS)}, got {row_order!r}")
-    return VERIFY_ROW_ORDERS[row_order]
 
 
 def ring_verify(
@@ -773,7 +755,7 @@ def ring_verify(
     launch_opts = _maxnreg_opts("maxnreg", maxnreg, state.device)
 
     row_order = tuned.get("row_order", "grid") if row_order is None else row_order
-    order = _row_order(row_order)
+    order = dispatch_order("row_order", row_order, PRE_ORDERS)
     ring_prefold(state, slot_idx, ring, T, block_v=fold_block_v, num_warps=fold_num_warps, precision=precision,
                  ring_idx=ring_idx, pipe_stages=fold_pipe, chunk_bytes=chunk_bytes, row_order=row_order)
 
@@ -785,7 +767,7 @@ def ring_verify(
     NLOG = max(1, (T - 1).bit_length())  # factors (I + (-A)^(2^j)), j < NLOG, cover powers < T
     VS = triton.cdiv(triton.cdiv(V, nsplit), BV) * BV
     nsplit = triton.cdiv(V, VS)
-    grid = (nsplit, B, HV) if order == 0 else (nsplit, HV, B)
+    grid = dispatch_grid(B, HV, order == 1, nsplit)
     if pair_loop is None:  # VERIFY_TUNED: from pair_loop_min_T drafts on (KDA)
         pair_loop = T >= tuned.get("pair_loop_min_T", T + 1)
     pair_loop = bool(pair_loop)
@@ -796,7 +778,7 @@ def ring_verify(
         pipe_kw["split"] = True
         VS = BV  # the main launch: one V-tile per program
         nsplit = triton.cdiv(V, VS)
-        grid = (nsplit, B, HV) if order == 0 else (nsplit, HV, B)
+        grid = dispatch_grid(B, HV, order == 1, nsplit)
     _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring, slot_idx,
                    scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps, out_precision, ring_idx,
                    **pipe_kw)
@@ -860,8 +842,7 @@ def _launch_verify(grid, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bi
     # pre launch's K-side results
     scr = _scratch_floats(BT, BK, BC)
     qk_scr = torch.empty(B * HV * scr if PIPE else 1, dtype=torch.float32, device=state.device)
-    pre_grid = (1, B, HV) if ROW_ORDER == 0 else (1, HV, B)
-    parts = ((1, pre_grid), (2, grid)) if split else ((0, grid),)
+    parts = ((1, dispatch_grid(B, HV, ROW_ORDER == 1, 1)), (2, grid)) if split else ((0, grid),)
     for part, g in parts:
         _launch_verify_part(part, g, BT, NLOG, BK, BV, BC, VS, mixed_qkv, a, b, A_log, dt_bias, out, state, ring,
                             slot_idx, scale, lower_bound, lay, T, H, HV, K, V, is_kda, precision, num_warps,
