@@ -27,3 +27,20 @@ def extra_cases(kind: str | None = None) -> list[dict]:
         if unknown:
             raise ValueError(f"REPLAYSSM_EXTRA_CASES: unknown keys {sorted(unknown)} in {c}")
     return [c for c in cases if kind is None or c.get("kind", kind) == kind]
+
+
+def spy_launches(monkeypatch, module, name: str, record) -> None:
+    """Replace the Triton kernel ``module.name`` (for this test) by one that launches the real kernel, then calls
+    ``record(grid, args, kwargs)`` with what the launch was given: tests read a launch's grid and constexprs
+    (ROW_ORDER, TILE_MMA, ...) from it to check that the path they ask for is the one that ran."""
+    real = getattr(module, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                out = real[grid](*args, **kw)
+                record(grid, args, kw)
+                return out
+            return run
+
+    monkeypatch.setattr(module, name, Spy())

@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 import bench_kernels as bk  # noqa: E402
+from conftest import spy_launches  # noqa: E402
 
 
 def _decode_outputs(kind, rec, **arm_kw):
@@ -75,21 +76,12 @@ def test_verify_mode_smoke():
 
 
 def _spy_main_launch(monkeypatch, key: str) -> list:
-    """decode v3's main launch replaced by one that records its keyword argument ``key`` (a constexpr such as
-    TILE_MMA), then launches the real kernel; the list it appends to."""
+    """decode v3's main launch recorded: the list of its keyword argument ``key`` (a constexpr such as TILE_MMA), one
+    entry per launch."""
     from replayssm_sglang.kernels import decode_v3
 
-    real = decode_v3.replay_decode_v3_kernel
     seen = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def go(*a, **kw):
-                seen.append(kw[key])
-                return real[grid](*a, **kw)
-            return go
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy())
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_kernel", lambda g, a, kw: seen.append(kw[key]))
     return seen
 
 

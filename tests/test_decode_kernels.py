@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import extra_cases
+from conftest import extra_cases, spy_launches
 from replayssm_sglang import reference as R
 from replayssm_sglang import ring as ringmod
 from replayssm_sglang.kernels.decode import replay_decode
@@ -699,20 +699,9 @@ def test_row_order(kind, read_dtype, ring_idx, kda_keys, order, monkeypatch):
 
     seen, mains = [], []
 
-    class Spy:  # records a kernel's launches: the permutation each step used, the main launch's grid and order
-        def __init__(self, real, record):
-            self.real, self.record = real, record
-
-        def __getitem__(self, grid):
-            def run(*args, **kw):
-                self.real[grid](*args, **kw)
-                self.record(grid, args, kw)
-            return run
-
-    monkeypatch.setattr(decode_v3, "_row_order_kernel", Spy(decode_v3._row_order_kernel,
-                                                            lambda g, a, kw: seen.append(a[6].cpu().clone())))
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_kernel", Spy(decode_v3.replay_decode_v3_kernel,
-                                                                  lambda g, a, kw: mains.append((g, kw["ROW_ORDER"]))))
+    # each launch recorded: the permutation each step used, the main launch's grid and order
+    spy_launches(monkeypatch, decode_v3, "_row_order_kernel", lambda g, a, kw: seen.append(a[6].cpu().clone()))
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_kernel", lambda g, a, kw: mains.append((g, kw["ROW_ORDER"])))
     hz = Harness(kind, B=5, H=1 if kind == "gdn" else 2, HV=2, K=32, V=16, L=4, seed=61, windows=(4, 4, 2, 4),
                  p_forced=0.15, impl="v3", read_dtype=read_dtype, ring_idx=ring_idx, kda_keys=kda_keys,
                  v3_opts=dict(row_order=order, pipe_stages=3, chunk_bytes=64))
@@ -799,18 +788,8 @@ def test_pre_order(kind, kda_keys, read_dtype, pre_rows, monkeypatch):
     from replayssm_sglang.kernels import decode_v3
 
     pres = []
-
-    class Spy:
-        def __init__(self, real):
-            self.real = real
-
-        def __getitem__(self, grid):
-            def run(*args, **kw):
-                self.real[grid](*args, **kw)
-                pres.append((grid, kw["ROW_ORDER"]))
-            return run
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", Spy(decode_v3.replay_decode_v3_pre_kernel))
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel",
+                 lambda g, a, kw: pres.append((g, kw["ROW_ORDER"])))
     H = 1 if kind == "gdn" else 2
     hz = Harness(kind, B=5, H=H, HV=2, K=32, V=16, L=4, seed=64, windows=(4, 4, 2, 4), p_forced=0.15, impl="v3",
                  read_dtype=read_dtype, ring_idx=True, kda_keys=kda_keys,

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from conftest import extra_cases
+from conftest import extra_cases, spy_launches
 from replayssm_sglang import ring as R
 from replayssm_sglang.kernels import verify as verify_mod
 from replayssm_sglang.kernels.verify import ring_commit_, ring_verify
@@ -296,19 +296,9 @@ def test_row_order(kind, opts, monkeypatch):
     HV, B) and (splits, HV, B); split: its pre launch (1, HV, B) too); GQA, padded rows, ring rows apart from slots,
     every T in one sequence, against the float64 accepted stream. The launches' grids and ROW_ORDER are recorded."""
     launched = []
-
-    class Spy:
-        def __init__(self, real, name):
-            self.real, self.name = real, name
-
-        def __getitem__(self, grid):
-            def run(*args, **kw):
-                launched.append((self.name, tuple(grid), kw["ROW_ORDER"]))
-                return self.real[grid](*args, **kw)
-            return run
-
-    monkeypatch.setattr(verify_mod, "_ring_prefold_kernel", Spy(verify_mod._ring_prefold_kernel, "fold"))
-    monkeypatch.setattr(verify_mod, "_ring_verify_kernel", Spy(verify_mod._ring_verify_kernel, "verify"))
+    for name, tag in (("_ring_prefold_kernel", "fold"), ("_ring_verify_kernel", "verify")):
+        spy_launches(monkeypatch, verify_mod, name,
+                     lambda g, a, kw, tag=tag: launched.append((tag, tuple(g), kw["ROW_ORDER"])))
     B, HV = 3, 2
     st = run_sequence(kind=kind, B=B, H=1, HV=HV, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=24, pad_rows=1,
                       spare_slots=2, ring_rows=True, verify_opts=dict(opts, row_order="rows"))
