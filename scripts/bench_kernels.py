@@ -35,6 +35,8 @@ Arms (per layer kind, state dtype and batch size B):
               (v3_rc_bf16_sl*, v3_rc_fp8_sl*): in the grid order (*_grid), as tuned (rows outermost since session
               23), with the pre launch's rows outermost as well (*_pre: pre_order "rows"), and two value heads per
               program (*_hpp2; not for the fp8 copy, which has two already)
+  v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
+              with the main launch capped at N registers
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -834,6 +836,17 @@ def main():
                             # brought in
                             arms[tag + "_hpp2"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                            server_like=True, v3_opts=dict(heads_per_program=2))
+                if v3 and "regcap" in variants and B == 256 and sdt == "float32":
+                    # the main launch's register cap as the server launches it (V3_TUNED otherwise; rows
+                    # outermost): fewer registers let more programs sit on an SM (the plain step's floor is per
+                    # program), more let the checkpoint step's fold keep its tiles; KDA's 96 is session 23's pick
+                    kk = "predecayed" if c.kind == "kda" else "raw"
+                    for rd in ("same", "fp8_e4m3"):
+                        tag = "v3_sl" if rd == "same" else "v3_rc_fp8_sl"
+                        caps = (72, 80, 88, 104, 128) if rd == "same" else (128, 144, 200)
+                        for mx in caps:
+                            arms[f"{tag}_m{mx}"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
+                                                            server_like=True, v3_opts=dict(main_maxnreg=mx))
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
