@@ -843,7 +843,7 @@ def main():
                     kk = "predecayed" if c.kind == "kda" else "raw"
                     for rd in ("same", "fp8_e4m3"):
                         tag = "v3_sl" if rd == "same" else "v3_rc_fp8_sl"
-                        caps = (72, 80, 88, 104, 128) if rd == "same" else (128, 144, 200)
+                        caps = (72, 80, 88, 96, 104, 112, 128) if rd == "same" else (128, 144, 200)
                         for mx in caps:
                             arms[f"{tag}_m{mx}"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                             server_like=True, v3_opts=dict(main_maxnreg=mx))
