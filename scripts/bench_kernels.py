@@ -37,6 +37,8 @@ Arms (per layer kind, state dtype and batch size B):
               program (*_hpp2; not for the fp8 copy, which has two already)
   v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
               with the main launch capped at N registers
+  v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
+              (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -224,7 +226,7 @@ SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
 
 def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=False, impl="v1", rows=False,
              records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
-             parts=None):
+             parts=None, rings_out=None):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
@@ -272,6 +274,8 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=Fals
         # write their checkpoints in the same step, one step in L)
         r.h.index_copy_(0, rr, torch.zeros_like(rows_t) if aligned else rows_t % c.L)
         rings.append(r)
+    if rings_out is not None:  # (--variants place: where each ring landed)
+        rings_out.extend(rings)
     L = window if window is not None else c.L
     if impl in ("v2", "v3"):
         bv, nw = cfg if cfg else (None, None)
@@ -847,6 +851,20 @@ def main():
                         for mx in caps:
                             arms[f"{tag}_m{mx}"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, read_dtype=rd,
                                                             server_like=True, v3_opts=dict(main_maxnreg=mx))
+                if v3 and "place" in variants and B == 256 and sdt == "float32":
+                    # the same launch (the server's, V3_TUNED) on rings allocated at different places: a pad of
+                    # p MiB allocated before each ring moves it; the first arm is timed again last (drift over
+                    # the run, against the spread between placements). Where each ring's record arrays start
+                    # goes to meta["placement"].
+                    kk = "predecayed" if c.kind == "kda" else "raw"
+                    pads, place = [], meta.setdefault("placement", {})
+                    for i, mib in enumerate((0, 1, 2, 3, 5, 8, 13, 21)):
+                        pads.append(torch.empty(mib << 20, dtype=torch.uint8, device=c.dev))
+                        got = []
+                        arms[f"v3_sl_p{i}"] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, server_like=True,
+                                                       rings_out=got)
+                        place[f"{kind}/v3_sl_p{i}"] = {f: getattr(got[0], f).data_ptr() for f in ("u", "k", "g", "h")}
+                    arms["v3_sl_p0_again"] = arms["v3_sl_p0"]
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
