@@ -687,7 +687,8 @@ def ring_verify(
     row_order: the dispatch order of the pre-step fold's and the verify launch's programs: "grid" (V-splits, rows,
     value heads: each head's sweep over the batch in turn) or "rows" (the rows outermost, a row's heads together,
     as decode v3's row_order "rows", which the H200 measured faster for every fp32-state decode in session 23).
-    None: VERIFY_TUNED ("grid"; "rows" is opt-in, not yet timed for verify). What is computed does not change.
+    None: VERIFY_TUNED ("rows" for the pipelined launch since session 24, 0.2-1.8% faster on the H200; "grid" for
+    rings with a read copy, not timed in the other order). What is computed does not change.
     """
     lay = ring.layout
     _check(ring, state, slot_idx, T)
@@ -822,9 +823,14 @@ VERIFY_BT_MIN = 2
 # B = 256, us per step all accepted / all rejected): T = 8 1347.2 -> 1189.2 / 1215.8 -> 1056.6 (1.16x -> 1.32x /
 # 1.29x -> 1.48x conventional, 1564.9), T = 4 401.5 -> 450.7 (slower: off below 8); without the register cap 1351.4
 # (T = 8), at 64 x 4 1682.2. GPU float64 tests of pair_loop in the same call (2/2).
-VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2),
+# The rows outermost (row_order "rows") since 2026-12-02 16:03 (verify-20261202-1603-rows, B = 256, us per step, all
+# accepted / all rejected, grid -> rows): GDN T = 4 363.2 -> 356.6 / 321.1 -> 316.0, T = 8 827.2 -> 818.4 / 705.6 ->
+# 704.3; KDA T = 4 398.6 -> 393.7 / 351.4 -> 348.3, T = 8 1183.1 -> 1174.5 / 1054.5 -> 1049.9: 0.2-1.8%, faster in all
+# eight cells of one call; GPU float64 tests of the order in the same call (test_row_order, 4/4). The read-copy
+# launch (VERIFY_ONE_PIECE) was not timed in that order and keeps the grid's.
+VERIFY_TUNED = {"gdn": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, row_order="rows"),
                 "kda": dict(pipe_stages=3, block_v=64, num_warps=2, fold_pipe_stages=3, ck_dot=2, maxnreg=168,
-                            pair_loop_min_T=8)}
+                            pair_loop_min_T=8, row_order="rows")}
 VERIFY_ONE_PIECE = dict(pipe_stages=0, block_v=32, num_warps=4)  # rings with a read copy
 
 

@@ -26,7 +26,9 @@ bf16 activations, fp32 state pool):
   ours-pf       the default launch with the pre-step fold pipelined over K chunks (ring_verify(fold_pipe_stages=3));
                 ours-split-pf: both (not in the default arms).
   ours-rows     VERIFY_TUNED's launch with the rows outermost (ring_verify(row_order="rows"): the pre-step fold's
-                and the verify launch's grids (tiles, HV, B); not in the default arms).
+                and the verify launch's grids (tiles, HV, B); VERIFY_TUNED's own order since session 24, so the
+                same launch as ours); ours-grid: the same in the grid order (before session 24; not in the default
+                arms).
 Each arm runs N_STEPS verify+commit steps captured in one CUDA graph with a fixed acceptance
 (all drafts accepted: T per row; all rejected: 1 per row, the bonus token), replayed after warm-up;
 the time per step is the median replay / N_STEPS. Slots are permuted; the state pool is 0.5 GB at
@@ -362,6 +364,8 @@ FIXED_ARMS = {
     # session 23: VERIFY_TUNED's launch (its register cap too) with the pre-step fold's and the verify launch's rows
     # outermost (ring_verify row_order "rows", opt-in; decode v3's "rows" gained 2-8% on the H200)
     "ours-rows": (torch.float32, dict(row_order="rows")),
+    # session 24: VERIFY_TUNED takes "rows" (0.2-1.8% faster, verify-20261202-1603-rows); the grid order beside it
+    "ours-grid": (torch.float32, dict(row_order="grid")),
 }
 
 
@@ -459,7 +463,7 @@ def smoke():
     for kind in ("gdn", "kda"):
         c = Case(kind, B=2, T=2, L=8, device="cpu", act_dtype=torch.float32, layer=layer, seed=1)
         arms = make_arms(c, ["conventional", "upstream", "ours", "ours-pipe", "ours-split", "ours-split-pf",
-                             "ours-rows"])
+                             "ours-rows", "ours-grid"])
         ref = ReferenceStream(c.pool0[c.slots.long()].double(), kind=kind, H=c.H, HV=c.HV, K=c.K, V=c.V,
                               A_log=c.A_log, dt_bias=c.dt_bias)
         for i, acc_v in enumerate([2, 1, 2, 2, 1, 2]):

@@ -305,6 +305,13 @@ def test_row_order(kind, opts, monkeypatch):
     assert st["folds"] > 0 and st["non_fold"] > 0, st
     assert {n for n, _, _ in launched} == {"fold", "verify"}
     assert all(o == 1 and g[1:] == (HV, B + 1) for _, g, o in launched), launched  # B rows and one padded
+    if not opts:  # the tuned launch's own order (VERIFY_TUNED: rows since session 24) when none is asked for
+        launched.clear()
+        run_sequence(kind=kind, B=B, H=1, HV=HV, K=32, V=16, L=8, T_choices=[1, 2, 4], steps=8, pad_rows=1,
+                     spare_slots=2, ring_rows=True)
+        assert verify_mod.VERIFY_TUNED[kind]["row_order"] == "rows"
+        assert launched and all(o == 1 and g[1:] == (HV, B + 1)
+                                for _, g, o in launched), launched
 
 
 def test_gqa_groups_and_several_rows_gdn():
