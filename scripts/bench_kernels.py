@@ -38,7 +38,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
               with the main launch capped at N registers
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
-              (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta
+              (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
+              placerr too, the eight timed round-robin over PLACE_ROUNDS rounds (each arm: the median; every
+              round and the clocks after it in the meta), to tell placement from drift
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -71,6 +73,7 @@ import torch
 
 KIND_SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PLACE_ROUNDS = 5  # --variants placerr: round-robin rounds over the eight ring placements
 L2_BYTES = 50 * 2**20
 
 
@@ -311,8 +314,30 @@ def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=Fals
 
 def time_graph(c: Case, run) -> float:
     """Median seconds per decode step over CUDA-graph replays of NSTEPS steps."""
+    return time_replays(c, capture_graph(c, run))
+
+
+def time_replays(c: Case, g) -> float:
+    """Median seconds per decode step over replays of a captured graph of NSTEPS steps."""
     import triton.testing as tt
 
+    return tt.do_bench(g.replay, warmup=20, rep=120, return_mode="median") * 1e-3 / c.NSTEPS
+
+
+def gpu_clocks() -> str:
+    """The SM and memory clocks, temperature and power as nvidia-smi reads them now ("" without nvidia-smi)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def capture_graph(c: Case, run):
+    """run's NSTEPS steps warmed up (compiled, every ring and pool touched once), captured in one CUDA graph and
+    replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -326,8 +351,7 @@ def time_graph(c: Case, run) -> float:
             run(i)
     g.replay()
     torch.cuda.synchronize()
-    t = tt.do_bench(g.replay, warmup=20, rep=120, return_mode="median") * 1e-3
-    return t / c.NSTEPS
+    return g
 
 
 # --step-split: per-launch GPU time by step of a window, every row on the same cursor (as in the server), B = 256.
@@ -670,6 +694,7 @@ def main():
             v1, v2, v3 = "v1" in impls, "v2" in impls, "v3" in impls
             for B in batches:
                 c = Case(kind, B, sdt, dev)
+                timed = {}  # arm -> seconds per step, timed before the loop below (--variants placerr)
                 arms = {
                     "conv": arm_conv(c),
                     "conv_cuda": arm_conv_cuda(c),
@@ -865,6 +890,25 @@ def main():
                                                        rings_out=got)
                         place[f"{kind}/v3_sl_p{i}"] = {f: getattr(got[0], f).data_ptr() for f in ("u", "k", "g", "h")}
                     arms["v3_sl_p0_again"] = arms["v3_sl_p0"]
+                    if "placerr" in variants:
+                        # placement or drift: the eight placements timed round-robin, PLACE_ROUNDS rounds of one
+                        # graph each, the clocks read after every round; each arm's result is its median over the
+                        # rounds, every round's time in meta["place_rounds"]
+                        del arms["v3_sl_p0_again"]
+                        names = [f"v3_sl_p{i}" for i in range(8)]
+                        graphs = {n: capture_graph(c, arms.pop(n)) for n in names}
+                        per = {n: [] for n in names}
+                        clocks = meta.setdefault("place_clocks", {}).setdefault(kind, [])
+                        for rnd in range(PLACE_ROUNDS):
+                            for n in names:
+                                per[n].append(time_replays(c, graphs[n]))
+                            clocks.append(gpu_clocks())
+                            print(f"{kind} place round {rnd}: " + " ".join(f"{per[n][-1] * 1e6:6.1f}" for n in names)
+                                  + f" | {clocks[-1]}", flush=True)
+                        meta.setdefault("place_rounds", {}).update(
+                            {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        del graphs
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
@@ -890,7 +934,10 @@ def main():
                     for bv, nw in ((32, 2), (64, 2), (64, 4), (16, 1)):
                         arms[f"v3c_{bv}x{nw}"] = arm_ours(c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="chunked")
                 res = {}
-                for name, run in arms.items():
+                for name, run in list(arms.items()) + [(n, None) for n in timed]:
+                    if name in timed:  # timed above (--variants placerr)
+                        res[name] = timed[name]
+                        continue
                     if run is None:
                         continue
                     try:
