@@ -896,7 +896,10 @@ def main():
                         # rounds, every round's time in meta["place_rounds"]
                         del arms["v3_sl_p0_again"]
                         names = [f"v3_sl_p{i}" for i in range(8)]
-                        graphs = {n: capture_graph(c, arms.pop(n)) for n in names}
+                        # the runs stay referenced while their graphs replay: a graph does not keep the rings its
+                        # kernels read alive (fc91e27 dropped them: KDA's replays then read freed memory and faulted)
+                        runs = {n: arms.pop(n) for n in names}
+                        graphs = {n: capture_graph(c, runs[n]) for n in names}
                         per = {n: [] for n in names}
                         clocks = meta.setdefault("place_clocks", {}).setdefault(kind, [])
                         for rnd in range(PLACE_ROUNDS):
@@ -908,7 +911,7 @@ def main():
                         meta.setdefault("place_rounds", {}).update(
                             {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                        del graphs
+                        del graphs, runs
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
