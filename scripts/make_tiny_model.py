@@ -48,7 +48,8 @@ Two constructions (--init; same config, same tensor names, shapes and dtypes, so
           stays random, so the expert load (and the fused-MoE cost) is as in the random model;
         * the MTP block's fc passes the next token's embedding through (identity on the embedding half, small
           random on the hidden half), so the NEXTN draft should predict succ(succ(t)) (acceptance not measured here).
-  random -- the plain random construction (the checkpoints of the runs up to 2026-11-29, byte for byte).
+  random -- the plain random construction (the checkpoints of the runs up to 2026-11-29; byte for byte on the same
+            CPU: torch's CPU randn and log / exp round differently on different CPUs, tests/test_tiny_model.py).
 """
 from __future__ import annotations
 
