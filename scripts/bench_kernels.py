@@ -937,16 +937,14 @@ def main():
                     for bv, nw in ((32, 2), (64, 2), (64, 4), (16, 1)):
                         arms[f"v3c_{bv}x{nw}"] = arm_ours(c, torch.bfloat16, cfg=(bv, nw), impl="v3", fold="chunked")
                 res = {}
-                for name, run in list(arms.items()) + [(n, None) for n in timed]:
-                    if name in timed:  # timed above (--variants placerr)
-                        res[name] = timed[name]
-                        continue
+                for name, run in arms.items():
                     if run is None:
                         continue
                     try:
                         res[name] = time_graph(c, run)
                     except Exception as e:  # noqa: BLE001
                         print(f"{kind} {sdt} B={B} {name}: failed {type(e).__name__}: {str(e)[:300]}", flush=True)
+                res.update(timed)  # timed above (--variants placerr), after the others as before
                 base_name = min((n for n in ("conv", "conv_cuda") if n in res), key=lambda n: res[n])
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
