@@ -517,13 +517,12 @@ def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n,
 @triton.jit
 def _row_order_kernel(ring_h, h_rows, slot_idx, ring_idx, forced, rc_valid, row_perm, B, L,
                       BB: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
-                      HAS_RING_IDX: tl.constexpr, HAS_RC: tl.constexpr, nh_out=None, HAS_NH: tl.constexpr = False):
+                      HAS_RING_IDX: tl.constexpr, HAS_RC: tl.constexpr):
     """One program: row_perm [B] = the batch rows that write their checkpoint this step (flush, pre-fold, forced,
     stale read copy: _decode_rule_rc's rule) first, then the others, each part in batch order (padded rows with
     the others). The main launch with ROW_ORDER 2 takes its rows in this order. A permutation whatever h holds,
     so it moves only when work is done, never what is computed. (A head rebased by the predecayed keys' overflow
-    rule is decided in the pre launch and not seen here: it only stays in the second part.) HAS_NH: the number of
-    rows in the first part is stored at nh_out[0] (the split fold launch, ``launch(split_fold=...)``)."""
+    rule is decided in the pre launch and not seen here: it only stays in the second part.)"""
     i = tl.arange(0, BB)
     m = i < B
     slot = tl.load(slot_idx + i, mask=m, other=-1).to(tl.int64)
@@ -548,8 +547,6 @@ def _row_order_kernel(ring_h, h_rows, slot_idx, ring_idx, forced, rc_valid, row_
     n_heavy = tl.sum(heavy.to(tl.int32), 0)
     pos = tl.where(heavy, tl.cumsum(heavy.to(tl.int32), 0) - 1, n_heavy + tl.cumsum(light.to(tl.int32), 0) - 1)
     tl.store(row_perm + pos, i, mask=m)
-    if HAS_NH:
-        tl.store(nh_out, n_heavy)
 
 
 @triton.jit
@@ -570,89 +567,28 @@ def replay_decode_v3_kernel(
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
     TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
-    row_perm=None, ROW_ORDER: tl.constexpr = 0, nh_in=None,
+    row_perm=None, ROW_ORDER: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
     (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache.
     ROW_ORDER (opt-in ``row_order``, see ``launch``): 0 the grid above; 1 grid (V / BV, HV / HPP, B), the rows
     outermost, so a row's programs are dispatched together, in batch order; 2 the same with row
-    ``row_perm[program_id(2)]`` (_row_order_kernel: the rows that write their checkpoint first); 3 (``split_fold``)
-    the rows that do not write their checkpoint only, ``row_perm[nh_in[0] + program_id(2)]``: the last nh_in[0]
-    rows' programs return at once (replay_decode_v3_fold_kernel runs the others)."""
+    ``row_perm[program_id(2)]`` (_row_order_kernel: the rows that write their checkpoint first)."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
     i_n, i_hp = _row_and_head(1, ROW_ORDER != 0)
-    skip = False
     if ROW_ORDER == 2:
         i_n = tl.load(row_perm + i_n)
-    if ROW_ORDER == 3:
-        nh = tl.load(nh_in)
-        skip = i_n >= tl.num_programs(2) - nh
-        i_n = tl.load(row_perm + tl.minimum(nh + i_n, tl.num_programs(2) - 1))
-    if skip:
-        if USE_PDL:
-            # every program waits, so that this launch completes only after the one it depends on (the launches
-            # after it rely on that: a fold launch before this one, the pre launch)
-            gdc_wait()
-    else:
-        for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
-            _main_tile(tl.program_id(0), i_n, i_hp * HPP + r,
-                       mixed_qkv, a, b, A_log, dt_bias, out, state,
-                       ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
-                       scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
-                       H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
-                       FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX,
-                       rc_valid, FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
-
-
-@triton.jit
-def replay_decode_v3_fold_kernel(
-    mixed_qkv, a, b, A_log, dt_bias, out, state,
-    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx,
-    coef, scal, rc, rc_scale,
-    scale, lower_bound, L,
-    stride_qkv, stride_a, stride_b, stride_slot,
-    row_perm, nh_in,
-    H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, BC: tl.constexpr, BKT: tl.constexpr,
-    IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr,
-    USE_LOWER_BOUND: tl.constexpr, HAS_RC: tl.constexpr, RC_FP8: tl.constexpr,
-    FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
-    PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    TILE_MMA: tl.constexpr, MMA_F32: tl.constexpr, LAUNCH_DEPS: tl.constexpr,
-):
-    """The split fold launch (``launch(split_fold=...)``): a grid of P programs that stride over the (row, value
-    head, V-tile) items of the nh_in[0] rows that write their checkpoint this step, row_perm[0:nh_in[0]]
-    (_row_order_kernel), each item _main_tile's whole work (output, record coefficients, the fold), in a launch
-    whose shape (BV, warps, chunk widths, pipelining, registers) is the fold's, not the plain step's. The main
-    launch (ROW_ORDER 3) skips these rows. With staggered cursors they are 1/L of the rows on every step; with
-    aligned ones all rows on one step in L and none on the others, where the P programs only read nh_in and exit.
-    LAUNCH_DEPS (``split_fold="before"``, PDL): the main launch, launched after this one as its programmatic
-    dependent, may start at once, so its tile reads overlap this launch. With USE_PDL every program waits for the
-    launch before it (gdc_wait) even with no item, so that this launch's completion implies that one's."""
-    if LAUNCH_DEPS:
-        gdc_launch_dependents()
-    nh = tl.load(nh_in)
-    NVT: tl.constexpr = (V + BV - 1) // BV
-    per_row: tl.constexpr = HV * NVT
-    for it in range(tl.program_id(0), nh * per_row, tl.num_programs(0)):
-        r = it // per_row
-        i_hv = (it % per_row) // NVT
-        i_v = it % NVT
-        i_n = tl.load(row_perm + r)
-        _main_tile(i_v, i_n, i_hv,
+    for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
+        _main_tile(tl.program_id(0), i_n, i_hp * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
                    ring_u, ring_k, ring_g, ring_h, h_rows, slot_idx, forced, ring_idx, coef, scal, rc, rc_scale,
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
-                   True, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX,
-                   rc_valid, FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
-    if USE_PDL:
-        gdc_wait()
+                   FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
+                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
 
 
 @triton.jit
@@ -963,15 +899,8 @@ V3_TUNED: dict = {("gdn", 4, None): dict(_PIPE3, **_ROWS), ("kda", 4, None): dic
                   ("gdn", 4, torch.bfloat16): dict(_RC_BF16_PIPE_MMA, **_ROWS),
                   ("kda", 4, torch.bfloat16): dict(_RC_BF16_KDA_MMA, **_ROWS),
                   ("gdn", 2, None): _R16_MMA, ("kda", 2, None): _R16_MMA}
-# launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER (split_fold: 3, the non-folding rows only)
+# launch(row_order=...): the main launch's dispatch order -> its ROW_ORDER
 ROW_ORDERS = {"grid": 0, "rows": 1, "flush_first": 2}
-# launch(split_fold=...): the fold launch's shape, overridden by V3_TUNED's "fold_launch" and the caller's fold_launch.
-# programs: the grid (None: programs_per_sm per SM); block_v, num_warps: its tiles; fold, fold_bytes, fold_pipe_stages:
-# the fold; pipe_stages, chunk_bytes: the tile read; maxnreg: a register cap. The default: two warps per program
-# (bench_fold.py's fold alone streamed at 4.09 TB/s with two, session 14), 64-byte fold chunks in a plain loop, 8
-# programs per SM (offline, Triton 3.6, sm_90: 128 registers for GDN and KDA). Not yet timed on the GPU (session 25).
-FOLD_LAUNCH = dict(programs=None, programs_per_sm=8, block_v=32, num_warps=2, fold="dot3", fold_bytes=64,
-                   fold_pipe_stages=1, pipe_stages=3, chunk_bytes=128, maxnreg=None)
 # launch(pre_order=...): the pre launch's dispatch order -> its ROW_ORDER (verify.ring_verify's row_order too)
 PRE_ORDERS = {"grid": 0, "rows": 1}
 PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp, 2816 / 3520 at 4
@@ -982,7 +911,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None, split_fold=None, fold_launch=None):
+           tile_mma=None, row_order=None, pre_order=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -1034,16 +963,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     key heads (each head's sweep over the batch in turn: consecutive programs read records 256 KB apart for KDA, a
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
-    this tries for the pre launch.
-    split_fold (None: V3_TUNED, off): the rows that write their checkpoint this step (flush, pre-fold, forced,
-    stale read copy) leave the main launch, which keeps the others (rows outermost, ROW_ORDER 3), for a launch of
-    their own, replay_decode_v3_fold_kernel: P programs striding over those rows' (row, head, V-tile) items, each
-    item the main launch's whole work for it, compiled with the fold's own shape (``fold_launch``, over
-    FOLD_LAUNCH). _row_order_kernel lists and counts the rows first. "after": pre, main, fold, post; "before": pre,
-    fold, main, post, with PDL the main launch starting while the fold launch runs (its tile reads overlap the
-    fold's). What is computed is the same as in one launch (the same _main_tile per item). Why: in one launch a
-    checkpoint-writing program takes ~3.6x a plain one (one warp, 16-wide fold chunks, the plain step's registers;
-    docs/design.md, "Session 25")."""
+    this tries for the pre launch."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1061,16 +981,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                            ROW_ORDERS)
     pre_ord = dispatch_order("pre_order", pre_order if pre_order is not None else tuned.get("pre_order", "grid"),
                              PRE_ORDERS)
-    split = split_fold if split_fold is not None else tuned.get("split_fold")
-    if split not in (None, False, "after", "before"):
-        raise ValueError(f"split_fold must be None, 'after' or 'before', got {split!r}")
-    if split and row_order not in (None, "rows"):
-        raise ValueError(f"split_fold runs the main launch rows outermost (its own order); row_order={row_order!r}")
-    fl = dict(FOLD_LAUNCH, **(tuned.get("fold_launch") or {}), **(fold_launch or {}))
-    if set(fl) - set(FOLD_LAUNCH):
-        raise ValueError(f"fold_launch keys: {sorted(FOLD_LAUNCH)}, got {sorted(set(fl) - set(FOLD_LAUNCH))}")
-    if split:
-        order = 3
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -1144,15 +1054,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             raise ValueError(f"tile_mma needs K chunks of at least 16 elements (tl.dot's minimum): chunk_bytes >= "
                              f"{16 * tile_es} for a {'bf16' if tile_es == 2 else 'fp8'} tile, got {chunk_bytes}")
     row_perm = None
-    n_heavy = None
-    if order in (2, 3) and run_main:
+    if order == 2 and run_main:
         # before the pre launch, so that the main launch (its PDL dependent) can read it before gdc_wait
         row_perm = torch.empty(B, dtype=torch.int32, device=dev)
-        n_heavy = torch.empty(1, dtype=torch.int32, device=dev) if order == 3 else None
         _row_order_kernel[(1,)](ring.h, hr, slot_idx, ri, f, ring.rc_valid if has_rc else slot_idx, row_perm, B, L,
                                 BB=triton.next_power_of_2(B), HAS_FORCED=forced is not None,
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
-                                nh_out=n_heavy, HAS_NH=order == 3, num_warps=4)
+                                num_warps=4)
     if run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -1160,60 +1068,24 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
         )
-    main_args = (mixed_qkv, a2, b2, A_log, dt_bias, out, state,
-                 ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
-                 ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
-                 float(scale), lb, L,
-                 mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0))
-
-    def fold_launch_now():
-        """The split fold launch (split_fold), its shape from fl."""
-        ffold = fl["fold"]
-        if rc_fp8 and ffold in ("dot", "dot3"):
-            ffold = "chunked"  # (the dot folds are refused with an fp8 copy, above)
-        if ffold not in V3_FOLDS - {"loop"}:
-            raise ValueError(f"fold_launch fold must be one of {sorted(V3_FOLDS - {'loop'})}, got {ffold!r}")
-        fbv = max(16, min(int(fl["block_v"]), triton.next_power_of_2(V)))
-        fpipe = int(fl["pipe_stages"])
-        if fl["programs"]:
-            n_prog = int(fl["programs"])
-        elif dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            n_prog = torch.cuda.get_device_properties(dev).multi_processor_count * int(fl["programs_per_sm"])
-        else:
-            n_prog = 3  # (the interpreter, or compile_configs' CPU tensors: a few, each striding)
-        n_prog = max(1, min(n_prog, B * HV * triton.cdiv(V, fbv)))
-        ffp = int(fl["fold_pipe_stages"]) if ffold in ("dot", "dot3") else 0
-        # the checkpoint tile (the fold rows never read a read copy) in K chunks of chunk_bytes
-        fbkt = min(BK, max(1, int(fl["chunk_bytes"]) // state.element_size()))
-        _LAST["fold_kernel"] = replay_decode_v3_fold_kernel[(n_prog,)](
-            *main_args, row_perm, n_heavy,
-            V=V, BV=fbv, BC=BC, BKT=fbkt, FOLD_DOT=ffold in ("dot", "dot3"),
-            DOT_PREC="tf32x3" if ffold == "dot3" else "ieee", BCD=max(16, BC), HAS_RC=has_rc, RC_FP8=rc_fp8,
-            PIPE=fpipe, BKF=min(BK, max(16, int(fl["fold_bytes"]) // state.element_size())),
-            num_warps=int(fl["num_warps"]), num_stages=max(1, fpipe, ffp), USE_PDL=pdl,
-            rc_valid=ring.rc_valid if has_rc else None, FOLD_PIPE=ffp, ovf=ring.ovf if pred else None, PRED=pred,
-            TILE_MMA=tile_mma and state.element_size() <= 2 and fbkt >= 16,
-            MMA_F32=os.environ.get("TRITON_INTERPRET") == "1", LAUNCH_DEPS=pdl and split == "before",
-            **common, **_pdl_kw(pdl), **_maxnreg_opts("fold_launch maxnreg", fl["maxnreg"], dev),
-        )
-
-    if run_main and split == "before":
-        fold_launch_now()
     if run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](
-            *main_args, V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
+            mixed_qkv, a2, b2, A_log, dt_bias, out, state,
+            ring.u, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
+            ring.rc if has_rc else state, ring.rc_scale if rc_fp8 else scal,
+            float(scale), lb, L,
+            mixed_qkv.stride(0), a2.stride(0), b2.stride(0), state.stride(0),
+            V=V, BV=BV, BC=BC, BKT=BKT, FOLD_CHUNKED=(fold != "loop"), FOLD_DOT=fold in ("dot", "dot3"),
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
             num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
-            row_perm=row_perm, ROW_ORDER=order, nh_in=n_heavy,
+            row_perm=row_perm, ROW_ORDER=order,
             **common, **_pdl_kw(pdl), **main_opts,
         )
-    if run_main and split == "after":
-        fold_launch_now()
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,

@@ -37,9 +37,6 @@ Arms (per layer kind, state dtype and batch size B):
               program (*_hpp2; not for the fp8 copy, which has two already)
   v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
               with the main launch capped at N registers
-  v3_sl_s{a,b}_TAG[_aligned] (--variants split, fp32 states, B >= 128) the server's launch (v3_sl) with the
-              checkpoint-writing rows in a fold launch of their own (decode_v3 split_fold) after (sa) / before (sb)
-              the main launch, its shape SPLIT_FOLDS[TAG]; beside v3_sl; aligned cursors too where one pool is used
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds (each arm: the median; every
@@ -76,13 +73,6 @@ import torch
 
 KIND_SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# --variants split: the fold launch's shapes (decode_v3 FOLD_LAUNCH keys), by arm tag: warps, fold chunk bytes, fold
-# pipeline stages, programs per SM (registers offline, Triton 3.6, sm_90, GDN / KDA predecayed: 2w64: 128 / 128, 8 per
-# SM; 4w64: 96 / 128, 5 / 4 per SM; 2w128p2: 165 / 253, 6 / 4 per SM; 1w64: 128 / 130, 16 / 15 per SM)
-SPLIT_FOLDS = {"2w64": dict(num_warps=2, fold_bytes=64, fold_pipe_stages=1, programs_per_sm=8),
-               "4w64": dict(num_warps=4, fold_bytes=64, fold_pipe_stages=1, programs_per_sm=4),
-               "2w128p2": dict(num_warps=2, fold_bytes=128, fold_pipe_stages=2, programs_per_sm=4),
-               "1w64": dict(num_warps=1, fold_bytes=64, fold_pipe_stages=1, programs_per_sm=15)}
 PLACE_ROUNDS = 5  # --variants placerr: round-robin rounds over the eight ring placements
 L2_BYTES = 50 * 2**20
 
@@ -922,20 +912,6 @@ def main():
                             {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                         del graphs, runs
-                if v3 and "split" in variants and B >= 128 and sdt == "float32":
-                    # the checkpoint-writing rows in a launch of their own (decode_v3 split_fold), after / before the
-                    # main launch, at the fold launch shapes of SPLIT_FOLDS, as the server launches it; staggered
-                    # cursors and (one pool: B >= 256) aligned ones, beside the same launch in one piece
-                    kk = "predecayed" if c.kind == "kda" else "raw"
-                    for al in (False, True) if c.NL == 1 else (False,):
-                        sfx = "_aligned" if al else ""
-                        arms["v3_sl" + sfx] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, server_like=True,
-                                                       aligned=al)
-                        for where in ("after", "before"):
-                            for tag, fl in SPLIT_FOLDS.items():
-                                arms[f"v3_sl_s{where[0]}_{tag}{sfx}"] = arm_ours(
-                                    c, torch.float32, impl="v3", kda_keys=kk, server_like=True, aligned=al,
-                                    v3_opts=dict(split_fold=where, fold_launch=fl))
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

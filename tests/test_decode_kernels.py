@@ -769,66 +769,6 @@ def test_row_order_kernel(with_rc, ring_idx, h_rows):
     assert perm.cpu().tolist() == want
 
 
-@pytest.mark.parametrize("kind,read_dtype,ring_idx,kda_keys", [
-    ("gdn", "same", False, "raw"), ("gdn", "bf16", True, "raw"), ("kda", "same", True, "predecayed"),
-    ("kda", "fp8_e4m3", False, "raw")])
-@pytest.mark.parametrize("split", ["after", "before"])
-def test_split_fold(kind, read_dtype, ring_idx, kda_keys, split, monkeypatch):
-    """split_fold: the rows that write their checkpoint this step run in a launch of their own
-    (replay_decode_v3_fold_kernel, a few programs striding over their (row, head, V-tile) items), the main launch the
-    others: outputs, the state at every flush and the records against the float64 reference, untouched slots
-    bit-identical, with padded rows, forced flushes, staggered cursors, pre-folds (window switches), rings keyed by
-    ring row, read copies (a stale copy is a forced flush) and predecayed KDA keys. The launches ran in the order
-    asked for, the main launch with ROW_ORDER 3, and the fold launch had rows to fold on some steps and none on
-    others."""
-    from replayssm_sglang.kernels import decode_v3
-
-    order, counts = [], []
-    spy_launches(monkeypatch, decode_v3, "_row_order_kernel",
-                 lambda g, a, kw: (order.append("perm"), counts.append(int(kw["nh_out"].item()))))
-    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel", lambda g, a, kw: order.append("pre"))
-    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_kernel",
-                 lambda g, a, kw: order.append(f"main{kw['ROW_ORDER']}"))
-    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_fold_kernel", lambda g, a, kw: order.append("fold"))
-    hz = Harness(kind, B=5, H=1 if kind == "gdn" else 2, HV=2, K=32, V=32, L=4, seed=64, windows=(4, 4, 2, 4),
-                 p_forced=0.15, impl="v3", read_dtype=read_dtype, ring_idx=ring_idx, kda_keys=kda_keys,
-                 v3_opts=dict(split_fold=split, pipe_stages=3, chunk_bytes=64,
-                              fold_launch=dict(programs=3, block_v=16, fold_bytes=64)))
-    st = hz.run(12)
-    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0 and st["prefolds"] > 0
-    mid = ["fold", "main3"] if split == "before" else ["main3", "fold"]
-    step = ["perm", "pre"] + mid
-    assert [o for o in order if o != "pre"] == [o for o in step if o != "pre"] * 12, order
-    # 3 programs over up to 5 x 2 x 2 items: some programs take several; some steps fold nothing
-    assert max(counts) >= 2 and min(counts) == 0, counts
-
-
-def test_split_fold_runs_the_folding_rows(monkeypatch):
-    """With split_fold the main launch really leaves the folding rows to the fold launch: a fold launch that does
-    nothing leaves their outputs unwritten and their checkpoints unfolded, which the float64 checks catch."""
-    from replayssm_sglang.kernels import decode_v3
-
-    class Idle:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: None
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_fold_kernel", Idle())
-    hz = Harness("gdn", B=4, H=1, HV=2, K=32, V=16, L=4, seed=65, p_pad=0.0, impl="v3",
-                 v3_opts=dict(split_fold="after"))
-    with pytest.raises(AssertionError):
-        hz.run(6)
-
-
-def test_split_fold_refused():
-    """split_fold's values, its order and fold_launch's keys are checked."""
-    for opts, msg in ((dict(split_fold="inside"), "split_fold"), (dict(split_fold="after", row_order="grid"), "row_order"),
-                      (dict(split_fold="after", fold_launch=dict(warps=4)), "fold_launch"),
-                      (dict(split_fold="after", fold_launch=dict(fold="loop")), "fold_launch fold")):
-        hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=2, seed=9, p_pad=0.0, impl="v3", v3_opts=opts)
-        with pytest.raises(ValueError, match=msg):
-            hz.run(2)
-
-
 def test_row_order_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(row_order="heads"))
     with pytest.raises(ValueError, match="row_order"):
@@ -1183,24 +1123,6 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
                        p_pad=0.2)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,kda_keys,read_dtype", [("gdn", "raw", "same"), ("kda", "predecayed", "same"),
-                                                      ("gdn", "raw", "fp8_e4m3"), ("kda", "predecayed", "bf16")])
-@pytest.mark.parametrize("split", ["after", "before"])
-def test_gpu_real_shapes_split_fold(kind, kda_keys, read_dtype, split):
-    """split_fold (the checkpoint-writing rows in a fold launch of their own, PDL on the GPU: "before" overlaps it
-    with the main launch) at real head sizes with the server's arguments (ring keyed by its own rows, forced flushes,
-    padded rows, fp32 records), window switching (16 and 4), against float64; the fold launch at the default shape and at a
-    second one (4 warps, few programs, each striding over many items)."""
-    for i, fl in enumerate((None, dict(num_warps=4, programs=7))):
-        hz = _real_harness(kind, seed=7 + i, impl="v3", windows=(16, 16, 16, 16, 16, 4), ring_idx=True, p_forced=0.1,
-                           p_pad=0.2, kda_keys=kda_keys, read_dtype=read_dtype,
-                           v3_opts=dict(split_fold=split, fold_launch=fl))
-        st = hz.run(26)
-        assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
 
 
 # --- tile_mma: the tile's C q / C k as tensor-core products (bf16 / fp8 tiles; session 18, KDA session 20) ---------
