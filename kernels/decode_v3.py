@@ -162,75 +162,6 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
 
 
 @triton.jit
-def _pre_row_gdn_chunked(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-                         ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a,
-                         H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, CAP: tl.constexpr,
-                         BK: tl.constexpr, BC: tl.constexpr, BKC: tl.constexpr, HAS_FORCED: tl.constexpr,
-                         HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr,
-                         rc_valid, HAS_RC: tl.constexpr):
-    """_pre_row's GDN work (the same values, to fp32 rounding) over K chunks of BKC: the [BC, BKC] key-record chunk
-    at a time instead of [BC, K], and the l2 norms applied to the reduced sums, so that inside the main launch
-    (``fuse_pre``) it needs about as few registers as the tile read (offline, Triton 3.6: the whole-K form takes the
-    main launch from 92 to 166 registers)."""
-    slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-    if slot >= 0:
-        if HAS_H_ROWS:
-            h_old = tl.load(h_rows + i_n).to(tl.int32)
-        else:
-            h_old = tl.load(ring_h + rrow).to(tl.int32)
-        prefold, h_eff, flush, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
-        append = (flush == 0) & (prefold == 0)  # a pre-fold's record 0 is written by the post launch
-        o_c = tl.arange(0, BC)
-        valid = o_c < h_old
-        last = o_c == (h_old - 1)
-        p_q = mixed_qkv + i_n * stride_qkv + i_hk * K
-        p_rk = ring_k + ((rrow * HK + i_hk) * CAP + o_c[:, None]) * K
-        nq = 0.0
-        nk = 0.0
-        kq = 0.0
-        dq = tl.zeros([BC], dtype=tl.float32)
-        dk = tl.zeros([BC], dtype=tl.float32)
-        for c in tl.static_range(BK // BKC):
-            o_kc = c * BKC + tl.arange(0, BKC)
-            m_kc = o_kc < K
-            q_c = tl.load(p_q + o_kc, mask=m_kc, other=0).to(tl.float32)
-            k_c = tl.load(p_q + H * K + o_kc, mask=m_kc, other=0).to(tl.float32)
-            nq += tl.sum(q_c * q_c)
-            nk += tl.sum(k_c * k_c)
-            kq += tl.sum(k_c * q_c)
-            rk = tl.load(p_rk + o_kc[None, :], mask=valid[:, None] & m_kc[None, :], other=0).to(tl.float32)
-            dq += tl.sum(rk * q_c[None, :], 1)
-            dk += tl.sum(rk * k_c[None, :], 1)
-        s_q = scale / tl.sqrt(nq + 1e-6)
-        s_k = 1.0 / tl.sqrt(nk + 1e-6)
-        dq = dq * s_q
-        dk = dk * s_k
-        kq = kq * (s_q * s_k)
-        for r in tl.static_range(HV // H):
-            i_hv = i_hk * (HV // H) + r
-            g_t = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_c, valid, lower_bound, K, False,
-                             USE_LOWER_BOUND)
-            base_g = ring_g + (rrow * HV + i_hv) * CAP
-            rg = tl.load(base_g + o_c, mask=valid, other=0)
-            G_t = tl.sum(tl.where(last, rg, 0.0), 0) + g_t
-            w = tl.where(valid, tl.exp(G_t - rg), 0.0)
-            p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
-            tl.store(p_c, dq * w)
-            tl.store(p_c + BC, dk * w)
-            tl.store(scal + (i_n * HV + i_hv) * 2, tl.exp(G_t))
-            tl.store(scal + (i_n * HV + i_hv) * 2 + 1, kq)
-            if append:
-                tl.store(base_g + h_eff, G_t)
-        if append:
-            for c in tl.static_range(BK // BKC):
-                o_kc = c * BKC + tl.arange(0, BKC)
-                m_kc = o_kc < K
-                k_c = tl.load(p_q + H * K + o_kc, mask=m_kc, other=0).to(tl.float32)
-                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_kc,
-                         (k_c * s_k).to(ring_k.dtype.element_ty), mask=m_kc)
-
-
-@triton.jit
 def _row_and_head(AXIS: tl.constexpr, ROWS_OUTER: tl.constexpr):
     """(row, head) program ids of a grid whose axes AXIS and AXIS + 1 are (rows, heads), or (heads, rows) with
     ROWS_OUTER (the rows outermost: a row's heads dispatched together). Shared by the decode and verify launches'
@@ -636,43 +567,20 @@ def replay_decode_v3_kernel(
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
     TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
-    row_perm=None, ROW_ORDER: tl.constexpr = 0, ready=None, FUSE_PRE: tl.constexpr = False,
-    FUSE_BKC: tl.constexpr = 32,
+    row_perm=None, ROW_ORDER: tl.constexpr = 0,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
     (slot, ring row, h, flags) once for HPP tiles: their later loads are expected to hit the cache.
     ROW_ORDER (opt-in ``row_order``, see ``launch``): 0 the grid above; 1 grid (V / BV, HV / HPP, B), the rows
     outermost, so a row's programs are dispatched together, in batch order; 2 the same with row
-    ``row_perm[program_id(2)]`` (_row_order_kernel: the rows that write their checkpoint first).
-    FUSE_PRE (opt-in ``fuse_pre``; HPP 1, no pre launch): the first V-tile's program of a key head's first value
-    head (the lowest program id of the row and key head in every order, so the hardware dispatches it no later than
-    the others) does the pre launch's work for its (row, key head) first (_pre_row) and raises ready[ring row, key
-    head]; every program of the row and key head waits for that flag where it would wait for the pre launch
-    (_main_tile), after its tile read."""
+    ``row_perm[program_id(2)]`` (_row_order_kernel: the rows that write their checkpoint first)."""
     # a read copy is written by the K-chunked fold only (the launch picks it)
     tl.static_assert(FOLD_CHUNKED or not HAS_RC, "a read copy needs FOLD_CHUNKED")
     tl.static_assert(HV % HPP == 0, "HPP must divide HV")
     i_n, i_hp = _row_and_head(1, ROW_ORDER != 0)
     if ROW_ORDER == 2:
         i_n = tl.load(row_perm + i_n)
-    if FUSE_PRE:
-        G_HV: tl.constexpr = HV // HK  # value heads per key head
-        if (tl.program_id(0) == 0) & (i_hp % G_HV == 0):
-            if IS_KDA:
-                _pre_row(i_n, i_hp // G_HV, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx,
-                         forced, ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K,
-                         CAP, BK, BC, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC,
-                         ovf, 0.0, PRED)
-            else:
-                _pre_row_gdn_chunked(i_n, i_hp // G_HV, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows,
-                                     slot_idx, forced, ring_idx, coef, scal, scale, lower_bound, L, stride_qkv,
-                                     stride_a, H, HV, HK, K, CAP, BK, BC, FUSE_BKC, HAS_FORCED, HAS_H_ROWS,
-                                     USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC)
-            _, rrow_e = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
-            if rrow_e >= 0:
-                tl.debug_barrier()  # every thread's coefficient and record stores precede the release below
-                tl.atomic_xchg(ready + rrow_e * HK + i_hp // G_HV, 1, sem="release", scope="gpu")
     for r in range(HPP):  # a loop, not unrolled (ptxas sm_90, fp32 checkpoint, 4 heads: 168 registers, 255 unrolled)
         _main_tile(tl.program_id(0), i_n, i_hp * HPP + r,
                    mixed_qkv, a, b, A_log, dt_bias, out, state,
@@ -680,7 +588,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32, ready, FUSE_PRE)
+                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
 
 
 @triton.jit
@@ -699,7 +607,7 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False, ready=None, FUSE_PRE: tl.constexpr = False,
+    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
 ):
     """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
     i_h = i_hv // (HV // H)
@@ -757,11 +665,6 @@ def _main_tile(
                             USE_LOWER_BOUND, TILE_MMA, MMA_F32)
     if USE_PDL:
         gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
-    if FUSE_PRE:
-        # the same, from this launch's elected program of the row and key head (replay_decode_v3_kernel)
-        p_rd = ready + rrow * HK + i_hk
-        while tl.atomic_add(p_rd, 0, sem="acquire", scope="gpu") == 0:
-            pass
     p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
     cq = tl.load(p_c)  # zero past h
     ck = tl.load(p_c + BC)
@@ -1008,7 +911,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None, fuse_pre=None, fuse_chunk=32):
+           tile_mma=None, row_order=None, pre_order=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -1060,15 +963,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     key heads (each head's sweep over the batch in turn: consecutive programs read records 256 KB apart for KDA, a
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
-    this tries for the pre launch.
-    fuse_pre (None: V3_TUNED, off; not with predecayed KDA keys, whose pre work raises row-wide flags, nor with
-    heads_per_program > 1): no pre launch; in the main launch one program per (row, key head) does its work first and
-    the row's other programs of that key head wait for its flag (ring.ready, cleared by the post launch). The pre
-    launch's time is exposed today because the main launch, its PDL dependent, starts only once every pre program
-    has started (two waves of them for GDN at B = 256: ~10-13 us per layer-step); with the work inside the main
-    launch a program waits only for its own row's coefficients. The main launch then is no PDL dependent (its tile
-    read would race the previous launch's ring writes). fuse_chunk: GDN's pre work runs over K chunks of this many
-    elements (_pre_row_gdn_chunked), so that it costs the main launch few registers."""
+    this tries for the pre launch."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1086,10 +981,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                            ROW_ORDERS)
     pre_ord = dispatch_order("pre_order", pre_order if pre_order is not None else tuned.get("pre_order", "grid"),
                              PRE_ORDERS)
-    fuse = bool(fuse_pre if fuse_pre is not None else tuned.get("fuse_pre", False))
-    if fuse and (ring.predecayed or hpp != 1 or not (advance_h or may_prefold) or _diag_parts != "all"):
-        raise ValueError("fuse_pre needs raw key records, heads_per_program 1, the post launch (advance_h or "
-                         "may_prefold) and _diag_parts 'all'")
     if hpp < 1 or state.shape[1] % hpp:
         raise ValueError(f"heads_per_program must be >= 1 and divide the value heads ({state.shape[1]}), got {hpp}")
     if fold_pipe < 0:
@@ -1170,10 +1061,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                                 BB=triton.next_power_of_2(B), HAS_FORCED=forced is not None,
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
                                 num_warps=4)
-    if fuse and (ring.ready is None or ring.ready.shape != (ring.h.shape[0], lay.HK)):
-        ring.ready = torch.zeros(ring.h.shape[0], lay.HK, dtype=torch.int32, device=dev)
-    main_pdl = pdl and not fuse
-    if run_pre and not fuse:
+    if run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
@@ -1192,13 +1080,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=main_pdl,
-            rc_valid=ring.rc_valid if has_rc else None,
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
-            row_perm=row_perm, ROW_ORDER=order, ready=ring.ready if fuse else None, FUSE_PRE=fuse,
-            FUSE_BKC=min(BK, int(fuse_chunk)),
-            **common, **_pdl_kw(main_pdl), **main_opts,
+            row_perm=row_perm, ROW_ORDER=order,
+            **common, **_pdl_kw(pdl), **main_opts,
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
@@ -1206,8 +1092,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
             rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, ovf=ring.ovf if pred else None, PRED=pred,
-            HVP=triton.next_power_of_2(HV), ready=ring.ready if fuse else None,
-            HKP=triton.next_power_of_2(lay.HK) if fuse else 0, **_pdl_kw(pdl),
+            HVP=triton.next_power_of_2(HV), **_pdl_kw(pdl),
         )
     elif has_rc and _diag_parts == "all":
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)

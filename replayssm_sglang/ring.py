@@ -173,10 +173,6 @@ class Ring:
     # column per row (flush); 0 between launches.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
-    # decode v3's fused pre launch (opt-in ``fuse_pre``): ready [ring rows, HK] int32, 1 once a row's key-head
-    # coefficients are written in this launch; 0 between launches (the post launch clears them). Allocated by the
-    # first such launch.
-    ready: torch.Tensor | None = None
 
     @property
     def predecayed(self) -> bool:

@@ -37,9 +37,6 @@ Arms (per layer kind, state dtype and batch size B):
               program (*_hpp2; not for the fp8 copy, which has two already)
   v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
               with the main launch capped at N registers
-  v3_sl_fuse*, v3_sl_raw_fuse* (--variants fuse, fp32 states, B >= 128) the server's launch without a pre launch:
-              its work in the main launch (decode_v3 fuse_pre; GDN also _c16: 16-element chunks, _m96: capped at 96
-              registers; KDA with raw keys, beside v3_sl_raw); staggered and, with one pool, aligned cursors
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds (each arm: the median; every
@@ -915,26 +912,6 @@ def main():
                             {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                         del graphs, runs
-                if v3 and "fuse" in variants and B >= 128 and sdt == "float32":
-                    # no pre launch: its work done by one program per (row, key head) of the main launch, the others
-                    # waiting on its flag (decode_v3 fuse_pre), as the server launches it; GDN also with 16-element
-                    # chunks and capped at 96 registers (21 programs per SM, as without it); KDA with raw keys only
-                    # (beside the same without fuse); staggered and (one pool) aligned cursors
-                    kk = "raw"
-                    for al in (False, True) if c.NL == 1 else (False,):
-                        sfx = "_aligned" if al else ""
-                        arms["v3_sl" + sfx] = arm_ours(c, torch.float32, impl="v3", server_like=True, aligned=al,
-                                                       kda_keys="predecayed" if c.kind == "kda" else "raw")
-                        tag = "v3_sl" if c.kind == "gdn" else "v3_sl_raw"
-                        if c.kind == "kda":
-                            arms[tag + sfx] = arm_ours(c, torch.float32, impl="v3", server_like=True, aligned=al)
-                        fopts = {"_fuse": dict(fuse_pre=True)}
-                        if c.kind == "gdn":
-                            fopts.update({"_fuse_c16": dict(fuse_pre=True, fuse_chunk=16),
-                                          "_fuse_m96": dict(fuse_pre=True, main_maxnreg=96)})
-                        for fs, fo in fopts.items():
-                            arms[tag + fs + sfx] = arm_ours(c, torch.float32, impl="v3", kda_keys=kk, server_like=True,
-                                                            aligned=al, v3_opts=fo)
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

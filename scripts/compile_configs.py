@@ -108,7 +108,7 @@ def server_scenarios() -> list[Scenario]:
     opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy, KDA's bf16 copy with the
     CUDA-core tile (its launch before session 21, opt-out), the opt-in row_order "flush_first" (GDN without and
     with the bf16 copy, KDA with predecayed keys), the opt-in pre_order "rows" (KDA with predecayed keys) and
-    verify's opt-in row_order "rows" (GDN and KDA), and the opt-in fused pre work (decode_v3 fuse_pre)."""
+    verify's opt-in row_order "rows" (GDN and KDA)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -151,11 +151,6 @@ def server_scenarios() -> list[Scenario]:
                         v3_opts=(("pre_order", "rows"),)))
     for kind in ("gdn", "kda"):
         out.append(Scenario("verify", kind, "fp32", "fp32", "same", v3_opts=(("row_order", "rows"),)))
-    # the pre launch's work inside the main launch (decode_v3 fuse_pre, opt-in, session 25): GDN with and without a
-    # read copy, KDA with raw keys
-    for read in ("same", "bf16"):
-        out.append(Scenario("decode", "gdn", "fp32", "fp32", read, L_RING, v3_opts=(("fuse_pre", True),)))
-    out.append(Scenario("decode", "kda", "fp32", "fp32", "same", L_RING, v3_opts=(("fuse_pre", True),)))
     return out
 
 

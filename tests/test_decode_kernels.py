@@ -769,71 +769,6 @@ def test_row_order_kernel(with_rc, ring_idx, h_rows):
     assert perm.cpu().tolist() == want
 
 
-@pytest.mark.parametrize("kind,read_dtype,ring_idx,order,chunk", [
-    ("gdn", "same", True, "rows", 32), ("gdn", "same", False, "grid", 8), ("gdn", "bf16", True, "flush_first", 32),
-    ("gdn", "fp8_e4m3", False, "rows", 16), ("kda", "same", True, "rows", 32), ("kda", "bf16", False, "grid", 32)])
-def test_fuse_pre(kind, read_dtype, ring_idx, order, chunk, monkeypatch):
-    """fuse_pre: no pre launch; one program per (row, key head) of the main launch does its work (GDN: over K chunks,
-    _pre_row_gdn_chunked) and raises the row's ready flag, which the others wait for: outputs, the state at every
-    flush and the records against the float64 reference, untouched slots bit-identical, with padded rows, forced
-    flushes, staggered cursors, pre-folds, rings keyed by ring row, read copies, GDN's two value heads per key head
-    (H = 2, HV = 4), every dispatch order; the flags are all cleared after every step (the post launch)."""
-    from replayssm_sglang.kernels import decode_v3
-
-    launched, flags = [], []
-    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel", lambda g, a, kw: launched.append("pre"))
-    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_kernel",
-                 lambda g, a, kw: launched.append(("main", kw["FUSE_PRE"], kw["FUSE_BKC"])))
-    hz = Harness(kind, B=5, H=2 if kind == "gdn" else 4, HV=4, K=32, V=32, L=4, seed=68, windows=(4, 4, 2, 4),
-                 p_forced=0.15, impl="v3", read_dtype=read_dtype, ring_idx=ring_idx,
-                 v3_opts=dict(fuse_pre=True, fuse_chunk=chunk, row_order=order, heads_per_program=1, pipe_stages=3,
-                              chunk_bytes=64))
-    real_step = hz.step
-
-    def step(*a, **kw):
-        out = real_step(*a, **kw)
-        flags.append(int(hz.ring.ready.abs().sum()) if hz.ring.ready is not None else -1)
-        return out
-
-    hz.step = step
-    st = hz.run(12)
-    assert st["flushes"] > 0 and st["staggered"] > 0 and st["padded"] > 0 and st["prefolds"] > 0
-    assert launched == [("main", True, chunk)] * 12, launched
-    assert flags == [0] * 12, flags
-
-
-def test_fuse_pre_main_does_the_pre_work(monkeypatch):
-    """With fuse_pre the main launch's elected programs really compute the coefficients: with their pre work turned
-    into nothing (the coefficients left as torch.empty made them), the float64 checks fail."""
-    from replayssm_sglang.kernels import decode_v3
-
-    import inspect
-
-    import triton
-    import triton.language as tl
-
-    # a jit function with _pre_row_gdn_chunked's parameters that does nothing
-    params = list(inspect.signature(decode_v3._pre_row_gdn_chunked.fn).parameters)
-    ns = {"tl": tl}
-    exec(f"def idle({', '.join(params)}):\n    pass\n", ns)
-    monkeypatch.setattr(decode_v3, "_pre_row_gdn_chunked", triton.jit(ns["idle"]))
-    hz = Harness("gdn", B=4, H=1, HV=2, K=32, V=16, L=4, seed=67, p_pad=0.0, impl="v3",
-                 v3_opts=dict(fuse_pre=True))
-    with pytest.raises(AssertionError):
-        hz.run(6)
-
-
-def test_fuse_pre_refused():
-    """fuse_pre refuses predecayed KDA keys (their pre work raises row-wide flags), several heads per program and a
-    launch without the post launch (it clears the flags)."""
-    for kw, opts in ((dict(kind="kda", H=2, kda_keys="predecayed"), dict(fuse_pre=True)),
-                     (dict(kind="gdn", H=1), dict(fuse_pre=True, heads_per_program=2))):
-        kind = kw.pop("kind")
-        hz = Harness(kind, B=2, HV=2, K=32, V=16, L=4, seed=9, p_pad=0.0, impl="v3", v3_opts=opts, **kw)
-        with pytest.raises(ValueError, match="fuse_pre"):
-            hz.run(1)
-
-
 def test_row_order_refused():
     hz = Harness("gdn", B=2, H=1, HV=2, K=32, V=16, L=4, seed=9, impl="v3", v3_opts=dict(row_order="heads"))
     with pytest.raises(ValueError, match="row_order"):
@@ -1186,21 +1121,6 @@ def test_gpu_real_shapes_ring_idx(kind, state_dtype):
     records as the server stores them, window switching, against float64."""
     hz = _real_harness(kind, state_dtype=DTYPES[state_dtype], seed=6, impl="auto", ring_idx=True, p_forced=0.1,
                        p_pad=0.2)
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,read_dtype,B", [("gdn", "same", 8), ("gdn", "same", 96), ("gdn", "bf16", 8),
-                                               ("gdn", "fp8_e4m3", 8), ("kda", "same", 8)])
-def test_gpu_real_shapes_fuse_pre(kind, read_dtype, B):
-    """fuse_pre on the GPU, where the waiting programs spin on the flags of other programs of the same launch (the
-    interpreter runs programs one after the other): real head sizes, the server's arguments (ring keyed by its own
-    rows, forced flushes, padded rows, fp32 records), window switching (16 and 4), against float64; B = 96 puts ~12k
-    programs in flight, more than one wave."""
-    hz = _real_harness(kind, B=B, seed=11, impl="v3", windows=(16, 16, 16, 16, 16, 4), ring_idx=True, p_forced=0.1,
-                       p_pad=0.2, read_dtype=read_dtype, v3_opts=dict(fuse_pre=True, heads_per_program=1))
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0
 
