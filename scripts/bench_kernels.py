@@ -39,8 +39,8 @@ Arms (per layer kind, state dtype and batch size B):
               with the main launch capped at N registers
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
-              placerr too, the eight timed round-robin over PLACE_ROUNDS rounds (each arm: the median; every
-              round and the clocks after it in the meta), to tell placement from drift
+              placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
+              arm: the median; every round and the clocks after it in the meta), to tell placement from drift
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
@@ -73,7 +73,7 @@ import torch
 
 KIND_SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-PLACE_ROUNDS = 5  # --variants placerr: round-robin rounds over the eight ring placements
+PLACE_ROUNDS = 6  # --variants placerr: round-robin rounds over the eight ring placements (odd ones reversed)
 L2_BYTES = 50 * 2**20
 
 
@@ -325,14 +325,21 @@ def time_replays(c: Case, g) -> float:
 
 
 def gpu_clocks() -> str:
-    """The SM and memory clocks, temperature and power as nvidia-smi reads them now ("" without nvidia-smi)."""
+    """The SM and memory clocks, temperature, power and the active clock-event (throttle) reasons bit mask as
+    nvidia-smi reads them now (without the reasons where this nvidia-smi does not know the field; "" without
+    nvidia-smi)."""
     import subprocess
 
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    base = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
+    for fields in (base + ",clocks_event_reasons.active", base):
+        try:
+            r = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        if r.returncode == 0:
+            return r.stdout.strip()
+    return ""
 
 
 def capture_graph(c: Case, run):
@@ -903,11 +910,13 @@ def main():
                         per = {n: [] for n in names}
                         clocks = meta.setdefault("place_clocks", {}).setdefault(kind, [])
                         for rnd in range(PLACE_ROUNDS):
-                            for n in names:
+                            # odd rounds in the reverse order: does a stable arm follow its place or its turn?
+                            for n in (names if rnd % 2 == 0 else names[::-1]):
                                 per[n].append(time_replays(c, graphs[n]))
                             clocks.append(gpu_clocks())
-                            print(f"{kind} place round {rnd}: " + " ".join(f"{per[n][-1] * 1e6:6.1f}" for n in names)
-                                  + f" | {clocks[-1]}", flush=True)
+                            print(f"{kind} place round {rnd}{' (reversed)' if rnd % 2 else ''}: "
+                                  + " ".join(f"{per[n][-1] * 1e6:6.1f}" for n in names) + f" | {clocks[-1]}",
+                                  flush=True)
                         meta.setdefault("place_rounds", {}).update(
                             {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
