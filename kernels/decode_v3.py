@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from replayssm_sglang.kernels import cuda_main
 from replayssm_sglang.kernels.decode import _decode_rule_rc, _load_gate, _slot_row, ring_rows
 from replayssm_sglang.kernels.decode_v2 import _fold_records, replay_decode_v2_post_kernel
 from replayssm_sglang.ring import PREDECAYED_MIN_G
@@ -911,7 +912,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None):
+           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, so a benchmark can split a step's time.
@@ -963,7 +964,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     key heads (each head's sweep over the batch in turn: consecutive programs read records 256 KB apart for KDA, a
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
-    this tries for the pre launch."""
+    this tries for the pre launch.
+    main_impl (None: V3_TUNED's, else "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py:
+    GDN, fp32 state, no read copy, K = 128, sm_90; the same arithmetic in fp32, the tile moved by bulk asynchronous
+    copies into shared memory; rows outermost). Asked for where it cannot run, the launch says why.
+    cuda_config: its (rows per warp, warps per block), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1019,6 +1024,17 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     hr = h_rows if h_rows is not None else slot_idx
     ri = ring_idx if ring_idx is not None else slot_idx
     lb = float(lower_bound if lower_bound is not None else 0.0)
+    impl_main = main_impl if main_impl is not None else tuned.get("main_impl", "triton")
+    if impl_main not in ("triton", "cuda"):
+        raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
+    if impl_main == "cuda":
+        cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 2):
+            raise ValueError(f"cuda_config must be (rows per warp, warps) or one of {list(cuda_main.CUDA_CONFIGS)}, "
+                             f"got {cuda_config!r}")
+        why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
+        if why:
+            raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
     if B == 0:
         return out
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
@@ -1068,7 +1084,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
         )
-    if run_main:
+    if run_main and impl_main == "cuda":
+        _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
+        cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
+                         ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
+                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
+                         rpw=cuda_cfg[0], nwarps=cuda_cfg[1])
+    elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](
             mixed_qkv, a2, b2, A_log, dt_bias, out, state,

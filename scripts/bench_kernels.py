@@ -37,6 +37,9 @@ Arms (per layer kind, state dtype and batch size B):
               program (*_hpp2; not for the fp8 copy, which has two already)
   v3_sl_mN, v3_rc_fp8_sl_mN (--variants regcap, fp32 states, B = 256) the server's launch (as v3_sl, v3_rc_fp8_sl)
               with the main launch capped at N registers
+  v3_sl_cu_* (--variants cuda, GDN fp32, B >= 128) the server's launch with the main launch in CUDA
+              (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
+              (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton)
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -921,6 +924,23 @@ def main():
                             {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                         del graphs, runs
+                if v3 and "cuda" in variants and kind == "gdn" and sdt == "float32" and B >= 128:
+                    # the main launch in CUDA (kernels/gdn_main.cu, decode_v3 main_impl "cuda"), as the server
+                    # launches it, in each block shape of cuda_main.CUDA_CONFIGS, beside V3_TUNED's Triton launch
+                    # (v3_sl); v3_sl_cu_nopdl: the default shape without PDL (the pre launch fully exposed)
+                    from replayssm_sglang.kernels import cuda_main as _cm
+
+                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
+                    for name in _cm.CUDA_CONFIGS:
+                        arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
+                                                            v3_opts=dict(main_impl="cuda", cuda_config=name))
+                    arms["v3_sl_cu_nopdl"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
+                                                      v3_opts=dict(main_impl="cuda", pdl=False))
+                    if c.NL == 1:
+                        arms["v3_sl_aligned"] = arm_ours(c, torch.float32, impl="v3", server_like=True, aligned=True)
+                        arms["v3_sl_cu_aligned"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
+                                                            aligned=True, v3_opts=dict(main_impl="cuda"))
+                    arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

@@ -1282,3 +1282,37 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0, st
     assert (st["rebase"] > 0) == (min_g is not None), st
+
+
+# the main launch in CUDA (kernels/gdn_main.cu, decode_v3 main_impl="cuda"): GDN, fp32 state; the block shapes of
+# cuda_main.CUDA_CONFIGS with 32, 16 and 8 rows per warp; the arguments as the server passes them (bf16 inputs, the
+# ring keyed by its own rows), bf16 records with fp32 inputs, and a caller-owned h (h_rows); window switching
+CUDA_MAIN_CASES = [("r32w4", "float32", "bfloat16", True, False), ("r32w4", "bfloat16", "float32", False, False),
+                   ("r32w4", "float32", "float32", False, True), ("r16w4", "float32", "bfloat16", True, False),
+                   ("r8w8", "bfloat16", "bfloat16", True, False), ("r32w2", "float32", "float32", False, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_MAIN_CASES)
+def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
+    from replayssm_sglang.kernels import cuda_main
+
+    calls = []
+    real_launch = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
+    hz = _real_harness("gdn", rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype], seed=5, impl="v3",
+                       ring_idx=ring_idx, h_rows=h_rows, v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+    assert len(calls) == 26, "every step's main launch must be the CUDA one"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_gpu_cuda_main_many_blocks():
+    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch), the server's arguments."""
+    hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=6, impl="v3", ring_idx=True,
+                       windows=(None,), v3_opts=dict(main_impl="cuda"))
+    st = hz.run(20)
+    assert st["flushes"] > 0 and st["forced"] > 0

@@ -1,0 +1,266 @@
+"""Decode v3's main launch for GDN with an fp32 checkpoint, in CUDA (``gdn_main.cu``; opt-in:
+``decode_v3.launch(main_impl="cuda")``, docs/design.md "Session 26").
+
+The kernel source is compiled for sm_90 with nvcc into a cubin, once per set of compile-time parameters (shapes,
+block shape, optional arguments, element types), and cached (``REPLAYSSM_CUBIN_DIR``, default
+``~/.cache/replayssm_sglang/cubin``); the cubin is loaded through the CUDA driver (ctypes, libcuda) and launched on
+PyTorch's current stream, so CUDA graphs capture it like any launch. nvcc is looked up in ``REPLAYSSM_NVCC``, on
+PATH, under ``CUDA_HOME`` / /usr/local/cuda, and in the ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin``). A launch
+with the pre launch as its programmatic-dependent primary (``pdl``) starts its checkpoint copy while the pre launch
+runs and waits (``griddepcontrol.wait``) before it reads the coefficients, as the Triton main launch does.
+
+Nothing here runs on a CPU: ``unavailable_reason`` says why a launch cannot take this path, and
+``build`` / ``resources`` only need nvcc (tests/test_cuda_main.py compiles the kernel where nvcc exists).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SRC = Path(__file__).with_name("gdn_main.cu")
+ARCH = "sm_90"
+# (rows per warp, warps per block): the block's V-tile is their product. CUDA_CONFIGS names the ones the benchmark
+# times; CUDA_DEFAULT is what launch() takes when none is asked.
+CUDA_DEFAULT = (32, 4)
+CUDA_CONFIGS = {"r32w4": (32, 4), "r16w4": (16, 4), "r16w8": (16, 8), "r32w2": (32, 2), "r8w8": (8, 8)}
+
+_CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half",
+           torch.int32: "int", torch.int64: "long long", torch.bool: "bool", torch.uint8: "unsigned char",
+           torch.int8: "signed char"}
+
+
+def find_nvcc() -> str | None:
+    """The nvcc to compile with: REPLAYSSM_NVCC, PATH, CUDA_HOME / /usr/local/cuda, the nvidia-cuda-nvcc wheel."""
+    env = os.environ.get("REPLAYSSM_NVCC")
+    if env:
+        return env if Path(env).is_file() else None
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    try:
+        import nvidia  # the pip wheels' namespace package (nvidia-cuda-nvcc)
+
+        for base in nvidia.__path__:
+            for sub in ("cu13", "cuda_nvcc"):
+                p = Path(base) / sub / "bin" / "nvcc"
+                if p.is_file():
+                    return str(p)
+    except ImportError:
+        pass
+    return None
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("REPLAYSSM_CUBIN_DIR")
+    return Path(d) if d else Path.home() / ".cache" / "replayssm_sglang" / "cubin"
+
+
+def ctype(dtype: torch.dtype) -> str:
+    if dtype not in _CTYPES:
+        raise ValueError(f"the CUDA main launch has no element type for {dtype}")
+    return _CTYPES[dtype]
+
+
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
+            b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype, k_dtype, slot_dtype, forced_dtype,
+            ridx_dtype) -> dict:
+    """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
+    return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
+            "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
+            "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
+            "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
+            "U_T": ctype(u_dtype), "KR_T": ctype(k_dtype), "SLOT_T": ctype(slot_dtype),
+            "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype)}
+
+
+def smem_bytes(defs: dict) -> int:
+    """Dynamic shared memory of a block: the [VT, K] tile, the fold's [VT, BC] decayed records and [VT] u_t."""
+    vt = defs["RPW"] * defs["NWARPS"]
+    return 4 * (vt * 128 + vt * defs["BC_"] + vt)
+
+
+def _key(defs: dict, arch: str) -> str:
+    h = hashlib.sha1(SRC.read_bytes())
+    h.update(repr(sorted(defs.items())).encode())
+    h.update(arch.encode())
+    return h.hexdigest()[:20]
+
+
+def _nvcc_cmd(nvcc: str, defs: dict, arch: str, out: str, verbose=False) -> list:
+    cmd = [nvcc, f"-arch={arch}", "-cubin", "-O3", "-std=c++17", "-o", out, str(SRC)]
+    cmd += [f"-D{k}={v}" for k, v in defs.items()]
+    if verbose:
+        cmd += ["-Xptxas", "-v"]
+    return cmd
+
+
+def build(defs: dict, arch: str = ARCH) -> Path:
+    """The cubin of this build, compiled if it is not in the cache yet."""
+    path = cache_dir() / f"gdn_main-{_key(defs, arch)}.cubin"
+    if path.is_file():
+        return path
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("the CUDA main launch needs nvcc to build its kernel (set REPLAYSSM_NVCC, put nvcc on PATH "
+                           "or `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-runtime`), or a "
+                           f"cubin cache in REPLAYSSM_CUBIN_DIR ({cache_dir()})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as td:
+        tmp = str(Path(td) / "k.cubin")
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, tmp), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+        shutil.move(tmp, path)
+    return path
+
+
+def resources(defs: dict, arch: str = ARCH) -> dict:
+    """ptxas's report for this build: registers, spill stores / loads (bytes), static shared memory."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("resources() needs nvcc")
+    with tempfile.TemporaryDirectory() as td:
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, str(Path(td) / "k.cubin"), verbose=True),
+                           capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+    txt = r.stdout + r.stderr
+    reg = re.search(r"Used (\d+) registers", txt)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", txt)
+    return {"registers": int(reg.group(1)) if reg else None,
+            "spill_stores": int(spill.group(1)) if spill else None,
+            "spill_loads": int(spill.group(2)) if spill else None}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the driver side: load a cubin, launch it on the current stream (optionally as a programmatic dependent)
+# ---------------------------------------------------------------------------------------------------------------
+
+class _LaunchAttr(ctypes.Structure):
+    # CUlaunchAttribute: an enum id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_FUNC_ATTR_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_lib = None
+_functions: dict = {}
+
+
+def _cuda():
+    global _lib
+    if _lib is None:
+        _lib = ctypes.CDLL("libcuda.so.1")
+        _lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    return _lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        msg = ctypes.c_char_p()
+        _cuda().cuGetErrorString(rc, ctypes.byref(msg))
+        raise RuntimeError(f"{what} failed: CUDA error {rc} ({(msg.value or b'?').decode()})")
+
+
+def function(defs: dict, device: torch.device):
+    """The loaded kernel of this build on ``device`` (built and loaded once per process)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (tuple(sorted(defs.items())), idx)
+    fn = _functions.get(key)
+    if fn is None:
+        data = build(defs).read_bytes()
+        torch.cuda.init()
+        with torch.cuda.device(idx):
+            lib = _cuda()
+            ctx = ctypes.c_void_p()
+            _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+            if not ctx.value:  # (a thread PyTorch has not used yet: its device's primary context)
+                dev = ctypes.c_int()
+                _check(lib.cuDeviceGet(ctypes.byref(dev), idx), "cuDeviceGet")
+                _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+                _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+            _check(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "cuModuleLoadData")
+            _check(lib.cuModuleGetFunction(ctypes.byref(f), mod, b"replay_gdn_main"), "cuModuleGetFunction")
+            _check(lib.cuFuncSetAttribute(f, _FUNC_ATTR_MAX_DYNAMIC_SHARED, smem_bytes(defs)), "cuFuncSetAttribute")
+        fn = (mod, f)  # (the module stays loaded for the process)
+        _functions[key] = fn
+    return fn[1]
+
+
+def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps) -> str | None:
+    """Why the CUDA main launch cannot run this launch (None: it can)."""
+    dev = state.device
+    if kind != "gdn":
+        return "it is written for GDN only"
+    if state.dtype != torch.float32:
+        return "it needs an fp32 state"
+    if ring.rc is not None:
+        return "it has no read copy"
+    if lower_bound is not None:
+        return "GDN's gate has no lower bound"
+    if K != 128:
+        return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
+    if V % (rpw * nwarps):
+        return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
+    if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "it needs a CUDA GPU"
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        return "it needs sm_90 or newer (bulk asynchronous copies)"
+    if state.stride()[1:] != (V * K, K, 1) or state.stride(0) % 4 or state.data_ptr() % 16:
+        return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
+    return None
+
+
+def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
+           scale, L, H, HV, V, cap, BC, pdl, rpw=None, nwarps=None):
+    """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch)."""
+    rpw = rpw or CUDA_DEFAULT[0]
+    nwarps = nwarps or CUDA_DEFAULT[1]
+    B = mixed_qkv.shape[0]
+    if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
+        raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
+    defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, has_h_rows=h_rows is not None,
+                   has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
+                   x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
+                   dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
+                   slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
+                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype)
+    f = function(defs, state.device)
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
+    args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
+            ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
+            ptr(coef), ptr(scal), ctypes.c_float(scale), ctypes.c_int(int(L)),
+            ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
+            ctypes.c_longlong(state.stride(0))]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
+    attrs = (_LaunchAttr * 1)()
+    n_attrs = 0
+    if pdl:
+        attrs[0].id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+        one = ctypes.c_int(1)  # value.programmaticStreamSerializationAllowed
+        ctypes.memmove(ctypes.addressof(attrs[0]) + _LaunchAttr.value.offset, ctypes.byref(one), 4)
+        n_attrs = 1
+    cfg = _LaunchConfig(V // (rpw * nwarps), HV, B, 32 * nwarps, 1, 1, smem_bytes(defs),
+                        ctypes.c_void_p(torch.cuda.current_stream(state.device).cuda_stream), attrs, n_attrs)
+    _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx")

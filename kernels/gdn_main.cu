@@ -1,0 +1,261 @@
+// The main launch of decode v3 for GDN with an fp32 checkpoint and no read copy, written in CUDA for sm_90
+// (kernels/cuda_main.py builds and launches it; decode_v3.launch(main_impl="cuda") picks it).
+//
+// It computes exactly what decode_v3's Triton main launch (_main_tile, fp32 state, no read copy, GDN) computes,
+// for one (row, value head, V-tile) per block, and takes the pre launch's coefficients (coef, scal) the same way:
+//   Cq = C q~ e^{G_t}, Ck = C k~ e^{G_t}                     (C the [V, K] checkpoint tile, q~ = scale q/|q|,
+//                                                              k~ = k/|k|, e^{G_t} from scal)
+//   u_t = beta (v - Ck - sum_j u_j ck_j),  o = Cq + sum_j u_j cq_j + u_t <k~, q~>
+//   flush / pre-fold: C <- C e^{G_f} + sum_{j<h} u_j e^{G_f - G_j} k_j^T (+ u_t k~^T on a flush), stored
+//   no flush: u_t appended to the ring at h_eff.
+// What differs is how the tile moves: one thread per warp copies the warp's rows of the checkpoint into shared
+// memory with one bulk asynchronous copy (cp.async.bulk, the Hopper copy engine behind TMA), so the whole tile
+// is in flight without holding registers and the block issues a handful of instructions for it; the fold reads
+// it back from shared memory in fp32 (CUDA-core FMAs, no tensor-core splits) and stores it with 16-byte stores.
+//
+// Layout: lane l of a warp owns K columns [4l, 4l + 4) (K = 128); a warp owns RPW consecutive V-rows; after the
+// tile dots a butterfly reduce-scatter leaves row (l mod RPW) of the warp's rows in lane l, which then computes
+// that row's output and record. Compile-time parameters come as -D macros (cuda_main.py): the shapes, the
+// block's shape, which optional arguments the launch has, and the element types of the tensors.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#ifndef H_
+#error "cuda_main.py passes the shapes: -DH_=.. -DHV_=.. -DV_=.. -DCAP_=.. -DBC_=.. -DRPW=.. -DNWARPS=.."
+#endif
+#define K_ 128
+#define VT (RPW * NWARPS)
+#if (V_ % VT) != 0
+#error "the V-tile must divide V"
+#endif
+#if RPW != 8 && RPW != 16 && RPW != 32
+#error "RPW must be 8, 16 or 32"
+#endif
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ void from_f(float* p, float x) { *p = x; }
+__device__ __forceinline__ void from_f(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void from_f(__half* p, float x) { *p = __float2half_rn(x); }
+// x rounded to T's precision and back (GDN's beta is rounded through b's dtype, as SGLang's kernels do)
+__device__ __forceinline__ float round_as(float x, float*) { return x; }
+__device__ __forceinline__ float round_as(float x, __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float round_as(float x, __half*) { return __half2float(__float2half_rn(x)); }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// one bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing on bar
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(phase)
+        : "memory");
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) x += __shfl_xor_sync(0xffffffffu, x, s);
+    return x;
+}
+
+// v[i] holds this lane's part of value i (i < P); returns the sum over the warp's lanes of value (lane mod P)
+template <int P>
+__device__ __forceinline__ float reduce_scatter(float (&v)[P], int lane) {
+#pragma unroll
+    for (int s = 16; s >= P; s >>= 1) {
+#pragma unroll
+        for (int i = 0; i < P; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], s);
+    }
+#pragma unroll
+    for (int s = P / 2; s >= 1; s >>= 1) {
+        const bool upper = (lane & s) != 0;
+#pragma unroll
+        for (int i = 0; i < s; ++i) {
+            const float send = upper ? v[i] : v[i + s];
+            const float keep = upper ? v[i + s] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, s);
+        }
+    }
+    return v[0];
+}
+
+template <typename T>
+__device__ __forceinline__ float4 load4(const T* p) {
+    return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
+}
+template <>
+__device__ __forceinline__ float4 load4<float>(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
+    const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
+    const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
+    float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
+    const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
+    long long stride_a, long long stride_b, long long stride_slot) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    float* tile = reinterpret_cast<float*>(smem_raw);  // [VT, K]
+    float* wsm = tile + VT * K_;                        // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+    float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
+    __shared__ __align__(8) uint64_t mbar[NWARPS];
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int i_v = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;  // rows outermost: a row's blocks together
+    const int i_h = hv / (HV_ / H_);                              // GDN: key head = query head
+    const int wrow0 = i_v * VT + warp * RPW;                      // the warp's first V-row
+
+    long long slot = static_cast<long long>(slot_idx[n]);
+    long long rrow = slot;
+#if HAS_RING_IDX
+    rrow = static_cast<long long>(ring_idx[n]);
+    if (rrow < 0) slot = -1;
+    if (slot < 0) rrow = -1;
+#endif
+    const int r = lane & (RPW - 1);  // the row this lane owns after the reduction
+    const int v = wrow0 + r;
+    if (slot < 0) {  // a padded row: zero output, nothing touched (the whole block takes this branch)
+        if (lane < RPW) from_f(out + (static_cast<long long>(n) * HV_ + hv) * V_ + v, 0.0f);
+        return;
+    }
+
+    // the warp's rows of the checkpoint: one bulk copy, issued first
+    float* wtile = tile + warp * RPW * K_;
+    const float* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
+    if (lane == 0) {
+        mbar_init(&mbar[warp], 1);
+        bulk_load(wtile, src, RPW * K_ * 4, &mbar[warp]);
+    }
+    __syncwarp();
+
+    // while it flies: h, the flags and this row's q, k (lane: columns 4l .. 4l + 3)
+#if HAS_H_ROWS
+    const int h_old = h_rows[n];
+#else
+    const int h_old = ring_h[rrow];
+#endif
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+    const float4 q4 = load4(px + i_h * K_ + 4 * lane);
+    const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    const float n_q = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
+    const float n_k = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
+    const float s_q = scale / sqrtf(n_q + 1e-6f);
+    const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+
+    // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
+    mbar_wait(&mbar[warp], 0);
+    float aq[RPW], ak[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+        const float4 c = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+        aq[i] = c.x * q4.x + c.y * q4.y + c.z * q4.z + c.w * q4.w;
+        ak[i] = c.x * k4.x + c.y * k4.y + c.z * k4.z + c.w * k4.w;
+    }
+    float Cq = reduce_scatter<RPW>(aq, lane) * s_q;
+    float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
+
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
+#endif
+    const long long nh = static_cast<long long>(n) * HV_ + hv;
+    const float* pc = coef + nh * 2 * BC_;
+    const float e_t = scal[nh * 2];
+    const float kq = scal[nh * 2 + 1];
+    const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
+    const float b_val = to_f(b[n * stride_b + hv]);
+    const float beta = round_as(1.0f / (1.0f + __expf(-b_val)), static_cast<B_T*>(nullptr));
+    Cq *= e_t;
+    Ck *= e_t;
+
+    const bool prefold = h_old >= L;
+    const int h_eff = prefold ? 0 : h_old;
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    const bool flush = (h_eff + 1 >= L) || is_forced;
+
+    U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
+    float ru[CAP_];
+    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CAP_; ++j) {
+        ru[j] = j < h_old ? to_f(base_u[j * V_ + v]) : 0.0f;
+        sq += ru[j] * pc[j];
+        sk += ru[j] * pc[BC_ + j];
+    }
+    const float u_t = beta * (x_v - (Ck + sk));
+    const float o = Cq + sq + u_t * kq;
+    if (lane < RPW) from_f(out + nh * V_ + v, o);
+
+    if (flush || prefold) {
+        // write the checkpoint: fold the h_old records (and this token on a flush) into the tile
+        const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+        const float G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
+        float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        const float sp = x <= 20.0f ? logf(1.0f + expf(x)) : x;
+        const float g_t = -expf(to_f(A_log[hv])) * sp;
+        const float G_f = flush ? G_last + g_t : G_last;
+        if (lane < RPW) {
+            float* w = wsm + (warp * RPW + r) * BC_;
+#pragma unroll
+            for (int j = 0; j < BC_; ++j) w[j] = j < h_old ? ru[j < CAP_ ? j : 0] * expf(G_f - base_g[j < CAP_ ? j : 0]) : 0.0f;
+            uasm[warp * RPW + r] = flush ? u_t : 0.0f;
+        }
+        __syncwarp();
+        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+        float4 rk[CAP_];
+#pragma unroll
+        for (int j = 0; j < CAP_; ++j) rk[j] = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
+        const float eG = expf(G_f);
+        float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
+#pragma unroll 4
+        for (int i = 0; i < RPW; ++i) {
+            const float4 c = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+            const float ua = uasm[warp * RPW + i];
+            float4 s = make_float4(c.x * eG + ua * kn.x, c.y * eG + ua * kn.y, c.z * eG + ua * kn.z,
+                                   c.w * eG + ua * kn.w);
+            const float* w = wsm + (warp * RPW + i) * BC_;
+#pragma unroll
+            for (int j = 0; j < CAP_; ++j) {
+                const float wj = w[j];
+                s.x += wj * rk[j].x;
+                s.y += wj * rk[j].y;
+                s.z += wj * rk[j].z;
+                s.w += wj * rk[j].w;
+            }
+            *reinterpret_cast<float4*>(dst + i * K_) = s;
+        }
+    }
+    if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
+}

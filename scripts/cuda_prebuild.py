@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Build, on this machine (nvcc from scripts/setup-nvcc or REPLAYSSM_NVCC), the cubins of the CUDA main launch
+(kernels/gdn_main.cu) that the GPU benchmark (bench_kernels.py --variants cuda) and the GPU tests
+(test_gpu_*cuda_main*) launch, into a folder a GPU call carries (default .gpu/cubin; scripts/gpu_kernels.sh points
+REPLAYSSM_CUBIN_DIR at a copy). A build missing there is compiled on the GPU machine by its own nvcc, if any.
+
+    python scripts/cuda_prebuild.py [--out .gpu/cubin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
+GDN = dict(H=16, HV=32, V=128, cap=16, BC=16)
+
+
+def combos():
+    """(rows per warp, warps, pdl, flags and element types) of every launch the benchmark and the GPU tests make."""
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    out = []
+    # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
+    for rpw, nw in cm.CUDA_CONFIGS.values():
+        for pdl in (True, False):
+            out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, has_h_rows=False, has_forced=True, has_ring_idx=True,
+                                  pdl=pdl, x_dtype=BF16, a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32,
+                                  out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
+                                  ridx_dtype=I64))
+    # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
+    from test_decode_kernels import CUDA_MAIN_CASES
+
+    cases = [(cm.CUDA_CONFIGS[c], r, q, ri, hr) for c, r, q, ri, hr in CUDA_MAIN_CASES]
+    cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False))  # test_gpu_cuda_main_many_blocks
+    for (rpw, nw), rec, qkv, ri, hr in cases:
+        rec, qkv = getattr(torch, rec), getattr(torch, qkv)
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, has_h_rows=hr, has_forced=True, has_ring_idx=ri, pdl=True,
+                              x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
+                              u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=".gpu/cubin")
+    args = ap.parse_args()
+    os.environ["REPLAYSSM_CUBIN_DIR"] = str(Path(args.out).resolve())
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    if cm.find_nvcc() is None:
+        sys.exit("no nvcc: run scripts/setup-nvcc or set REPLAYSSM_NVCC")
+    todo = combos()
+    t0 = time.time()
+    with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as ex:
+        paths = list(ex.map(cm.build, todo))
+    print(f"{len(set(paths))} cubins in {args.out} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The CUDA main launch (kernels/gdn_main.cu, kernels/cuda_main.py) on the CPU: where it refuses to run and why,
+and (where nvcc exists: scripts/setup-nvcc) that every block shape compiles for sm_90 without spills. Its
+arithmetic is checked against float64 on the GPU (tests/test_decode_kernels.py, test_gpu_real_shapes_cuda_main)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm_sglang import reference as R
+from replayssm_sglang import ring as ringmod
+from replayssm_sglang.kernels import cuda_main
+from replayssm_sglang.kernels.decode import replay_decode
+
+
+def _launch(kind="gdn", state_dtype=torch.float32, read_dtype="same", **v3_opts):
+    H, HV, K, V = (1, 2, 128, 128) if kind == "gdn" else (2, 2, 128, 128)
+    lay = ringmod.RingLayout.for_layer(kind, L=4, H=H, HV=HV, K=K, V=V)
+    ring = lay.allocate(2, read_dtype=read_dtype)
+    state = torch.zeros(2, HV, V, K, dtype=state_dtype)
+    x = R.random_decode_inputs(kind, 2, H, HV, K, V, generator=torch.Generator().manual_seed(0))
+    slot = torch.arange(2, dtype=torch.int32)
+    return replay_decode(kind, *x, state, ring, slot, L=4, impl="v3", v3_opts={"main_impl": "cuda", **v3_opts})
+
+
+@pytest.mark.parametrize("kind,state_dtype,read_dtype,why", [
+    ("gdn", torch.float32, "same", "needs a CUDA GPU"),
+    ("kda", torch.float32, "same", "GDN only"),
+    ("gdn", torch.bfloat16, "same", "fp32 state"),
+    ("gdn", torch.float32, "bf16", "no read copy"),
+])
+def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, why):
+    with pytest.raises(ValueError, match=why):
+        _launch(kind, state_dtype, read_dtype)
+
+
+def test_option_checks():
+    with pytest.raises(ValueError, match="main_impl must be"):
+        _launch(main_impl="cutlass")
+    with pytest.raises(ValueError, match="cuda_config must be"):
+        _launch(cuda_config="r64w1")
+    with pytest.raises(ValueError, match="must divide V"):
+        _launch(cuda_config=(32, 8))  # a 256-row V-tile
+
+
+def test_unavailable_reason_on_shapes():
+    lay = ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=64, V=128)
+    ring = lay.allocate(1)
+    st = torch.zeros(1, 2, 128, 64)
+    assert "K = 128" in cuda_main.unavailable_reason("gdn", st, ring, None, 64, 128, 32, 4)
+    assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
+
+
+def _server_defs(rpw, nwarps, rec):
+    return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, has_h_rows=False,
+                             has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
+                             a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
+                             dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
+                             slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64)
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("name", list(cuda_main.CUDA_CONFIGS))
+@pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
+def test_compiles_for_sm90_without_spills(name, rec):
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+    # at most 128 registers: a 128-thread block then fits 4 times in an SM's register file (shared memory allows 3)
+    assert res["registers"] is not None and res["registers"] <= 128, res
+
+
+def test_smem_fits_an_sm():
+    for rpw, nw in cuda_main.CUDA_CONFIGS.values():
+        assert cuda_main.smem_bytes(_server_defs(rpw, nw, torch.float32)) <= 227 * 1024
