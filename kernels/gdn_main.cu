@@ -26,6 +26,15 @@
 #error "cuda_main.py passes the shapes: -DH_=.. -DHV_=.. -DV_=.. -DCAP_=.. -DBC_=.. -DRPW=.. -DNWARPS=.."
 #endif
 #define K_ 128
+#ifndef LOAD_REG
+#define LOAD_REG 0  // 1: the tile is loaded into registers (16-byte loads, RPW per lane) instead of shared memory
+#endif
+#ifndef MINB
+#define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
+#endif
+#ifndef DIAG_STREAM
+#define DIAG_STREAM 0  // 1 (benchmark diagnostic, wrong results): stop after the tile dots, output C q~ + C k~
+#endif
 #define VT (RPW * NWARPS)
 #if (V_ % VT) != 0
 #error "the V-tile must divide V"
@@ -113,7 +122,7 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
+extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
     float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
@@ -122,8 +131,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
     long long stride_a, long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
+#if LOAD_REG
+    float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+#else
     float* tile = reinterpret_cast<float*>(smem_raw);  // [VT, K]
     float* wsm = tile + VT * K_;                        // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+#endif
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
     __shared__ __align__(8) uint64_t mbar[NWARPS];
 
@@ -147,14 +160,21 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
         return;
     }
 
+    const float* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
+#if LOAD_REG
+    // the warp's rows of the checkpoint: RPW 16-byte loads per lane, all in flight at once
+    float4 c[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+#else
     // the warp's rows of the checkpoint: one bulk copy, issued first
     float* wtile = tile + warp * RPW * K_;
-    const float* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
     if (lane == 0) {
         mbar_init(&mbar[warp], 1);
         bulk_load(wtile, src, RPW * K_ * 4, &mbar[warp]);
     }
     __syncwarp();
+#endif
 
     // while it flies: h, the flags and this row's q, k (lane: columns 4l .. 4l + 3)
 #if HAS_H_ROWS
@@ -170,15 +190,32 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
     const float s_q = scale / sqrtf(n_q + 1e-6f);
     const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
 
+    // this lane's row's records, value and beta: nothing here needs the tile or the pre launch, so their loads
+    // are in flight beside the tile's
+    U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
+    float ru[CAP_];
+#pragma unroll
+    for (int j = 0; j < CAP_; ++j) ru[j] = j < h_old ? to_f(base_u[j * V_ + v]) : 0.0f;
+    const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
+    const float b_val = to_f(b[n * stride_b + hv]);
+
     // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
-    mbar_wait(&mbar[warp], 0);
     float aq[RPW], ak[RPW];
+#if LOAD_REG
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
-        const float4 c = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
-        aq[i] = c.x * q4.x + c.y * q4.y + c.z * q4.z + c.w * q4.w;
-        ak[i] = c.x * k4.x + c.y * k4.y + c.z * k4.z + c.w * k4.w;
+        aq[i] = c[i].x * q4.x + c[i].y * q4.y + c[i].z * q4.z + c[i].w * q4.w;
+        ak[i] = c[i].x * k4.x + c[i].y * k4.y + c[i].z * k4.z + c[i].w * k4.w;
     }
+#else
+    mbar_wait(&mbar[warp], 0);
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+        const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+        aq[i] = ci.x * q4.x + ci.y * q4.y + ci.z * q4.z + ci.w * q4.w;
+        ak[i] = ci.x * k4.x + ci.y * k4.y + ci.z * k4.z + ci.w * k4.w;
+    }
+#endif
     float Cq = reduce_scatter<RPW>(aq, lane) * s_q;
     float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
 
@@ -189,8 +226,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
     const float* pc = coef + nh * 2 * BC_;
     const float e_t = scal[nh * 2];
     const float kq = scal[nh * 2 + 1];
-    const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
-    const float b_val = to_f(b[n * stride_b + hv]);
+#if DIAG_STREAM
+    if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
+    return;
+#endif
     const float beta = round_as(1.0f / (1.0f + __expf(-b_val)), static_cast<B_T*>(nullptr));
     Cq *= e_t;
     Ck *= e_t;
@@ -204,12 +243,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
 #endif
     const bool flush = (h_eff + 1 >= L) || is_forced;
 
-    U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
-    float ru[CAP_];
     float sq = 0.0f, sk = 0.0f;
 #pragma unroll
     for (int j = 0; j < CAP_; ++j) {
-        ru[j] = j < h_old ? to_f(base_u[j * V_ + v]) : 0.0f;
         sq += ru[j] * pc[j];
         sk += ru[j] * pc[BC_ + j];
     }
@@ -233,18 +269,43 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
         }
         __syncwarp();
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-        float4 rk[CAP_];
-#pragma unroll
-        for (int j = 0; j < CAP_; ++j) rk[j] = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
         const float eG = expf(G_f);
         float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
+#if LOAD_REG
+        // the tile read again (from L2: read a moment ago), so that it holds no registers through the epilogue;
+        // decayed, this token added, then one record at a time over all rows
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+            const float ua = uasm[warp * RPW + i];
+            c[i] = make_float4(c[i].x * eG + ua * kn.x, c[i].y * eG + ua * kn.y, c[i].z * eG + ua * kn.z,
+                               c[i].w * eG + ua * kn.w);
+        }
+        for (int j = 0; j < h_old; ++j) {
+            const float4 rk = load4(base_k + j * K_);
+#pragma unroll
+            for (int i = 0; i < RPW; ++i) {
+                const float wj = wsm[(warp * RPW + i) * BC_ + j];
+                c[i].x += wj * rk.x;
+                c[i].y += wj * rk.y;
+                c[i].z += wj * rk.z;
+                c[i].w += wj * rk.w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) *reinterpret_cast<float4*>(dst + i * K_) = c[i];
+#else
+        float4 rk[CAP_];
+#pragma unroll
+        for (int j = 0; j < CAP_; ++j) rk[j] = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
         for (int i = 0; i < RPW; ++i) {
-            const float4 c = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+            const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
             const float ua = uasm[warp * RPW + i];
-            float4 s = make_float4(c.x * eG + ua * kn.x, c.y * eG + ua * kn.y, c.z * eG + ua * kn.z,
-                                   c.w * eG + ua * kn.w);
+            float4 s = make_float4(ci.x * eG + ua * kn.x, ci.y * eG + ua * kn.y, ci.z * eG + ua * kn.z,
+                                   ci.w * eG + ua * kn.w);
             const float* w = wsm + (warp * RPW + i) * BC_;
 #pragma unroll
             for (int j = 0; j < CAP_; ++j) {
@@ -256,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32) replay_gdn_main(
             }
             *reinterpret_cast<float4*>(dst + i * K_) = s;
         }
+#endif
     }
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
 }

@@ -41,6 +41,10 @@ def test_option_checks():
         _launch(cuda_config="r64w1")
     with pytest.raises(ValueError, match="must divide V"):
         _launch(cuda_config=(32, 8))  # a 256-row V-tile
+    with pytest.raises(ValueError, match="CUDA main launch's diagnostic"):
+        replay_decode("gdn", *R.random_decode_inputs("gdn", 1, 1, 2, 128, 128), torch.zeros(1, 2, 128, 128),
+                      ringmod.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=128, V=128).allocate(1),
+                      torch.zeros(1, dtype=torch.int32), L=4, impl="v3", v3_opts=dict(_diag_parts="stream"))
 
 
 def test_unavailable_reason_on_shapes():
@@ -51,8 +55,10 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, rec):
-    return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, has_h_rows=False,
+def _server_defs(rpw, nwarps, load_reg, min_blocks, rec):
+    return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
+                             min_blocks=min_blocks,
+                             has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
@@ -70,5 +76,5 @@ def test_compiles_for_sm90_without_spills(name, rec):
 
 
 def test_smem_fits_an_sm():
-    for rpw, nw in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(rpw, nw, torch.float32)) <= 227 * 1024
+    for cfg in cuda_main.CUDA_CONFIGS.values():
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024

@@ -1285,11 +1285,12 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 
 
 # the main launch in CUDA (kernels/gdn_main.cu, decode_v3 main_impl="cuda"): GDN, fp32 state; the block shapes of
-# cuda_main.CUDA_CONFIGS with 32, 16 and 8 rows per warp; the arguments as the server passes them (bf16 inputs, the
+# cuda_main.CUDA_CONFIGS (the tile in registers, g*, or shared memory, r*) with 32, 16 and 8 rows per warp; the arguments as the server passes them (bf16 inputs, the
 # ring keyed by its own rows), bf16 records with fp32 inputs, and a caller-owned h (h_rows); window switching
-CUDA_MAIN_CASES = [("r32w4", "float32", "bfloat16", True, False), ("r32w4", "bfloat16", "float32", False, False),
-                   ("r32w4", "float32", "float32", False, True), ("r16w4", "float32", "bfloat16", True, False),
-                   ("r8w8", "bfloat16", "bfloat16", True, False), ("r32w2", "float32", "float32", False, False)]
+CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
+                   ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
+                   ("g16w8", "bfloat16", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
+                   ("r32w4", "float32", "float32", False, True), ("r8w8", "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
