@@ -36,6 +36,11 @@
 #define DIAG_STREAM 0  // 1 (benchmark diagnostic, wrong results): stop after the tile dots, output C q~ + C k~
 #endif
 #define VT (RPW * NWARPS)
+#define NG (32 / RPW)      // lanes per row after the reduction: each holds JPL of the row's CAP record positions
+#define JPL (CAP_ / NG)
+#if (CAP_ % (4 * NG)) != 0
+#error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
+#endif
 #if (V_ % VT) != 0
 #error "the V-tile must divide V"
 #endif
@@ -192,10 +197,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     // this lane's row's records, value and beta: nothing here needs the tile or the pre launch, so their loads
     // are in flight beside the tile's
+    // (the NG lanes of row r split its CAP record positions: lane l takes j0 .. j0 + JPL - 1)
+    const int j0 = (lane / RPW) * JPL;
     U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
-    float ru[CAP_];
+    float ru[JPL];
 #pragma unroll
-    for (int j = 0; j < CAP_; ++j) ru[j] = j < h_old ? to_f(base_u[j * V_ + v]) : 0.0f;
+    for (int t = 0; t < JPL; ++t) ru[t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v]) : 0.0f;
     const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
     const float b_val = to_f(b[n * stride_b + hv]);
 
@@ -245,9 +252,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-    for (int j = 0; j < CAP_; ++j) {
-        sq += ru[j] * pc[j];
-        sk += ru[j] * pc[BC_ + j];
+    for (int t = 0; t < JPL; t += 4) {
+        const float4 cq4 = *reinterpret_cast<const float4*>(pc + j0 + t);
+        const float4 ck4 = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
+        sq += ru[t] * cq4.x + ru[t + 1] * cq4.y + ru[t + 2] * cq4.z + ru[t + 3] * cq4.w;
+        sk += ru[t] * ck4.x + ru[t + 1] * ck4.y + ru[t + 2] * ck4.z + ru[t + 3] * ck4.w;
+    }
+#pragma unroll
+    for (int s = RPW; s < 32; s <<= 1) {  // the row's sums over its NG lanes
+        sq += __shfl_xor_sync(0xffffffffu, sq, s);
+        sk += __shfl_xor_sync(0xffffffffu, sk, s);
     }
     const float u_t = beta * (x_v - (Ck + sk));
     const float o = Cq + sq + u_t * kq;
@@ -261,12 +275,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const float sp = x <= 20.0f ? logf(1.0f + expf(x)) : x;
         const float g_t = -expf(to_f(A_log[hv])) * sp;
         const float G_f = flush ? G_last + g_t : G_last;
-        if (lane < RPW) {
-            float* w = wsm + (warp * RPW + r) * BC_;
+        float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
 #pragma unroll
-            for (int j = 0; j < BC_; ++j) w[j] = j < h_old ? ru[j < CAP_ ? j : 0] * expf(G_f - base_g[j < CAP_ ? j : 0]) : 0.0f;
-            uasm[warp * RPW + r] = flush ? u_t : 0.0f;
-        }
+        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
+        if (lane < RPW) uasm[warp * RPW + r] = flush ? u_t : 0.0f;
         __syncwarp();
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);

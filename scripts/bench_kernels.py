@@ -946,7 +946,7 @@ def main():
                                                   v3_opts=dict(_diag_parts="main"))
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
-                    for name in ("g8w8", "g16w4", "r16w4"):
+                    for name in ("g8w8", "g8w2"):
                         arms[f"v3_sl_cu_{name}_stream"] = arm_ours(
                             c, torch.float32, impl="v3", server_like=True,
                             v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts="stream"))

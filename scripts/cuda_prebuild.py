@@ -31,7 +31,7 @@ def combos():
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
     server = [(cfg, pdl, 0) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
-    server += [(cm.CUDA_CONFIGS[n], True, 1) for n in ("g8w8", "g16w4", "r16w4")]  # the streaming diagnostic
+    server += [(cm.CUDA_CONFIGS[n], True, 1) for n in ("g8w8", "g8w2")]  # the streaming diagnostic
     for (rpw, nw, lr, mb), pdl, diag in server:
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
@@ -40,7 +40,7 @@ def combos():
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
     from test_decode_kernels import CUDA_MAIN_CASES
 
-    cases = [(cm.CUDA_CONFIGS[c], r, q, ri, hr) for c, r, q, ri, hr in CUDA_MAIN_CASES]
+    cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False))  # test_gpu_cuda_main_many_blocks
     for (rpw, nw, lr, mb), rec, qkv, ri, hr in cases:
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)

@@ -15,12 +15,20 @@ from replayssm_sglang.kernels.decode import replay_decode
 
 def _launch(kind="gdn", state_dtype=torch.float32, read_dtype="same", **v3_opts):
     H, HV, K, V = (1, 2, 128, 128) if kind == "gdn" else (2, 2, 128, 128)
-    lay = ringmod.RingLayout.for_layer(kind, L=4, H=H, HV=HV, K=K, V=V)
+    lay = ringmod.RingLayout.for_layer(kind, L=16, H=H, HV=HV, K=K, V=V)
     ring = lay.allocate(2, read_dtype=read_dtype)
     state = torch.zeros(2, HV, V, K, dtype=state_dtype)
     x = R.random_decode_inputs(kind, 2, H, HV, K, V, generator=torch.Generator().manual_seed(0))
     slot = torch.arange(2, dtype=torch.int32)
-    return replay_decode(kind, *x, state, ring, slot, L=4, impl="v3", v3_opts={"main_impl": "cuda", **v3_opts})
+    return replay_decode(kind, *x, state, ring, slot, L=16, impl="v3", v3_opts={"main_impl": "cuda", **v3_opts})
+
+
+def test_refuses_ring_capacity_the_layout_cannot_split():
+    lay = ringmod.RingLayout.for_layer("gdn", L=8, H=1, HV=2, K=128, V=128)
+    st = torch.zeros(1, 2, 128, 128)
+    assert "multiple of 16" in cuda_main.unavailable_reason("gdn", st, lay.allocate(1), None, 128, 128, 8, 8)
+    assert "multiple of 16" not in (cuda_main.unavailable_reason("gdn", st, lay.allocate(1), None, 128, 128, 32, 4)
+                                    or "")
 
 
 @pytest.mark.parametrize("kind,state_dtype,read_dtype,why", [
@@ -70,7 +78,10 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, rec):
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, rec):
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
-    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+    if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
+        assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
+    else:
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
     # at most 128 registers: a 128-thread block then fits 4 times in an SM's register file (shared memory allows 3)
     assert res["registers"] is not None and res["registers"] <= 128, res
 

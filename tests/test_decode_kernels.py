@@ -1289,13 +1289,13 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 # ring keyed by its own rows), bf16 records with fp32 inputs, and a caller-owned h (h_rows); window switching
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
-                   ("g16w8", "bfloat16", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
-                   ("r32w4", "float32", "float32", False, True), ("r8w8", "bfloat16", "float32", True, False)]
+                   ("g8w8_m4", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_MAIN_CASES)
+@pytest.mark.parametrize("cfg,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_MAIN_CASES, ids=str)
 def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
     from replayssm_sglang.kernels import cuda_main
 
