@@ -970,8 +970,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     copies into shared memory; rows outermost). Asked for where it cannot run, the launch says why.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM]]),
     or a name of
-    cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT). _diag_parts "stream" (with main_impl "cuda"; wrong results): the CUDA
-    main launch stops after the tile dots, for the benchmark's streaming floor."""
+    cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT). _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results):
+    the CUDA main launch stops after the tile dots (the benchmark's streaming floor) / skips the fold."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -998,9 +998,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_opts = _maxnreg_opts("pre_maxnreg", pre_maxnreg, mixed_qkv.device)
     main_opts = _maxnreg_opts("main_maxnreg", main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg"),
                               mixed_qkv.device)
-    if _diag_parts == "stream" and main_impl != "cuda":
-        raise ValueError("_diag_parts='stream' is the CUDA main launch's diagnostic (main_impl='cuda')")
-    if _diag_parts not in ("all", "pre", "main", "post", "stream"):
+    if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
+        raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
+    if _diag_parts not in ("all", "pre", "main", "post", "stream", "nofold"):
         raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
@@ -1066,7 +1066,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    run_pre, run_main, run_post = (_diag_parts in ("all", "stream", p) for p in ("pre", "main", "post"))
+    run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold", p) for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -1096,7 +1096,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
-                         config=cuda_cfg, diag_stream=_diag_parts == "stream")
+                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0))
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

@@ -33,7 +33,11 @@
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
 #ifndef DIAG_STREAM
-#define DIAG_STREAM 0  // 1 (benchmark diagnostic, wrong results): stop after the tile dots, output C q~ + C k~
+#define DIAG_STREAM 0  // benchmark diagnostics, wrong results: 1 stop after the tile dots (output C q~ + C k~),
+#endif             // 2 everything but the fold
+#define KB 4       // LOAD_REG's fold: record keys loaded KB at a time (CAP_ a multiple of KB)
+#if LOAD_REG && (CAP_ % KB) != 0
+#error "LOAD_REG needs a ring capacity that is a multiple of KB"
 #endif
 #define VT (RPW * NWARPS)
 #define NG (32 / RPW)      // lanes per row after the reduction: each holds JPL of the row's CAP record positions
@@ -233,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* pc = coef + nh * 2 * BC_;
     const float e_t = scal[nh * 2];
     const float kq = scal[nh * 2 + 1];
-#if DIAG_STREAM
+#if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
     return;
 #endif
@@ -267,9 +271,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float o = Cq + sq + u_t * kq;
     if (lane < RPW) from_f(out + nh * V_ + v, o);
 
-    if (flush || prefold) {
+    if ((flush || prefold) && DIAG_STREAM != 2) {
         // write the checkpoint: fold the h_old records (and this token on a flush) into the tile
         const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
         const float G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
         float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
         const float sp = x <= 20.0f ? logf(1.0f + expf(x)) : x;
@@ -280,30 +285,45 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
         if (lane < RPW) uasm[warp * RPW + r] = flush ? u_t : 0.0f;
         __syncwarp();
-        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
         const float eG = expf(G_f);
         float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
 #if LOAD_REG
-        // the tile read again (from L2: read a moment ago), so that it holds no registers through the epilogue;
-        // decayed, this token added, then one record at a time over all rows
+        // what the fold reads next, issued together before anything waits on it (a loop over the records would
+        // wait for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a
+        // moment ago, and not held in registers through the epilogue)
+        float4 rk[KB];
+#pragma unroll
+        for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+#endif
+#if LOAD_REG
+        // decayed, this token added, then KB records at a time over all rows
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
             const float ua = uasm[warp * RPW + i];
             c[i] = make_float4(c[i].x * eG + ua * kn.x, c[i].y * eG + ua * kn.y, c[i].z * eG + ua * kn.z,
                                c[i].w * eG + ua * kn.w);
         }
-        for (int j = 0; j < h_old; ++j) {
-            const float4 rk = load4(base_k + j * K_);
+#pragma unroll 1
+        for (int jb = 0; jb < CAP_; jb += KB) {
+            if (jb >= h_old) break;
+            if (jb > 0) {
 #pragma unroll
-            for (int i = 0; i < RPW; ++i) {
-                const float wj = wsm[(warp * RPW + i) * BC_ + j];
-                c[i].x += wj * rk.x;
-                c[i].y += wj * rk.y;
-                c[i].z += wj * rk.z;
-                c[i].w += wj * rk.w;
+                for (int t = 0; t < KB; ++t)
+                    rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int t = 0; t < KB; ++t) {
+#pragma unroll
+                for (int i = 0; i < RPW; ++i) {
+                    const float wj = wsm[(warp * RPW + i) * BC_ + jb + t];  // (0 past h_old)
+                    c[i].x += wj * rk[t].x;
+                    c[i].y += wj * rk[t].y;
+                    c[i].z += wj * rk[t].z;
+                    c[i].w += wj * rk[t].w;
+                }
             }
         }
 #pragma unroll

@@ -947,9 +947,10 @@ def main():
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
                     for name in ("g8w8", "g8w2"):
-                        arms[f"v3_sl_cu_{name}_stream"] = arm_ours(
-                            c, torch.float32, impl="v3", server_like=True,
-                            v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts="stream"))
+                        for dg in ("stream", "nofold"):
+                            arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(
+                                c, torch.float32, impl="v3", server_like=True,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered

@@ -31,7 +31,7 @@ def combos():
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
     server = [(cfg, pdl, 0) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
-    server += [(cm.CUDA_CONFIGS[n], True, 1) for n in ("g8w8", "g8w2")]  # the streaming diagnostic
+    server += [(cm.CUDA_CONFIGS[n], True, d) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
     for (rpw, nw, lr, mb), pdl, diag in server:
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
