@@ -92,12 +92,10 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, diag_st
 
 
 def smem_bytes(defs: dict) -> int:
-    """Dynamic shared memory of a block: the [VT, K] tile (read into shared memory) or, read into registers, the
-    fold's record keys ([CAP, K] per warp), the fold's [VT, BC] decayed records and [VT] u_t."""
+    """Dynamic shared memory of a block: the [VT, K] tile (read into shared memory), the fold's [VT, BC] decayed
+    records and [VT] u_t."""
     vt = defs["RPW"] * defs["NWARPS"]
-    key_es = 4 if defs["KR_T"] == "float" else 2
-    tile = vt * 128 * 4 if not defs["LOAD_REG"] else defs["NWARPS"] * defs["CAP_"] * 128 * key_es
-    return tile + 4 * (vt * defs["BC_"] + vt)
+    return 4 * (vt * 128 * (1 - defs["LOAD_REG"]) + vt * defs["BC_"] + vt)
 
 
 def _key(defs: dict, arch: str) -> str:
@@ -231,6 +229,8 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return "GDN's gate has no lower bound"
     if K != 128:
         return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
+    if load_reg and cap % 8:
+        return "the tile in registers needs a ring capacity that is a multiple of 8"
     if rpw not in (8, 16, 32) or cap % (4 * 32 // rpw):
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):

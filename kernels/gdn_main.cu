@@ -35,6 +35,10 @@
 #ifndef DIAG_STREAM
 #define DIAG_STREAM 0  // benchmark diagnostics, wrong results: 1 stop after the tile dots (output C q~ + C k~),
 #endif             // 2 everything but the fold
+#define KB 4       // LOAD_REG's fold: record keys loaded KB at a time (CAP_ a multiple of KB)
+#if LOAD_REG && (CAP_ % KB) != 0
+#error "LOAD_REG needs a ring capacity that is a multiple of KB"
+#endif
 #define VT (RPW * NWARPS)
 #define NG (32 / RPW)      // lanes per row after the reduction: each holds JPL of the row's CAP record positions
 #define JPL (CAP_ / NG)
@@ -89,15 +93,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
         "}\n" ::"r"(smem_addr(bar)),
         "r"(phase)
         : "memory");
-}
-
-// LOAD_REG's fold keys: asynchronous 16- (fp32) or 8-byte (bf16) copies global -> shared, no registers held
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src) {
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -196,25 +191,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
     const int h_old = ring_h[rrow];
 #endif
-    const bool prefold = h_old >= L;
-    const int h_eff = prefold ? 0 : h_old;
-#if HAS_FORCED
-    const bool is_forced = forced[n] != 0;
-#else
-    const bool is_forced = false;
-#endif
-    const bool flush = (h_eff + 1 >= L) || is_forced;
-#if LOAD_REG
-    // a row that writes its checkpoint this step: its record keys copied into shared memory now, asynchronously
-    // (no registers held while the tile streams), so that its fold later waits on nothing but the tile's re-read
-    // (the pre launch appends keys only to rows that do not fold, so nothing here needs to wait for it)
-    KR_T* ksm = reinterpret_cast<KR_T*>(uasm + VT) + warp * CAP_ * K_;  // [CAP, K] per warp
-    if (flush || prefold) {
-        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-        for (int j = 0; j < h_old; ++j) cp_async<4 * sizeof(KR_T)>(ksm + j * K_ + 4 * lane, base_k + j * K_);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-#endif
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     const float4 q4 = load4(px + i_h * K_ + 4 * lane);
     const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
@@ -269,6 +245,14 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     Cq *= e_t;
     Ck *= e_t;
 
+    const bool prefold = h_old >= L;
+    const int h_eff = prefold ? 0 : h_old;
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    const bool flush = (h_eff + 1 >= L) || is_forced;
 
     float sq = 0.0f, sk = 0.0f;
 #pragma unroll
@@ -305,11 +289,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const float eG = expf(G_f);
         float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
 #if LOAD_REG
-        // the tile again (from L2: read a moment ago; not held in registers through the epilogue); the keys are
-        // in shared memory (copied at the start)
+        // what the fold reads next, issued together before anything waits on it (a loop over the records would
+        // wait for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a
+        // moment ago, and not held in registers through the epilogue)
+        float4 rk[KB];
+#pragma unroll
+        for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
-        asm volatile("cp.async.wait_all;" ::: "memory");  // (each lane reads back only what it copied)
+#endif
+#if LOAD_REG
+        // decayed, this token added, then KB records at a time over all rows
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
             const float ua = uasm[warp * RPW + i];
@@ -317,15 +307,23 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                                c[i].w * eG + ua * kn.w);
         }
 #pragma unroll 1
-        for (int j = 0; j < h_old; ++j) {
-            const float4 rk = load4(ksm + j * K_ + 4 * lane);
+        for (int jb = 0; jb < CAP_; jb += KB) {
+            if (jb >= h_old) break;
+            if (jb > 0) {
 #pragma unroll
-            for (int i = 0; i < RPW; ++i) {
-                const float wj = wsm[(warp * RPW + i) * BC_ + j];
-                c[i].x += wj * rk.x;
-                c[i].y += wj * rk.y;
-                c[i].z += wj * rk.z;
-                c[i].w += wj * rk.w;
+                for (int t = 0; t < KB; ++t)
+                    rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int t = 0; t < KB; ++t) {
+#pragma unroll
+                for (int i = 0; i < RPW; ++i) {
+                    const float wj = wsm[(warp * RPW + i) * BC_ + jb + t];  // (0 past h_old)
+                    c[i].x += wj * rk[t].x;
+                    c[i].y += wj * rk[t].y;
+                    c[i].z += wj * rk[t].z;
+                    c[i].w += wj * rk[t].w;
+                }
             }
         }
 #pragma unroll
