@@ -29,12 +29,13 @@ import torch
 SRC = Path(__file__).with_name("gdn_main.cu")
 ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
-# registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none): the block's V-tile is
-# rows x warps. CUDA_CONFIGS names the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap);
+# registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
+# coefficients loaded after the tile's dots, not before]): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late);
 # CUDA_DEFAULT is what launch() takes when none is asked.
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
-                "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
+                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w8"]
 
@@ -78,12 +79,13 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, diag_stream=0, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
             b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype, k_dtype, slot_dtype, forced_dtype,
             ridx_dtype) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
-            "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "DIAG_STREAM": int(diag_stream),
+            "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
+            "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
@@ -215,7 +217,8 @@ def function(defs: dict, device: torch.device):
     return fn[1]
 
 
-def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0) -> str | None:
+def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
+                       late_coef=0) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
@@ -247,13 +250,14 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch).
-    config: (rows per warp, warps, load_reg, min_blocks) (None: CUDA_DEFAULT); diag_stream: the benchmark's
-    diagnostic."""
-    rpw, nwarps, load_reg, min_blocks = config or CUDA_DEFAULT
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: CUDA_DEFAULT); diag_stream: the
+    benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or CUDA_DEFAULT), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
     defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
+                   late_coef=late_coef,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,

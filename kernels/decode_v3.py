@@ -1034,10 +1034,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
     if impl_main == "cuda":
         cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
-        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 3:
-            cuda_cfg = (*cuda_cfg, 0, 0)[:4]
-        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 4):
-            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks]]) or one of "
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
+                             f"one of "
                              f"{list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:

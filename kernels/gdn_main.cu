@@ -29,6 +29,9 @@
 #ifndef LOAD_REG
 #define LOAD_REG 0  // 1: the tile is loaded into registers (16-byte loads, RPW per lane) instead of shared memory
 #endif
+#ifndef LATE_COEF
+#define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
+#endif
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
@@ -210,6 +213,24 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
     const float b_val = to_f(b[n * stride_b + hv]);
 
+    const long long nh = static_cast<long long>(n) * HV_ + hv;
+#if !LATE_COEF
+    // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
+    // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const float* pc = coef + nh * 2 * BC_;
+    float cq[JPL], ck[JPL];
+#pragma unroll
+    for (int t = 0; t < JPL; t += 4) {
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
+    }
+    const float e_t = scal[nh * 2];
+    const float kq = scal[nh * 2 + 1];
+#endif
+
     // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
     float aq[RPW], ak[RPW];
 #if LOAD_REG
@@ -230,13 +251,20 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float Cq = reduce_scatter<RPW>(aq, lane) * s_q;
     float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
 
+#if LATE_COEF
 #if USE_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
 #endif
-    const long long nh = static_cast<long long>(n) * HV_ + hv;
     const float* pc = coef + nh * 2 * BC_;
+    float cq[JPL], ck[JPL];
+#pragma unroll
+    for (int t = 0; t < JPL; t += 4) {
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
+    }
     const float e_t = scal[nh * 2];
     const float kq = scal[nh * 2 + 1];
+#endif
 #if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
     return;
@@ -256,11 +284,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-    for (int t = 0; t < JPL; t += 4) {
-        const float4 cq4 = *reinterpret_cast<const float4*>(pc + j0 + t);
-        const float4 ck4 = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
-        sq += ru[t] * cq4.x + ru[t + 1] * cq4.y + ru[t + 2] * cq4.z + ru[t + 3] * cq4.w;
-        sk += ru[t] * ck4.x + ru[t + 1] * ck4.y + ru[t + 2] * ck4.z + ru[t + 3] * ck4.w;
+    for (int t = 0; t < JPL; ++t) {
+        sq += ru[t] * cq[t];
+        sk += ru[t] * ck[t];
     }
 #pragma unroll
     for (int s = RPW; s < 32; s <<= 1) {  // the row's sums over its NG lanes

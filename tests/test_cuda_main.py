@@ -63,9 +63,10 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, load_reg, min_blocks, rec):
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
+    *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,

@@ -1289,7 +1289,7 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 # ring keyed by its own rows), bf16 records with fp32 inputs, and a caller-owned h (h_rows); window switching
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
-                   ("g8w2", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
+                   ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
                    ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
