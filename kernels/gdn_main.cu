@@ -194,6 +194,23 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
     const int h_old = ring_h[rrow];
 #endif
+    const bool prefold = h_old >= L;
+    const int h_eff = prefold ? 0 : h_old;
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    const bool flush = (h_eff + 1 >= L) || is_forced;
+    // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
+    // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+    float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
+    if (flush || prefold) {
+        G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
+        x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        a_log = to_f(A_log[hv]);
+    }
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     const float4 q4 = load4(px + i_h * K_ + 4 * lane);
     const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
@@ -273,14 +290,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     Cq *= e_t;
     Ck *= e_t;
 
-    const bool prefold = h_old >= L;
-    const int h_eff = prefold ? 0 : h_old;
-#if HAS_FORCED
-    const bool is_forced = forced[n] != 0;
-#else
-    const bool is_forced = false;
-#endif
-    const bool flush = (h_eff + 1 >= L) || is_forced;
 
     float sq = 0.0f, sk = 0.0f;
 #pragma unroll
@@ -299,12 +308,19 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     if ((flush || prefold) && DIAG_STREAM != 2) {
         // write the checkpoint: fold the h_old records (and this token on a flush) into the tile
-        const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-        const float G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
-        float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
-        const float sp = x <= 20.0f ? logf(1.0f + expf(x)) : x;
-        const float g_t = -expf(to_f(A_log[hv])) * sp;
+#if LOAD_REG
+        // what the fold reads, issued together before anything waits on it (a loop over the records would wait
+        // for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a moment
+        // ago, and not held in registers through the epilogue)
+        float4 rk[KB];
+#pragma unroll
+        for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+#endif
+        const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
+        const float g_t = -expf(a_log) * sp;
         const float G_f = flush ? G_last + g_t : G_last;
         float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
 #pragma unroll
@@ -314,16 +330,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
         const float eG = expf(G_f);
         float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
-#if LOAD_REG
-        // what the fold reads next, issued together before anything waits on it (a loop over the records would
-        // wait for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a
-        // moment ago, and not held in registers through the epilogue)
-        float4 rk[KB];
-#pragma unroll
-        for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
-#endif
 #if LOAD_REG
         // decayed, this token added, then KB records at a time over all rows
 #pragma unroll
