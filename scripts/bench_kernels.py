@@ -39,7 +39,9 @@ Arms (per layer kind, state dtype and batch size B):
               with the main launch capped at N registers
   v3_sl_cu_* (--variants cuda, GDN fp32, B >= 128) the server's launch with the main launch in CUDA
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
-              (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton)
+              (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
+              alone; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
+              v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -954,6 +956,22 @@ def main():
                                 c, torch.float32, impl="v3", server_like=True,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
+                    if "curr" in variants:
+                        # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
+                        # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
+                        # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
+                        graphs = {n: capture_graph(c, r) for n, r in rr.items()}
+                        per = {n: [] for n in rr}
+                        for rnd in range(PLACE_ROUNDS):
+                            for n in (list(rr) if rnd % 2 == 0 else list(rr)[::-1]):
+                                per[n].append(time_replays(c, graphs[n]))
+                            print(f"{kind} cuda round {rnd}: " + " ".join(f"{n} {per[n][-1] * 1e6:6.1f}" for n in rr),
+                                  flush=True)
+                        meta.setdefault("cu_rounds", {}).update({f"{kind}/{n}": [t * 1e6 for t in v]
+                                                                 for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        del graphs
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
