@@ -37,7 +37,7 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
                 "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
-CUDA_DEFAULT = CUDA_CONFIGS["g8w8"]
+CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 
 _CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half",
            torch.int32: "int", torch.int64: "long long", torch.bool: "bool", torch.uint8: "unsigned char",
@@ -245,6 +245,16 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     if state.stride()[1:] != (V * K, K, 1) or state.stride(0) % 4 or state.data_ptr() % 16:
         return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
     return None
+
+
+def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
+    """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
+    (nvcc to build one, or a cache holding cubins)."""
+    if not (isinstance(config, tuple) and 2 <= len(config) <= 5):
+        return False
+    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
+        return False
+    return find_nvcc() is not None or any(cache_dir().glob("gdn_main-*.cubin"))
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,

@@ -965,9 +965,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
     this tries for the pre launch.
-    main_impl (None: V3_TUNED's, else "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py:
-    GDN, fp32 state, no read copy, K = 128, sm_90; the same arithmetic in fp32, the tile moved by bulk asynchronous
-    copies into shared memory; rows outermost). Asked for where it cannot run, the launch says why.
+    main_impl (None: the environment's REPLAYSSM_MAIN_IMPL where this launch can take it, else V3_TUNED's, else
+    "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, fp32 state, no read copy,
+    K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
+    where it cannot run, the launch says why; the environment's preference falls back to Triton there.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM]]),
     or a name of
     cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT). _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results):
@@ -1029,9 +1030,18 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     hr = h_rows if h_rows is not None else slot_idx
     ri = ring_idx if ring_idx is not None else slot_idx
     lb = float(lower_bound if lower_bound is not None else 0.0)
-    impl_main = main_impl if main_impl is not None else tuned.get("main_impl", "triton")
+    # the main launch's implementation: the caller's, else the environment's preference (REPLAYSSM_MAIN_IMPL=cuda: the
+    # CUDA main launch wherever it can run, Triton's elsewhere; how a server opts in), else V3_TUNED's
+    env_impl = os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() if main_impl is None else ""
+    if env_impl not in ("", "triton", "cuda"):
+        raise ValueError(f"REPLAYSSM_MAIN_IMPL must be 'triton' or 'cuda', got {env_impl!r}")
+    impl_main = main_impl if main_impl is not None else (env_impl or tuned.get("main_impl", "triton"))
     if impl_main not in ("triton", "cuda"):
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
+    if impl_main == "cuda" and main_impl is None and not cuda_main.usable(
+            kind, state, ring, lower_bound, K, V, cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config)
+            if cuda_config else cuda_main.CUDA_DEFAULT):
+        impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
     if impl_main == "cuda":
         cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
         if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:

@@ -90,3 +90,35 @@ def test_compiles_for_sm90_without_spills(name, rec):
 def test_smem_fits_an_sm():
     for cfg in cuda_main.CUDA_CONFIGS.values():
         assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
+
+
+def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
+    """REPLAYSSM_MAIN_IMPL=cuda (how a server opts in) takes the CUDA path only where it can run: here (no GPU) the
+    Triton launch runs and gives the same output as without the preference; a bad value is refused."""
+    from replayssm_sglang.kernels import decode_v3
+
+    calls = []
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(kw))
+
+    def run():
+        H, HV, K, V = 1, 2, 128, 128
+        lay = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V)
+        ring = lay.allocate(2)
+        g = torch.Generator().manual_seed(1)
+        state = torch.randn(2, HV, V, K, generator=g) * 0.1
+        x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=g)
+        return replay_decode("gdn", *x, state, ring, torch.arange(2, dtype=torch.int32), L=16, impl="v3"), state
+
+    o_ref, s_ref = run()
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
+    o, s = run()
+    assert calls == [] and torch.equal(o, o_ref) and torch.equal(s, s_ref)
+    # where it could run, the preference takes it (the availability check pretended true: no GPU here)
+    monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    run()
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
+    with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
+        run()
+    assert decode_v3.cuda_main is cuda_main
