@@ -239,6 +239,7 @@ def prompt_set(vocab: int, n: int = 16, seed: int = 1234) -> list[list[int]]:
     return [[rng.randrange(10, vocab - 10) for _ in range(L)] for L in lens]
 
 
+TASKS = {"correctness", "spec", "throughput", "prefill", "prefix", "ssm_share", "profile"}  # --tasks
 # the correctness task's greedy tokens and top logprobs per prompt (run_prompts; correctness_setup reports them)
 CORRECTNESS_TOKENS, CORRECTNESS_TOP = 32, 5
 
@@ -840,12 +841,15 @@ def main() -> None:
         return
     if not args.model:
         ap.error("--model is required (label=path), unless --plot")
+    tasks = set(args.tasks.split(",")) - {""}
+    if tasks - TASKS:
+        ap.error(f"unknown --tasks {sorted(tasks - TASKS)}: the tasks are {', '.join(sorted(TASKS))} "
+                 "(decode throughput is `throughput`)")
     args.out.mkdir(parents=True, exist_ok=True)
     logdir = Path("/tmp/e2e-logs")
     logdir.mkdir(exist_ok=True)
     audit = logdir / "load-audit.jsonl"
     deadline = T0 + args.budget_s
-    tasks = set(args.tasks.split(","))
     batches = [int(b) for b in args.batches.split(",")]
     if args.extra:
         COMMON.extend(args.extra.split())

@@ -262,3 +262,17 @@ def test_plot_shows_ratios_and_the_warm_prefix_run(tmp_path):
     pytest.importorskip("matplotlib")
     g.plot(res, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 1000
+
+
+def test_unknown_task_is_refused_with_the_names(monkeypatch, capsys, tmp_path):
+    """A misspelt task (session 26 asked for `decode`) stops the run at once and names the tasks; it used to be
+    skipped silently, which spent a GPU call without its throughput."""
+    monkeypatch.setattr(sys, "argv", ["gpu_e2e.py", "--model", f"gdn={tmp_path}", "--tasks", "correctness,decode",
+                                      "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        g.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown --tasks ['decode']" in err and "throughput" in err
+    assert not (tmp_path / "out").exists()
+    assert {"correctness", "throughput", "prefix", "spec"} <= g.TASKS
