@@ -1,5 +1,6 @@
 """Decode v3's main launch for GDN with an fp32 checkpoint, in CUDA (``gdn_main.cu``; opt-in:
-``decode_v3.launch(main_impl="cuda")``, docs/design.md "Session 26").
+``decode_v3.launch(main_impl="cuda")`` or ``REPLAYSSM_MAIN_IMPL=cuda`` in the environment; docs/design.md
+"Session 26").
 
 The kernel source is compiled for sm_90 with nvcc into a cubin, once per set of compile-time parameters (shapes,
 block shape, optional arguments, element types), and cached (``REPLAYSSM_CUBIN_DIR``, default
@@ -254,7 +255,18 @@ def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
         return False
     if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
         return False
-    return find_nvcc() is not None or any(cache_dir().glob("gdn_main-*.cubin"))
+    return _obtainable()
+
+
+_OBTAINABLE: dict = {}
+
+
+def _obtainable() -> bool:
+    """nvcc or a cache holding cubins exists (looked up once per process and setting: launches call usable())."""
+    key = (os.environ.get("REPLAYSSM_NVCC"), os.environ.get("REPLAYSSM_CUBIN_DIR"))
+    if key not in _OBTAINABLE:
+        _OBTAINABLE[key] = find_nvcc() is not None or any(cache_dir().glob("gdn_main-*.cubin"))
+    return _OBTAINABLE[key]
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,

@@ -8,10 +8,14 @@
 //   u_t = beta (v - Ck - sum_j u_j ck_j),  o = Cq + sum_j u_j cq_j + u_t <k~, q~>
 //   flush / pre-fold: C <- C e^{G_f} + sum_{j<h} u_j e^{G_f - G_j} k_j^T (+ u_t k~^T on a flush), stored
 //   no flush: u_t appended to the ring at h_eff.
-// What differs is how the tile moves: one thread per warp copies the warp's rows of the checkpoint into shared
-// memory with one bulk asynchronous copy (cp.async.bulk, the Hopper copy engine behind TMA), so the whole tile
-// is in flight without holding registers and the block issues a handful of instructions for it; the fold reads
-// it back from shared memory in fp32 (CUDA-core FMAs, no tensor-core splits) and stores it with 16-byte stores.
+// What differs is how the tile moves and where the fold runs. LOAD_REG = 1 (the default shapes, "g*"): each lane
+// loads its 16 bytes of each of the warp's 8 rows straight into registers, all in flight at once, and every load
+// that does not need the tile (records, value, beta, the pre launch's coefficients, a folding row's G and gate
+// inputs) is issued before the dots, so the epilogue waits on as few round trips as possible; a folding row reads
+// its tile again (from L2) and its record keys four at a time. LOAD_REG = 0 ("r*", the first version, slower on
+// the H200): one thread per warp copies the warp's rows into shared memory with one bulk asynchronous copy
+// (cp.async.bulk). Either way the fold is fp32 CUDA-core FMAs (no tensor-core splits) and 16-byte stores.
+// docs/design.md, "Session 26", has what each form measured.
 //
 // Layout: lane l of a warp owns K columns [4l, 4l + 4) (K = 128); a warp owns RPW consecutive V-rows; after the
 // tile dots a butterfly reduce-scatter leaves row (l mod RPW) of the warp's rows in lane l, which then computes
