@@ -969,10 +969,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, fp32 state, no read copy,
     K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
     where it cannot run, the launch says why; the environment's preference falls back to Triton there.
-    cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM]]),
-    or a name of
-    cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT). _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results):
-    the CUDA main launch stops after the tile dots (the benchmark's streaming floor) / skips the fold."""
+    cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
+    to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT).
+    _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
+    dots (the benchmark's streaming floor) / skips the fold."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1002,7 +1002,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
     if _diag_parts not in ("all", "pre", "main", "post", "stream", "nofold"):
-        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main' or 'post', got {_diag_parts!r}")
+        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main', 'post', 'stream' or 'nofold', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
     lay = ring.layout
@@ -1048,8 +1048,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
         if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
             raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
-                             f"one of "
-                             f"{list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
