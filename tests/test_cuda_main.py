@@ -122,3 +122,15 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
     assert decode_v3.cuda_main is cuda_main
+
+
+def test_driver_structs_match_the_cuda_abi():
+    """cuLaunchKernelEx's structs as cuda.h lays them out on x86-64 (CUDA 12 / 13): CUlaunchAttribute is an enum,
+    4 bytes of padding and a 64-byte value union; CUlaunchConfig's stream pointer follows seven 32-bit fields at
+    offset 32. A mismatch would pass garbage to the driver on the GPU only."""
+    import ctypes
+
+    A, C = cuda_main._LaunchAttr, cuda_main._LaunchConfig
+    assert ctypes.sizeof(A) == 72 and A.value.offset == 8
+    assert C.sharedMemBytes.offset == 24 and C.hStream.offset == 32 and C.attrs.offset == 40
+    assert C.numAttrs.offset == 48 and ctypes.sizeof(C) == 56
