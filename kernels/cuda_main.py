@@ -31,17 +31,12 @@ SRC = Path(__file__).with_name("gdn_main.cu")
 ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
 # registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
-# coefficients loaded after the tile's dots, not before[, 1: no pre launch, each block does its work (FUSE_PRE)]]):
-# the block's V-tile is rows x warps. CUDA_CONFIGS names the ones the benchmark times ("r": shared memory, "g":
-# registers, "_mN" a cap, "_late" the coefficients late, "_fp" the pre launch's work fused); CUDA_DEFAULT is what
-# launch() takes when none is asked.
+# coefficients loaded after the tile's dots, not before]): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late);
+# CUDA_DEFAULT is what launch() takes when none is asked.
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
-                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
-                "g8w4_fp": (8, 4, 1, 5, 0, 1), "g8w8_fp": (8, 8, 1, 3, 0, 1)}
-# (fuse_pre spills at g8w4's 6 blocks per SM, 80 registers: 16 bytes per thread; with 2 warps, 8 records' keys each,
-# at 12 and at 10 blocks per SM: 128 / 28 bytes; ptxas sm_90)
-CONFIG_FIELDS = ("rows per warp", "warps", "load_reg", "min_blocks", "late_coef", "fuse_pre")
+                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 
@@ -85,22 +80,13 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def full_config(config) -> tuple | None:
-    """A block shape (CUDA_CONFIGS' tuples, 2 to 6 fields; None: CUDA_DEFAULT) with every field (None: not one)."""
-    config = CUDA_DEFAULT if config is None else config
-    if not (isinstance(config, tuple) and 2 <= len(config) <= len(CONFIG_FIELDS)):
-        return None
-    return (*config, *(0,) * len(CONFIG_FIELDS))[:len(CONFIG_FIELDS)]
-
-
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, fuse_pre=0, diag_stream=0,
-            has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
             b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype, k_dtype, slot_dtype, forced_dtype,
             ridx_dtype) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
-            "FUSE_PRE": int(fuse_pre), "DIAG_STREAM": int(diag_stream),
+            "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
@@ -233,7 +219,7 @@ def function(defs: dict, device: torch.device):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, fuse_pre=0) -> str | None:
+                       late_coef=0) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
@@ -253,13 +239,6 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):
         return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
-    if fuse_pre:
-        per_warp = cap // nwarps
-        if late_coef:
-            return "fuse_pre computes the coefficients itself: late_coef must be 0"
-        if cap % nwarps or per_warp > 16 or per_warp & (per_warp - 1):
-            return (f"fuse_pre splits the ring's {cap} records over the block's {nwarps} warps: it needs a power of "
-                    f"two of at most 16 per warp")
     if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
     if torch.cuda.get_device_capability(dev) < (9, 0):
@@ -272,8 +251,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
     (nvcc to build one, or a cache holding cubins)."""
-    config = full_config(config)
-    if config is None or unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
+    if not (isinstance(config, tuple) and 2 <= len(config) <= 5):
+        return False
+    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
         return False
     return _obtainable()
 
@@ -292,16 +272,14 @@ def _obtainable() -> bool:
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch).
-    config: a block shape (CONFIG_FIELDS; None: CUDA_DEFAULT); diag_stream: the benchmark's diagnostic. With
-    fuse_pre the launch replaces the pre launch (coef and scal are not read) and is not a programmatic dependent."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, fuse_pre = full_config(config)
-    if fuse_pre and pdl:
-        raise ValueError("a fuse_pre launch has no pre launch to depend on: launch it with pdl=False")
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: CUDA_DEFAULT); diag_stream: the
+    benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or CUDA_DEFAULT), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
     defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, fuse_pre=fuse_pre,
+                   late_coef=late_coef,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,

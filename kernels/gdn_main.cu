@@ -36,9 +36,6 @@
 #ifndef LATE_COEF
 #define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
 #endif
-#ifndef FUSE_PRE
-#define FUSE_PRE 0  // 1: the block computes the pre launch's work itself (no pre launch; see "the pre launch's work")
-#endif
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
@@ -60,18 +57,6 @@
 #endif
 #if RPW != 8 && RPW != 16 && RPW != 32
 #error "RPW must be 8, 16 or 32"
-#endif
-#if FUSE_PRE
-#define RPJ (CAP_ / NWARPS)  // FUSE_PRE: records whose dots each warp computes (j = warp, warp + NWARPS, ...)
-#if (CAP_ % NWARPS) != 0 || (2 * RPJ) > 32 || (RPJ & (RPJ - 1)) != 0
-#error "FUSE_PRE needs CAP_ / NWARPS records per warp, a power of two of at most 16"
-#endif
-#if LATE_COEF
-#error "FUSE_PRE computes the coefficients itself (LATE_COEF 0)"
-#endif
-#if USE_PDL
-#error "FUSE_PRE runs without a pre launch: it is not a programmatic dependent (USE_PDL 0)"
-#endif
 #endif
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -156,8 +141,8 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    float* __restrict__ state, U_T* __restrict__ ring_u, KR_T* __restrict__ ring_k,
-    float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
     long long stride_a, long long stride_b, long long stride_slot) {
@@ -223,23 +208,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const bool flush = (h_eff + 1 >= L) || is_forced;
     // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
     // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
-    float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
     float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
-#if FUSE_PRE
-    // the pre launch's work is done here (every row needs G_t), so these loads are every row's; and this warp's
-    // share of the record keys (records warp, warp + NWARPS, ...: the block's warps split the key head's h_old
-    // records), in flight beside the tile
-    KR_T* kbase = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-    float4 pk[RPJ];
-#pragma unroll
-    for (int t = 0; t < RPJ; ++t) {
-        const int j = warp + t * NWARPS;
-        pk[t] = j < h_old ? load4(kbase + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    {
-#else
     if (flush || prefold) {
-#endif
         G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
         x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
         a_log = to_f(A_log[hv]);
@@ -264,50 +235,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float b_val = to_f(b[n * stride_b + hv]);
 
     const long long nh = static_cast<long long>(n) * HV_ + hv;
-#if FUSE_PRE
-    // the pre launch's work for this block's (row, value head): G_t and e^{G_t}, <k~, q~>, and the record
-    // coefficients cq_j = <k_j, q~> e^{G_t - G_j}, ck_j = <k_j, k~> e^{G_t - G_j} (j < h_old); the dots of record j
-    // are the same for the key head's every block (each block computes them: no flags, no waiting on other blocks)
-    __shared__ float dsm[2][CAP_];  // [q~ / k~][record]: the dots, shared by the block's warps
-    float gj[JPL];
-#pragma unroll
-    for (int t = 0; t < JPL; ++t) gj[t] = j0 + t < h_old ? base_g[j0 + t] : 0.0f;
-    const float sp_t = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
-    const float g_t = -expf(a_log) * sp_t;
-    const float G_t = G_last + g_t;
-    const float e_t = expf(G_t);
-    const float kq = warp_sum(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w) * s_q * s_k;
-    {
-        float dv[2 * RPJ];  // (record t, q~ / k~) of this warp's records, this lane's 4 columns
-#pragma unroll
-        for (int t = 0; t < RPJ; ++t) {
-            dv[2 * t] = pk[t].x * q4.x + pk[t].y * q4.y + pk[t].z * q4.z + pk[t].w * q4.w;
-            dv[2 * t + 1] = pk[t].x * k4.x + pk[t].y * k4.y + pk[t].z * k4.z + pk[t].w * k4.w;
-        }
-        const float d = reduce_scatter<2 * RPJ>(dv, lane);  // value (lane mod 2 RPJ), summed over the warp
-        if (lane < 2 * RPJ) dsm[lane & 1][warp + (lane >> 1) * NWARPS] = d * ((lane & 1) ? s_k : s_q);
-    }
-    // this token's shared record parts (as the pre launch appends them): the key by the key head's first block,
-    // G_t by each value head's first block; the positions read this step are below h_old, these are at h_old
-    if (!flush && !prefold && i_v == 0) {
-        if (warp == 0 && hv % (HV_ / H_) == 0) {
-            KR_T* pkr = kbase + h_eff * K_;
-            from_f(pkr, k4.x * s_k);
-            from_f(pkr + 1, k4.y * s_k);
-            from_f(pkr + 2, k4.z * s_k);
-            from_f(pkr + 3, k4.w * s_k);
-        }
-        if (threadIdx.x == 0) base_g[h_eff] = G_t;
-    }
-    __syncthreads();
-    float cq[JPL], ck[JPL];
-#pragma unroll
-    for (int t = 0; t < JPL; ++t) {
-        const float wt = j0 + t < h_old ? expf(G_t - gj[t]) : 0.0f;
-        cq[t] = dsm[0][j0 + t] * wt;
-        ck[t] = dsm[1][j0 + t] * wt;
-    }
-#elif !LATE_COEF
+#if !LATE_COEF
     // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
     // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
 #if USE_PDL
@@ -395,18 +323,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
         for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
 #endif
-#if !FUSE_PRE
         const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
         const float g_t = -expf(a_log) * sp;
-#endif
         const float G_f = flush ? G_last + g_t : G_last;
         float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
 #pragma unroll
-#if FUSE_PRE
-        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - gj[t]) : 0.0f;
-#else
         for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
-#endif
         if (lane < RPW) uasm[warp * RPW + r] = flush ? u_t : 0.0f;
         __syncwarp();
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);

@@ -40,10 +40,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cuda, GDN fp32, B >= 128) the server's launch with the main launch in CUDA
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
               (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
-              alone; _stream / _nofold diagnostics (wrong results); *_fp the pre launch's work fused into it (no pre
-              launch; v3_sl_cu_fp_main: without the post launch); *_r16 (and v3_sl_r16, Triton's) with bf16 records;
-              with --variants cuda,curr also v3_sl_rr, v3_sl_cu_rr and v3_sl_cu_fp_rr: Triton's, CUDA's (g8w4) and
-              CUDA's with the pre launch fused (g8w4_fp) timed round-robin over six rounds
+              alone; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
+              v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -936,7 +934,7 @@ def main():
 
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
-                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late"):  # (timed slower in runs 2158-2249)
+                        if name in ("r16w4", "g16w4", "g8w2_m10"):  # (timed slower in runs 2158-2232; not again)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -952,17 +950,7 @@ def main():
                                                   v3_opts=dict(_diag_parts="main"))
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
-                    # fuse_pre: its main launch alone is the step without the post launch
-                    arms["v3_sl_cu_fp_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
-                                                        v3_opts=dict(main_impl="cuda", cuda_config="g8w4_fp",
-                                                                     _diag_parts="main"))
-                    # bf16 records (issue 3's "ideas worth trying"; the server keeps fp32 records): Triton's launch,
-                    # the CUDA main launch, and the CUDA main launch with the pre launch's work fused
-                    arms["v3_sl_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
-                    for name in ("g8w4", "g8w4_fp"):
-                        arms[f"v3_sl_cu_{name}_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
-                                                                v3_opts=dict(main_impl="cuda", cuda_config=name))
-                    for name in ("g8w4_fp",):
+                    for name in ("g8w2",):
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(
                                 c, torch.float32, impl="v3", server_like=True,
@@ -972,8 +960,7 @@ def main():
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                              "v3_sl_cu_fp_rr": arms["v3_sl_cu_g8w4_fp"]}
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
                         graphs = {n: capture_graph(c, r) for n, r in rr.items()}
                         per = {n: [] for n in rr}
                         for rnd in range(PLACE_ROUNDS):

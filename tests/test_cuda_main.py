@@ -63,12 +63,12 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(config, rec):
-    rpw, nwarps, load_reg, min_blocks, late_coef, fuse_pre = cuda_main.full_config(config)
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
+    *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late_coef, fuse_pre=fuse_pre,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
-                             has_forced=True, has_ring_idx=True, pdl=not fuse_pre, x_dtype=torch.bfloat16,
+                             has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
                              slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64)
@@ -78,7 +78,7 @@ def _server_defs(config, rec):
 @pytest.mark.parametrize("name", list(cuda_main.CUDA_CONFIGS))
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, rec):
-    res = cuda_main.resources(_server_defs(cuda_main.CUDA_CONFIGS[name], rec))
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
     if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:
@@ -89,7 +89,7 @@ def test_compiles_for_sm90_without_spills(name, rec):
 
 def test_smem_fits_an_sm():
     for cfg in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(cfg, torch.float32)) <= 227 * 1024
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
@@ -117,7 +117,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
@@ -134,46 +134,3 @@ def test_driver_structs_match_the_cuda_abi():
     assert ctypes.sizeof(A) == 72 and A.value.offset == 8
     assert C.sharedMemBytes.offset == 24 and C.hStream.offset == 32 and C.attrs.offset == 40
     assert C.numAttrs.offset == 48 and ctypes.sizeof(C) == 56
-
-
-def test_fuse_pre_replaces_the_pre_launch(monkeypatch):
-    """A fuse_pre block shape launches no pre launch and its main launch is not a programmatic dependent (it has no
-    primary, and the kernel waits on none); the other shapes keep the pre launch. (Its arithmetic: the GPU tests.)"""
-    from replayssm_sglang.kernels import decode_v3
-
-    mains, pres = [], []
-
-    class _Pre:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: pres.append(kw.get("USE_PDL"))
-
-    monkeypatch.setattr(cuda_main, "launch", lambda **kw: mains.append(kw))
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", _Pre())
-    monkeypatch.setattr(decode_v3, "replay_decode_v2_post_kernel", _Pre())  # (PDL's wait has no interpreter form)
-    monkeypatch.setattr(decode_v3, "pdl_available", lambda dev: True)
-    for cfg, n_pre in (("g8w4_fp", 0), ("g8w4", 1)):
-        mains.clear(), pres.clear()
-        _launch(cuda_config=cfg, pdl=True)
-        assert len(pres) == n_pre + 1 and len(mains) == 1  # (the post launch is recorded too)
-        assert mains[0]["pdl"] is (n_pre == 1), mains[0]["pdl"]
-        assert mains[0]["config"][5] == (n_pre == 0)
-
-
-def test_fuse_pre_checks():
-    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
-    st, ring = torch.zeros(1, 2, 128, 128), lay.allocate(1)
-    why = lambda *cfg: cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128, *cfg) or ""  # noqa: E731
-    for cfg in ((8, 4, 1, 0, 0, 1), (8, 1, 1, 0, 0, 1)):  # 4 / 16 records' dots per warp: only the GPU is missing
-        assert "CUDA GPU" in why(*cfg), why(*cfg)
-    assert "late_coef must be 0" in why(8, 4, 1, 0, 1, 1)
-    lay12 = ringmod.RingLayout.for_layer("gdn", L=12, H=1, HV=2, K=128, V=128)  # 12 records over 4 warps: 3 each
-    assert lay12.cap == 12
-    assert "power of two" in (cuda_main.unavailable_reason("gdn", st, lay12.allocate(1), None, 128, 128,
-                                                           32, 4, 0, 0, 0, 1) or "")
-    assert "CUDA GPU" in cuda_main.unavailable_reason("gdn", st, lay12.allocate(1), None, 128, 128, 32, 4, 0, 0, 0, 0)
-    with pytest.raises(ValueError, match="pdl=False"):
-        cuda_main.launch(mixed_qkv=torch.zeros(1, 1), a2=None, b2=None, A_log=None, dt_bias=None, out=None,
-                         state=st, ring=ring, h_rows=None, slot_idx=None, forced=None, ring_idx=None, coef=None,
-                         scal=None, scale=1.0, L=16, H=1, HV=2, V=128, cap=16, BC=16, pdl=True,
-                         config=cuda_main.CUDA_CONFIGS["g8w4_fp"])

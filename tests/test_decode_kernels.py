@@ -1290,10 +1290,7 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
                    ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
-                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False),
-                   # fuse_pre (no pre launch: each block computes its coefficients and appends the key and G_t)
-                   ("g8w4_fp", "float32", "bfloat16", True, False), ("g8w8_fp", "bfloat16", "float32", False, False),
-                   ("g8w4_fp", "bfloat16", "float32", False, True)]
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
@@ -1314,11 +1311,9 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg", [None, "g8w4_fp"])
-def test_gpu_cuda_main_many_blocks(cfg):
-    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch, or the pre launch's work fused), the
-    server's arguments."""
+def test_gpu_cuda_main_many_blocks():
+    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch), the server's arguments."""
     hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=6, impl="v3", ring_idx=True,
-                       windows=(None,), v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+                       windows=(None,), v3_opts=dict(main_impl="cuda"))
     st = hz.run(20)
     assert st["flushes"] > 0 and st["forced"] > 0
