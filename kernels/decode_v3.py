@@ -915,7 +915,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
-    "main" or "post" runs that launch alone, so a benchmark can split a step's time.
+    "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
+    time.
     pipe_stages > 0: the checkpoint (or read-copy) tile is read by a K-chunk loop that Triton software-pipelines
     over that many stages (asynchronous copies into shared memory), each chunk reduced as it lands; 0 (default):
     the chunks unrolled into registers. fold_bytes: the K-chunk width of the chunked folds (per checkpoint row).
@@ -1001,8 +1002,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                               mixed_qkv.device)
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
-    if _diag_parts not in ("all", "pre", "main", "post", "stream", "nofold"):
-        raise ValueError(f"_diag_parts must be 'all', 'pre', 'main', 'post', 'stream' or 'nofold', got {_diag_parts!r}")
+    diag_set = set(_diag_parts.split("+"))
+    if _diag_parts not in ("all", "stream", "nofold") and not (diag_set and diag_set <= {"pre", "main", "post"}):
+        raise ValueError(f"_diag_parts must be 'all', 'stream', 'nofold' or '+'-joined launches of 'pre', 'main', "
+                         f"'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):
         raise ValueError(f"chunk_bytes must be a power of two in [16, 512], got {chunk_bytes}")
     lay = ring.layout
@@ -1076,7 +1079,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold", p) for p in ("pre", "main", "post"))
+    run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
+                                   for p in ("pre", "main", "post"))
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))

@@ -40,7 +40,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cuda, GDN fp32, B >= 128) the server's launch with the main launch in CUDA
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
               (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
-              alone; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
+              alone; _pre, _post, _premain, _mainpost those launches alone; *_r16 (and v3_sl_r16, Triton's) with
+              bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
               v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
@@ -934,7 +935,7 @@ def main():
 
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
-                        if name in ("r16w4", "g16w4", "g8w2_m10"):  # (timed slower in runs 2158-2232; not again)
+                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late"):  # (timed slower in runs 2158-2249)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -950,6 +951,16 @@ def main():
                                                   v3_opts=dict(_diag_parts="main"))
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
+                    # the step split by launch (each part alone and in pairs; with PDL as the server runs them)
+                    for dg in ("pre", "post", "pre+main", "main+post"):
+                        arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
+                            c, torch.float32, impl="v3", server_like=True,
+                            v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                    # bf16 records (issue 3's "ideas worth trying"; the server keeps fp32 records): Triton's main
+                    # launch and the CUDA one
+                    arms["v3_sl_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
+                    arms["v3_sl_cu_g8w4_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
+                                                         v3_opts=dict(main_impl="cuda", cuda_config="g8w4"))
                     for name in ("g8w2",):
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(

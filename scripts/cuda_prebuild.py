@@ -30,14 +30,15 @@ def combos():
 
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
-    server = [(cfg, pdl, 0) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
-    server += [(cm.CUDA_CONFIGS[n], True, d) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
-    for cfg, pdl, diag in server:
+    server = [(cfg, pdl, 0, F32) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
+    server += [(cm.CUDA_CONFIGS[n], True, d, F32) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
+    server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
+    for cfg, pdl, diag, rec in server:
         rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
-                              a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=F32,
-                              k_dtype=F32, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64))
+                              a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
+                              k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
     from test_decode_kernels import CUDA_MAIN_CASES
 
