@@ -971,9 +971,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
     where it cannot run, the launch says why; the environment's preference falls back to Triton there.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
-    to load the coefficients after the dots[, 1 to fuse the post launch]]]]), or a name of cuda_main.CUDA_CONFIGS
-    (None: CUDA_DEFAULT). With fuse_post there is no post launch: the last block of each row to finish (counted on
-    ring.arrive) advances h (advance_h) and writes a pre-folded row's record 0.
+    to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold."""
     has_rc = ring.rc is not None
@@ -1047,14 +1045,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             kind, state, ring, lower_bound, K, V, cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config)
             if cuda_config else cuda_main.CUDA_DEFAULT):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
-    fuse_post = False
     if impl_main == "cuda":
-        cuda_cfg = cuda_main.full_config(cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
-                                         else cuda_main.CUDA_DEFAULT)
-        if cuda_cfg is None:
-            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"fuse_post]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
-        fuse_post = bool(cuda_cfg[5])
+        cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
+                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
@@ -1084,8 +1081,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
                                    for p in ("pre", "main", "post"))
-    if fuse_post:
-        run_post = False  # (the CUDA main launch's last block of each row does the post launch's work)
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -1115,8 +1110,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
-                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0),
-                         write_h=advance_h)
+                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0))
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

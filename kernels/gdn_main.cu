@@ -36,17 +36,6 @@
 #ifndef LATE_COEF
 #define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
 #endif
-#ifndef FUSE_POST
-#define FUSE_POST 0  // 1: no post launch: the row's last block to finish does its work (see the kernel's end)
-#endif
-#ifndef WRITE_H
-#define WRITE_H 1    // FUSE_POST: advance the ring's h (0: the caller owns h, decode_v3's advance_h=False)
-#endif
-#if FUSE_POST
-#define POST_RW  // (the ring's keys, G and h are written by the row's last block)
-#else
-#define POST_RW const
-#endif
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
@@ -152,11 +141,11 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    float* __restrict__ state, U_T* __restrict__ ring_u, POST_RW KR_T* __restrict__ ring_k,
-    POST_RW float* __restrict__ ring_g, POST_RW int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
-    long long stride_a, long long stride_b, long long stride_slot, int* __restrict__ arrive) {
+    long long stride_a, long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -399,45 +388,4 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
     }
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
-
-#if FUSE_POST
-    // the post launch's work (decode_v2's post kernel), by the row's last block to finish: every block of the row
-    // counts its arrival on arrive[ring row] (0 between launches) once all its reads of h and of the records are
-    // done; the last one resets the counter, advances h by ring.py's rule and, on a row that pre-folded and
-    // appends, writes record 0's shared parts (the keys per key head, G_0 = g_t per value head), which the row's
-    // other blocks may have been reading as the old record 0 until they arrived
-    __shared__ int is_last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const int before = atomicAdd(arrive + rrow, 1);
-        is_last = before == static_cast<int>(gridDim.x * gridDim.y) - 1;
-        if (is_last) {
-            arrive[rrow] = 0;
-            __threadfence();
-        }
-    }
-    __syncthreads();
-    if (is_last) {
-#if WRITE_H
-        if (threadIdx.x == 0) ring_h[rrow] = flush ? 0 : h_eff + 1;
-#endif
-        if (prefold && !flush) {
-            for (int hk = warp; hk < H_; hk += NWARPS) {  // record 0's key, l2-normalised, per key head
-                const float4 kk = load4(px + H_ * K_ + hk * K_ + 4 * lane);
-                const float s = 1.0f / sqrtf(warp_sum(kk.x * kk.x + kk.y * kk.y + kk.z * kk.z + kk.w * kk.w) + 1e-6f);
-                KR_T* dk = ring_k + ((rrow * H_ + hk) * CAP_) * K_ + 4 * lane;
-                from_f(dk, kk.x * s);
-                from_f(dk + 1, kk.y * s);
-                from_f(dk + 2, kk.z * s);
-                from_f(dk + 3, kk.w * s);
-            }
-            for (int h2 = threadIdx.x; h2 < HV_; h2 += NWARPS * 32) {  // G_0 = g_t per value head
-                const float x = to_f(a[n * stride_a + h2]) + to_f(dt_bias[h2]);
-                const float sp2 = x <= 20.0f ? logf(1.0f + expf(x)) : x;
-                ring_g[(rrow * HV_ + h2) * CAP_] = -expf(to_f(A_log[h2])) * sp2;
-            }
-        }
-    }
-#endif
 }

@@ -41,9 +41,8 @@ Arms (per layer kind, state dtype and batch size B):
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
               (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
               alone; _pre, _post, _premain, _mainpost those launches alone; *_r16 (and v3_sl_r16, Triton's) with
-              bf16 records; *_fpost the post launch's work fused into it; _stream / _nofold diagnostics (wrong
-              results); with --variants cuda,curr also v3_sl_rr, v3_sl_cu_rr and v3_sl_cu_fpost_rr: Triton's, CUDA's
-              (g8w4) and CUDA's with the post launch fused (g8w4_fpost) timed round-robin over six rounds
+              bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
+              v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -972,8 +971,7 @@ def main():
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                              "v3_sl_cu_fpost_rr": arms["v3_sl_cu_g8w4_fpost"]}
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
                         graphs = {n: capture_graph(c, r) for n, r in rr.items()}
                         per = {n: [] for n in rr}
                         for rnd in range(PLACE_ROUNDS):

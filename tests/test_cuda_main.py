@@ -63,10 +63,10 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(config, rec):
-    rpw, nwarps, load_reg, min_blocks, late_coef, fuse_post = cuda_main.full_config(config)
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
+    *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late_coef, fuse_post=fuse_post,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
@@ -78,7 +78,7 @@ def _server_defs(config, rec):
 @pytest.mark.parametrize("name", list(cuda_main.CUDA_CONFIGS))
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, rec):
-    res = cuda_main.resources(_server_defs(cuda_main.CUDA_CONFIGS[name], rec))
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
     if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:
@@ -89,7 +89,7 @@ def test_compiles_for_sm90_without_spills(name, rec):
 
 def test_smem_fits_an_sm():
     for cfg in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(cfg, torch.float32)) <= 227 * 1024
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
@@ -117,7 +117,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
@@ -134,37 +134,3 @@ def test_driver_structs_match_the_cuda_abi():
     assert ctypes.sizeof(A) == 72 and A.value.offset == 8
     assert C.sharedMemBytes.offset == 24 and C.hStream.offset == 32 and C.attrs.offset == 40
     assert C.numAttrs.offset == 48 and ctypes.sizeof(C) == 56
-
-
-def test_fuse_post_replaces_the_post_launch(monkeypatch):
-    """A fuse_post block shape launches no post launch (its kernel's last block per row does that work, told by
-    write_h whether to advance ring.h); the other shapes keep it. (Its arithmetic: the GPU tests.)"""
-    from replayssm_sglang.kernels import decode_v3
-
-    mains, posts = [], []
-
-    class _Post:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: posts.append(kw.get("WRITE_H"))
-
-    monkeypatch.setattr(cuda_main, "launch", lambda **kw: mains.append(kw))
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
-    monkeypatch.setattr(decode_v3, "replay_decode_v2_post_kernel", _Post())
-    for cfg, n_post in (("g8w4_fpost", 0), ("g8w4", 1)):
-        mains.clear(), posts.clear()
-        _launch(cuda_config=cfg)
-        assert len(posts) == n_post and len(mains) == 1
-        assert mains[0]["config"][5] == (n_post == 0) and mains[0]["write_h"] is True
-
-
-def test_fuse_post_needs_arrival_counters():
-    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
-    st, ring = torch.zeros(1, 2, 128, 128), lay.allocate(1)
-    ring.arrive = None
-    assert "arrive" in cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128, 8, 4, 1, 6, 0, 1)
-    assert "arrive" not in (cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128, 8, 4, 1, 6, 0, 0) or "")
-    with pytest.raises(ValueError, match="arrive"):
-        cuda_main.launch(mixed_qkv=torch.zeros(1, 1), a2=None, b2=None, A_log=None, dt_bias=None, out=None,
-                         state=st, ring=ring, h_rows=None, slot_idx=None, forced=None, ring_idx=None, coef=None,
-                         scal=None, scale=1.0, L=16, H=1, HV=2, V=128, cap=16, BC=16, pdl=False,
-                         config=cuda_main.CUDA_CONFIGS["g8w4_fpost"])

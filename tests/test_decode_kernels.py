@@ -1290,11 +1290,7 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
                    ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
-                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False),
-                   # fuse_post (no post launch: the row's last block advances h and writes a pre-fold's record 0;
-                   # with h_rows the caller owns h and nothing advances it)
-                   ("g8w4_fpost", "float32", "bfloat16", True, False), ("g8w2_fpost", "bfloat16", "float32", False, False),
-                   ("g8w4_fpost", "float32", "float32", False, True)]
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
@@ -1311,17 +1307,13 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
-    assert int(hz.ring.arrive.abs().sum()) == 0, "the arrival counters must be 0 between launches"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg", [None, "g8w4_fpost"])
-def test_gpu_cuda_main_many_blocks(cfg):
-    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch; the post launch's work fused), the
-    server's arguments."""
+def test_gpu_cuda_main_many_blocks():
+    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch), the server's arguments."""
     hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=6, impl="v3", ring_idx=True,
-                       windows=(None,), v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+                       windows=(None,), v3_opts=dict(main_impl="cuda"))
     st = hz.run(20)
     assert st["flushes"] > 0 and st["forced"] > 0
-    assert int(hz.ring.arrive.abs().sum()) == 0
