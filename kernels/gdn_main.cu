@@ -36,6 +36,9 @@
 #ifndef LATE_COEF
 #define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
 #endif
+#ifndef FLAGS
+#define FLAGS 0  // 1: wait for this (row, key head)'s ready flag from the pre launch, not for the whole pre launch
+#endif
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
@@ -102,6 +105,26 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
         : "memory");
 }
 
+// the pre launch's coefficients of this block's (row, key head) are visible from here on: with FLAGS lane 0 acquires
+// its ready flag (the pre launch releases it = e1 once they are stored; decode_v3's pre_flags) and the warp syncs;
+// else, as a programmatic dependent, griddepcontrol.wait (the whole pre launch done)
+__device__ __forceinline__ void wait_pre(const int* ready, int e1, int lane) {
+#if FLAGS
+    if (lane == 0) {
+        int seen;
+        for (unsigned spins = 0;; ++spins) {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
+            if (seen == e1) break;
+            if (spins > (1u << 24)) __trap();  // (~1 s: a flag that never comes is an error, not a hang)
+            __nanosleep(64);
+        }
+    }
+    __syncwarp();
+#elif USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) x += __shfl_xor_sync(0xffffffffu, x, s);
@@ -145,7 +168,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
-    long long stride_a, long long stride_b, long long stride_slot) {
+    long long stride_a, long long stride_b, long long stride_slot, const int* __restrict__ ready,
+    const int* __restrict__ epoch) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -168,6 +192,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     rrow = static_cast<long long>(ring_idx[n]);
     if (rrow < 0) slot = -1;
     if (slot < 0) rrow = -1;
+#endif
+#if FLAGS
+    const int e1 = epoch[0] + 1;  // this launch's ready value (written by an earlier launch: visible)
+    const int* p_ready = ready + rrow * H_ + i_h;
+#else
+    const int e1 = 0;
+    const int* p_ready = ready;
 #endif
     const int r = lane & (RPW - 1);  // the row this lane owns after the reduction
     const int v = wrow0 + r;
@@ -238,9 +269,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if !LATE_COEF
     // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
     // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
-#if USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    wait_pre(p_ready, e1, lane);
     const float* pc = coef + nh * 2 * BC_;
     float cq[JPL], ck[JPL];
 #pragma unroll
@@ -273,9 +302,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
 
 #if LATE_COEF
-#if USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
-#endif
+    wait_pre(p_ready, e1, lane);  // the pre launch's coefficients are visible from here on
     const float* pc = coef + nh * 2 * BC_;
     float cq[JPL], ck[JPL];
 #pragma unroll
