@@ -954,8 +954,7 @@ def main():
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
                     # the ready flags: the main launch's blocks wait for their row's flags, not the whole pre launch;
                     # _pN: the pre launch as N programs striding over the items in row order, beside the main launch
-                    for name, pp in (("g8w4_fl", 0), ("g8w4_fl", 132), ("g8w4_fl", 264), ("g8w4_fl", 528),
-                                     ("g8w4_fl_late", 264), ("g8w2_fl", 264)):
+                    for name, pp in (("g8w4_fl", 0), ("g8w4_fl", 264), ("g8w4_fl", 528), ("g8w4_fl_late", 264)):
                         arms[f"v3_sl_cu_{name}_p{pp}"] = arm_ours(
                             c, torch.float32, impl="v3", server_like=True,
                             v3_opts=dict(main_impl="cuda", cuda_config=name, pre_persist=pp))
