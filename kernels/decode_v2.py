@@ -230,22 +230,16 @@ def replay_decode_v2_post_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None,
-    PRED: tl.constexpr = False, HVP: tl.constexpr = 1, epoch=None, HAS_EPOCH: tl.constexpr = False,
+    PRED: tl.constexpr = False, HVP: tl.constexpr = 1,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
     programmatic dependent of the decode launch): waits for it first. HAS_RC (decode v3 with a read copy): the
     rule counts a stale copy as a forced flush, as the decode launch did, and every real row's copy is marked
-    current (rc_valid[ring row] = 1) once the decode launch has written it. HAS_EPOCH: advances ring.epoch (decode
-    v3's ready flags, set by its pre launch for this step)."""
+    current (rc_valid[ring row] = 1) once the decode launch has written it."""
     if USE_PDL:
         gdc_wait()
     i_n = tl.program_id(0)
-    if HAS_EPOCH:
-        # decode v3's ready flags (ring.ready): the launch that set this step's is done, the next step's use the next
-        # epoch (program 0 only; the flags' readers, the main launch's blocks, have all ended)
-        if i_n == 0:
-            tl.store(epoch, tl.load(epoch) + 1)
     slot, rrow = _slot_row(slot_idx, ring_idx, i_n, HAS_RING_IDX)
     if slot >= 0:
         if HAS_H_ROWS:

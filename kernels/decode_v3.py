@@ -69,10 +69,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr, ready=None, e1=0, FLAGS: tl.constexpr = False):
-    """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel). FLAGS: once this
-    (row, key head)'s coefficients and record are stored, ready[ring row, key head] = e1 (a release: the CUDA main
-    launch's blocks of this row acquire it instead of waiting for the whole launch).
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
+    """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
     PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
     head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
     zeros with G = 0: the main launch folds the head through this token) or, on a row that pre-folds, flushes the
@@ -162,9 +160,6 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
             if append:
                 tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, k.to(ring_k.dtype.element_ty),
                          mask=mask_k)
-        if FLAGS:
-            tl.debug_barrier()  # every lane's stores above, then one release at GPU scope
-            tl.atomic_xchg(ready + rrow * HK + i_hk, e1, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -203,7 +198,7 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
-    ROW_ORDER: tl.constexpr = 0, ready=None, epoch=None, FLAGS: tl.constexpr = False, PERSIST: tl.constexpr = 0,
+    ROW_ORDER: tl.constexpr = 0,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -214,26 +209,14 @@ def replay_decode_v3_pre_kernel(
         # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
         # the coefficients with gdc_wait before it uses them)
         gdc_launch_dependents()
-    e1 = 0
-    if FLAGS:
-        e1 = tl.load(epoch) + 1  # this launch's ready value (the post launch advances the epoch)
-    if PERSIST > 0:
-        # PERSIST programs striding over the (row, key head) items in row order (item t: row t // HK, head t % HK),
-        # so that with PDL and FLAGS they run beside the main launch, the early rows first
-        for t in range(tl.program_id(0), B * HK, PERSIST):
-            _pre_row(t // HK, t % HK, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
+    i_r0, i_hk = _row_and_head(0, ROW_ORDER == 1)
+    for r in range(ROWS):
+        i_n = i_r0 * ROWS + r
+        if i_n < B:
+            _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
-                     PRED, ready, e1, FLAGS)
-    else:
-        i_r0, i_hk = _row_and_head(0, ROW_ORDER == 1)
-        for r in range(ROWS):
-            i_n = i_r0 * ROWS + r
-            if i_n < B:
-                _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
-                         ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK,
-                         BC, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf,
-                         min_g, PRED, ready, e1, FLAGS)
+                     PRED)
 
 
 @triton.jit
@@ -929,7 +912,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, pre_persist=None):
+           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -988,13 +971,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
     where it cannot run, the launch says why; the environment's preference falls back to Triton there.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
-    to load the coefficients after the dots[, 1 to wait on ready flags]]]]), or a name of cuda_main.CUDA_CONFIGS
-    (None: CUDA_DEFAULT). With the ready flags the pre launch releases ring.ready[ring row, key head] = ring.epoch + 1
-    once that item's coefficients are stored, the CUDA main launch's blocks acquire their row's flag instead of
-    waiting (griddepcontrol.wait) for the whole pre launch, and the post launch advances ring.epoch.
-    pre_persist (None: V3_TUNED's, 0): that many pre-launch programs striding over the (row, key head) items in row
-    order instead of one program per item (0), so that, with PDL and the ready flags, the pre launch runs beside the
-    main launch a few rows ahead of it rather than before it.
+    to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold."""
     has_rc = ring.rc is not None
@@ -1006,9 +983,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
     pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
-    persist = int(pre_persist if pre_persist is not None else tuned.get("pre_persist", 0))
-    if persist < 0:
-        raise ValueError(f"pre_persist must be >= 0 (programs; 0: one per row and key head), got {persist}")
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))
     tile_mma_asked = tile_mma is not None  # an explicit tile_mma=True refuses K chunks too short for tl.dot
@@ -1071,14 +1045,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             kind, state, ring, lower_bound, K, V, cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config)
             if cuda_config else cuda_main.CUDA_DEFAULT):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
-    flags = False
     if impl_main == "cuda":
-        cuda_cfg = cuda_main.full_config(cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
-                                         else cuda_main.CUDA_DEFAULT)
-        if cuda_cfg is None:
-            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"flags]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
-        flags = bool(cuda_cfg[5])
+        cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
+                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
@@ -1108,8 +1081,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
                                    for p in ("pre", "main", "post"))
-    if flags and run_main and not run_pre:
-        raise ValueError("a CUDA main launch with ready flags waits for the pre launch's: it cannot run alone")
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -1128,14 +1099,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
                                 num_warps=4)
     if run_pre:
-        pre_grid = (persist,) if persist else dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)
-        replay_decode_v3_pre_kernel[pre_grid](
+        replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
-            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord,
-            ready=ring.ready if flags else None, epoch=ring.epoch if flags else None, FLAGS=flags, PERSIST=persist,
-            **pre_opts,
+            ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
         )
     if run_main and impl_main == "cuda":
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
@@ -1161,14 +1129,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             row_perm=row_perm, ROW_ORDER=order,
             **common, **_pdl_kw(pdl), **main_opts,
         )
-    if run_post and (advance_h or may_prefold or flags):
+    if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, ring.h, slot_idx, f, ri,
             lb, L, mixed_qkv.stride(0), a2.stride(0),
-            WRITE_H=bool(advance_h), WRITE_REC0=bool(advance_h or may_prefold), num_warps=1, num_stages=1,
-            USE_PDL=pdl, **common,
+            WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
             rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, ovf=ring.ovf if pred else None, PRED=pred,
-            HVP=triton.next_power_of_2(HV), epoch=ring.epoch if flags else None, HAS_EPOCH=flags, **_pdl_kw(pdl),
+            HVP=triton.next_power_of_2(HV), **_pdl_kw(pdl),
         )
     elif has_rc and _diag_parts == "all":
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)

@@ -36,9 +36,6 @@
 #ifndef LATE_COEF
 #define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
 #endif
-#ifndef FLAGS
-#define FLAGS 0  // 1: wait for this (row, key head)'s ready flag from the pre launch, not for the whole pre launch
-#endif
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
@@ -105,36 +102,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
         : "memory");
 }
 
-// the pre launch's coefficients of this block's (row, key head) are visible from here on: with FLAGS lane 0 reads
-// its ready flag until the pre launch has released it (= e1, once they are stored in L2; decode_v3's ready flags)
-// and the warp syncs, and the coefficients are then read from L2 (__ldcg, never a stale L1 line); the flag is read
-// relaxed, not acquired: an acquire load compiles to a strong load plus CCTL.IVALL, an invalidation of the SM's L1
-// per warp, which cost 23 us per layer-step on the H200 (run 0303). The loads that follow are issued only once the
-// loop has seen the flag (they wait on its branch). Without FLAGS, as a programmatic dependent: griddepcontrol.wait
-// (the whole pre launch done).
-__device__ __forceinline__ void wait_pre(const int* ready, int e1, int lane) {
-#if FLAGS
-    if (lane == 0) {
-        int seen;
-        for (unsigned spins = 0;; ++spins) {
-            asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(ready) : "memory");
-            if (seen == e1) break;
-            if (spins > (1u << 24)) __trap();  // (~1 s: a flag that never comes is an error, not a hang)
-            __nanosleep(64);
-        }
-    }
-    __syncwarp();
-#elif USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-#if FLAGS
-#define COEF_LD(p) __ldcg(p)  // (L2: written by the pre launch while this one runs)
-#else
-#define COEF_LD(p) (*(p))
-#endif
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) x += __shfl_xor_sync(0xffffffffu, x, s);
@@ -178,8 +145,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
-    long long stride_a, long long stride_b, long long stride_slot, const int* __restrict__ ready,
-    const int* __restrict__ epoch) {
+    long long stride_a, long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -202,13 +168,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     rrow = static_cast<long long>(ring_idx[n]);
     if (rrow < 0) slot = -1;
     if (slot < 0) rrow = -1;
-#endif
-#if FLAGS
-    const int e1 = epoch[0] + 1;  // this launch's ready value (written by an earlier launch: visible)
-    const int* p_ready = ready + rrow * H_ + i_h;
-#else
-    const int e1 = 0;
-    const int* p_ready = ready;
 #endif
     const int r = lane & (RPW - 1);  // the row this lane owns after the reduction
     const int v = wrow0 + r;
@@ -279,16 +238,18 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if !LATE_COEF
     // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
     // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
-    wait_pre(p_ready, e1, lane);
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     const float* pc = coef + nh * 2 * BC_;
     float cq[JPL], ck[JPL];
 #pragma unroll
     for (int t = 0; t < JPL; t += 4) {
-        *reinterpret_cast<float4*>(cq + t) = COEF_LD(reinterpret_cast<const float4*>(pc + j0 + t));
-        *reinterpret_cast<float4*>(ck + t) = COEF_LD(reinterpret_cast<const float4*>(pc + BC_ + j0 + t));
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
     }
-    const float e_t = COEF_LD(scal + nh * 2);
-    const float kq = COEF_LD(scal + nh * 2 + 1);
+    const float e_t = scal[nh * 2];
+    const float kq = scal[nh * 2 + 1];
 #endif
 
     // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
@@ -312,16 +273,18 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
 
 #if LATE_COEF
-    wait_pre(p_ready, e1, lane);  // the pre launch's coefficients are visible from here on
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
+#endif
     const float* pc = coef + nh * 2 * BC_;
     float cq[JPL], ck[JPL];
 #pragma unroll
     for (int t = 0; t < JPL; t += 4) {
-        *reinterpret_cast<float4*>(cq + t) = COEF_LD(reinterpret_cast<const float4*>(pc + j0 + t));
-        *reinterpret_cast<float4*>(ck + t) = COEF_LD(reinterpret_cast<const float4*>(pc + BC_ + j0 + t));
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
     }
-    const float e_t = COEF_LD(scal + nh * 2);
-    const float kq = COEF_LD(scal + nh * 2 + 1);
+    const float e_t = scal[nh * 2];
+    const float kq = scal[nh * 2 + 1];
 #endif
 #if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);

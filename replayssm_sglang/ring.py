@@ -135,8 +135,6 @@ class RingLayout:
             rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
             ovf=(torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed"
                  else None),
-            ready=torch.zeros(slots, self.HK, dtype=torch.int32, device=device),
-            epoch=torch.zeros(1, dtype=torch.int32, device=device),
         )
 
 
@@ -178,12 +176,6 @@ class Ring:
     # column per row (flush); 0 between launches.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
-    # decode v3's ready flags (launch(pre_flags=True)): ready [slots, HK] int32, set by the pre launch to epoch + 1
-    # (a release) once a (ring row, key head)'s coefficients are stored, acquired by the CUDA main launch's blocks of
-    # that row instead of waiting for the whole pre launch; epoch [1] int32, advanced by the post launch. Values
-    # only ever grow: a row not in a step keeps an older value, never the next one.
-    ready: torch.Tensor | None = None
-    epoch: torch.Tensor | None = None
 
     @property
     def predecayed(self) -> bool:

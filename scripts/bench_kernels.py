@@ -40,10 +40,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cuda, GDN fp32, B >= 128) the server's launch with the main launch in CUDA
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
               (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
-              alone; *_fl_pN the ready flags (the blocks wait for their row's, not the whole pre launch) with the
-              pre launch as N programs striding over its items (0: one per item); with --variants cuda,curr also
-              v3_sl_rr, v3_sl_cu_rr and v3_sl_cu_fl_rr: Triton's, CUDA's (g8w4) and CUDA's with the ready flags
-              (g8w4_fl, 264 pre programs) timed round-robin over six rounds
+              alone; _pre, _post, _premain, _mainpost those launches alone; *_r16 (and v3_sl_r16, Triton's) with
+              bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
+              v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -936,8 +935,8 @@ def main():
 
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
-                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late") or "_fl" in name:
-                            continue  # (timed slower in runs 2158-2249; the ready-flag shapes: below)
+                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late"):  # (timed slower in runs 2158-2249)
+                            continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
                     arms["v3_sl_cu_nopdl"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
@@ -952,16 +951,17 @@ def main():
                                                   v3_opts=dict(_diag_parts="main"))
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
-                    # the ready flags: the main launch's blocks wait for their row's flags, not the whole pre launch;
-                    # _pN: the pre launch as N programs striding over the items in row order, beside the main launch
-                    for name, pp in (("g8w4_fl", 0), ("g8w4_fl", 264), ("g8w4_fl", 528), ("g8w4_fl_late", 264)):
-                        arms[f"v3_sl_cu_{name}_p{pp}"] = arm_ours(
+                    # the step split by launch (each part alone and in pairs; with PDL as the server runs them)
+                    for dg in ("pre", "post", "pre+main", "main+post"):
+                        arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
                             c, torch.float32, impl="v3", server_like=True,
-                            v3_opts=dict(main_impl="cuda", cuda_config=name, pre_persist=pp))
-                    arms["v3_sl_cu_fl_premain"] = arm_ours(  # (the epoch does not advance: a timing, wrong values)
-                        c, torch.float32, impl="v3", server_like=True,
-                        v3_opts=dict(main_impl="cuda", cuda_config="g8w4_fl", pre_persist=264, _diag_parts="pre+main"))
-                    for name in ():  # (the streaming floor and the step without the fold: runs 2248, 0244)
+                            v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                    # bf16 records (issue 3's "ideas worth trying"; the server keeps fp32 records): Triton's main
+                    # launch and the CUDA one
+                    arms["v3_sl_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
+                    arms["v3_sl_cu_g8w4_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
+                                                         v3_opts=dict(main_impl="cuda", cuda_config="g8w4"))
+                    for name in ("g8w2",):
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(
                                 c, torch.float32, impl="v3", server_like=True,
@@ -971,8 +971,7 @@ def main():
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                              "v3_sl_cu_fl_rr": arms["v3_sl_cu_g8w4_fl_p264"]}
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
                         graphs = {n: capture_graph(c, r) for n, r in rr.items()}
                         per = {n: [] for n in rr}
                         for rnd in range(PLACE_ROUNDS):

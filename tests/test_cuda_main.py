@@ -63,10 +63,10 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(config, rec):
-    rpw, nwarps, load_reg, min_blocks, late_coef, flags = cuda_main.full_config(config)
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
+    *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late_coef, flags=flags,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
@@ -78,7 +78,7 @@ def _server_defs(config, rec):
 @pytest.mark.parametrize("name", list(cuda_main.CUDA_CONFIGS))
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, rec):
-    res = cuda_main.resources(_server_defs(cuda_main.CUDA_CONFIGS[name], rec))
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
     if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:
@@ -89,7 +89,7 @@ def test_compiles_for_sm90_without_spills(name, rec):
 
 def test_smem_fits_an_sm():
     for cfg in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(cfg, torch.float32)) <= 227 * 1024
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
@@ -117,7 +117,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
@@ -134,50 +134,3 @@ def test_driver_structs_match_the_cuda_abi():
     assert ctypes.sizeof(A) == 72 and A.value.offset == 8
     assert C.sharedMemBytes.offset == 24 and C.hStream.offset == 32 and C.attrs.offset == 40
     assert C.numAttrs.offset == 48 and ctypes.sizeof(C) == 56
-
-
-@pytest.mark.parametrize("persist", [0, 3])
-def test_ready_flags_from_the_pre_launch(monkeypatch, persist):
-    """The ready flags (a "_fl" block shape): the pre launch, one program per item or `persist` programs striding
-    over them, stores the same coefficients as the plain pre launch and sets ring.ready[ring row, key head] to
-    ring.epoch + 1 for every real row (padded rows untouched); the post launch then advances the epoch, so the next
-    launch's flags are new values. The CUDA main launch itself is replaced here (no GPU): its waits run on the H200
-    (test_gpu_real_shapes_cuda_main)."""
-    from replayssm_sglang.kernels import decode_v3
-
-    got = []
-    monkeypatch.setattr(cuda_main, "launch", lambda **kw: got.append({k: kw[k].clone() for k in ("coef", "scal")}))
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
-    H, HV, K, V, B, rows = 2, 4, 128, 128, 4, 6
-    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V)
-    g = torch.Generator().manual_seed(3)
-    x = R.random_decode_inputs("gdn", B, H, HV, K, V, generator=g)
-    slot = torch.tensor([0, 2, -1, 1], dtype=torch.int32)
-    ring_idx = torch.tensor([4, 1, 3, -1], dtype=torch.int64)  # rows 2 (slot) and 3 (ring row) padded
-    rings = []
-    for cfg, pp in (("g8w4", 0), ("g8w4_fl", persist)):
-        ring = lay.allocate(rows)
-        gr = torch.Generator().manual_seed(4)  # the same records for both
-        ring.k.copy_(torch.randn(ring.k.shape, generator=gr))
-        ring.g.copy_(-torch.rand(ring.g.shape, generator=gr).cumsum(-1))
-        ring.h.copy_(torch.tensor([0, 5, 0, 0, 9, 0], dtype=torch.int32))
-        state = torch.zeros(3, HV, V, K)
-        for step in range(2):
-            decode_v3.launch("gdn", *x, state, ring, slot, torch.empty(B, HV, V), None, 16, K ** -0.5, None,
-                             ring_idx=ring_idx, main_impl="cuda", cuda_config=cfg, pre_persist=pp)
-            if cfg == "g8w4_fl":
-                want = torch.zeros(rows, H, dtype=torch.int32)
-                want[[4, 1]] = step + 1  # the real rows' ring rows
-                assert torch.equal(ring.ready, want), (step, ring.ready)
-                assert int(ring.epoch) == step + 1
-        rings.append(ring)
-    assert len(got) == 4
-    for a, b in zip(got[:2], got[2:]):
-        for k in ("coef", "scal"):  # the real rows' coefficients (the padded rows' scratch is never written)
-            assert torch.equal(a[k][[0, 1]], b[k][[0, 1]]), k
-    assert torch.equal(rings[0].k, rings[1].k) and torch.equal(rings[0].g, rings[1].g)
-    assert torch.equal(rings[0].h, rings[1].h)
-    assert int(rings[0].epoch) == 0 and int(rings[0].ready.abs().sum()) == 0  # (no flags without a "_fl" shape)
-    with pytest.raises(ValueError, match="cannot run alone"):
-        decode_v3.launch("gdn", *x, state, rings[1], slot, torch.empty(B, HV, V), None, 16, K ** -0.5, None,
-                         ring_idx=ring_idx, main_impl="cuda", cuda_config="g8w4_fl", _diag_parts="main")

@@ -1309,31 +1309,11 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
 
 
-# the ready flags (cuda_main "_fl" shapes): the pre launch, one program per item or PERSIST programs striding over
-# them beside the main launch (PDL), releases each (row, key head); the main launch's blocks acquire their row's
-CUDA_FLAG_CASES = [("g8w4_fl", 0, "float32", "bfloat16", True, False), ("g8w4_fl", 264, "float32", "bfloat16", True, False),
-                   ("g8w4_fl_late", 132, "bfloat16", "float32", False, False), ("g8w2_fl", 528, "float32", "float32", False, True)]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg,persist,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_FLAG_CASES, ids=str)
-def test_gpu_cuda_main_ready_flags(cfg, persist, rec_dtype, qkv_dtype, ring_idx, h_rows):
-    hz = _real_harness("gdn", rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype], seed=7, impl="v3",
-                       ring_idx=ring_idx, h_rows=h_rows,
-                       v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_persist=persist))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
-    assert int(hz.ring.epoch) > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg,persist", [(None, 0), ("g8w4_fl", 264)])
-def test_gpu_cuda_main_many_blocks(cfg, persist):
-    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch; with the ready flags the pre launch's
-    264 programs beside the main launch), the server's arguments."""
+def test_gpu_cuda_main_many_blocks():
+    """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch), the server's arguments."""
     hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=6, impl="v3", ring_idx=True,
-                       windows=(None,), v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_persist=persist))
+                       windows=(None,), v3_opts=dict(main_impl="cuda"))
     st = hz.run(20)
     assert st["flushes"] > 0 and st["forced"] > 0
