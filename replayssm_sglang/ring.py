@@ -13,9 +13,6 @@ Per request slot and per linear-attention layer the ring holds:
   arrive [slots] int32         kernel scratch, 0 between launches: the decode kernel's programs of a
                                row count their arrival here so that the last one writes h (no host
                                sync, no second launch); see kernels/decode.py
-  ready  [slots, HK] int32, epoch [1] int32   decode v3's ready flags (the CUDA main launch's "_fl"
-                               shapes, opt-in): the pre launch sets ready = epoch + 1 per (row, key
-                               head), the post launch advances epoch; see Ring.ready
 
 The checkpoint itself is SGLang's mamba state pool `[slots, HV, V, K]`; the ring never holds a state.
 
