@@ -1003,7 +1003,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
     diag_set = set(_diag_parts.split("+"))
-    if _diag_parts not in ("all", "stream", "nofold") and not (diag_set and diag_set <= {"pre", "main", "post"}):
+    if _diag_parts not in ("all", "stream", "nofold") and not diag_set <= {"pre", "main", "post"}:
         raise ValueError(f"_diag_parts must be 'all', 'stream', 'nofold' or '+'-joined launches of 'pre', 'main', "
                          f"'post', got {_diag_parts!r}")
     if chunk_bytes not in (16, 32, 64, 128, 256, 512):

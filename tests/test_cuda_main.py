@@ -134,3 +134,28 @@ def test_driver_structs_match_the_cuda_abi():
     assert ctypes.sizeof(A) == 72 and A.value.offset == 8
     assert C.sharedMemBytes.offset == 24 and C.hStream.offset == 32 and C.attrs.offset == 40
     assert C.numAttrs.offset == 48 and ctypes.sizeof(C) == 56
+
+
+@pytest.mark.parametrize("parts,want", [("pre+main", (1, 1, 0)), ("main+post", (0, 1, 1)), ("post", (0, 0, 1)),
+                                        ("all", (1, 1, 1))])
+def test_diag_parts_split_the_step_by_launch(monkeypatch, parts, want):
+    """_diag_parts (the benchmark's step split) runs exactly the '+'-joined launches it names; a bad name is refused."""
+    from replayssm_sglang.kernels import decode_v3
+
+    ran = {"pre": 0, "main": 0, "post": 0}
+
+    class _Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: ran.__setitem__(self.name, ran[self.name] + 1)
+
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: ran.__setitem__("main", ran["main"] + 1))
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", _Kernel("pre"))
+    monkeypatch.setattr(decode_v3, "replay_decode_v2_post_kernel", _Kernel("post"))
+    _launch(_diag_parts=parts)
+    assert (ran["pre"], ran["main"], ran["post"]) == want
+    with pytest.raises(ValueError, match="'\\+'-joined launches"):
+        _launch(_diag_parts="pre+fold")
