@@ -31,15 +31,12 @@ SRC = Path(__file__).with_name("gdn_main.cu")
 ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
 # registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
-# coefficients loaded after the tile's dots, not before[, 1: no pre launch: its work shared out among a thread-block
-# cluster of the key head's blocks (gdn_main.cu's CLUSTER)]]): the block's V-tile is rows x warps. CUDA_CONFIGS names
-# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late,
-# "_cl" the cluster); CUDA_DEFAULT is what launch() takes when none is asked.
+# coefficients loaded after the tile's dots, not before]): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late);
+# CUDA_DEFAULT is what launch() takes when none is asked.
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
-                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
-                "g8w4_cl": (8, 4, 1, 6, 0, 1)}
-CONFIG_LEN = 6  # a config's fields, the optional ones filled with 0
+                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 
@@ -83,14 +80,12 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, cluster=0, diag_stream=0,
-            has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
             b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype, k_dtype, slot_dtype, forced_dtype,
             ridx_dtype) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
-            "CLUSTER": int(cluster),
             "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
@@ -224,7 +219,7 @@ def function(defs: dict, device: torch.device):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, cluster=0) -> str | None:
+                       late_coef=0) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
@@ -244,14 +239,6 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):
         return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
-    if cluster:
-        H, HV = ring.layout.H, state.shape[1]
-        nb = (V // (rpw * nwarps)) * (HV // H)
-        if HV % H or nb > 8:
-            return (f"a cluster holds a key head's V-tiles x value heads, {V // (rpw * nwarps)} x {HV // H} = {nb} "
-                    f"blocks here; at most 8 (a wider V-tile or the config without the cluster can run)")
-        if late_coef:
-            return "the cluster form has no pre launch coefficients to load late"
     if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
     if torch.cuda.get_device_capability(dev) < (9, 0):
@@ -264,9 +251,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
     (nvcc to build one, or a cache holding cubins)."""
-    if not (isinstance(config, tuple) and 2 <= len(config) <= CONFIG_LEN):
+    if not (isinstance(config, tuple) and 2 <= len(config) <= 5):
         return False
-    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
+    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
         return False
     return _obtainable()
 
@@ -285,17 +272,14 @@ def _obtainable() -> bool:
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, cluster]]) (None: CUDA_DEFAULT); diag_stream:
-    the benchmark's diagnostic. With the cluster, coef and scal are not read (there is no pre launch: the caller
-    skips it) and the launch appends the token's key and G_t itself."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, cluster = (*(config or CUDA_DEFAULT), 0, 0)[:CONFIG_LEN]
-    if cluster and (diag_stream or pdl):
-        raise ValueError("the cluster form has no diagnostics and is no programmatic dependent (no pre launch)")
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: CUDA_DEFAULT); diag_stream: the
+    benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or CUDA_DEFAULT), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
     defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, cluster=cluster,
+                   late_coef=late_coef,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,

@@ -1047,12 +1047,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
     if impl_main == "cuda":
         cuda_cfg = cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else cuda_main.CUDA_DEFAULT
-        n_cfg = cuda_main.CONFIG_LEN
-        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= n_cfg:
-            cuda_cfg = (*cuda_cfg, *(0,) * n_cfg)[:n_cfg]
-        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == n_cfg):
-            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"cluster]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
+                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
@@ -1082,13 +1081,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
                                    for p in ("pre", "main", "post"))
-    # the CUDA main launch's cluster form does the pre launch's work itself: no pre launch, and no primary to
-    # depend on (the post launch is still its programmatic dependent)
-    cuda_cluster = impl_main == "cuda" and bool(cuda_cfg[5])
-    if cuda_cluster:
-        if _diag_parts in ("stream", "nofold"):
-            raise ValueError(f"_diag_parts={_diag_parts!r} has no cluster form")
-        run_pre = False
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -1117,8 +1109,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
-                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC,
-                         pdl=pdl and not cuda_cluster,
+                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
                          config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0))
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))

@@ -16,13 +16,6 @@
 // the H200): one thread per warp copies the warp's rows into shared memory with one bulk asynchronous copy
 // (cp.async.bulk). Either way the fold is fp32 CUDA-core FMAs (no tensor-core splits) and 16-byte stores.
 // docs/design.md, "Session 26", has what each form measured.
-// CLUSTER = 1 ("*_cl" shapes; session 28): no pre launch. The blocks of one (row, key head), its V-tiles times its
-// value heads (CX x CY <= 8), are launched as one thread-block cluster, and the pre launch's work is shared out among
-// them: record j's dots with q~ and k~ are computed once, by warp j / NB of the block of cluster rank j mod NB, and
-// left in that block's shared memory; after a cluster barrier every lane reads the dots of its records from their
-// owners (distributed shared memory) and weighs them by e^{G_t - G_j} itself. The token's key and G_t are appended
-// by one block each. The loads all of this needs are issued beside the tile's, so the dots and the barrier sit in
-// the tile's round trip instead of in a launch of their own.
 //
 // Layout: lane l of a warp owns K columns [4l, 4l + 4) (K = 128); a warp owns RPW consecutive V-rows; after the
 // tile dots a butterfly reduce-scatter leaves row (l mod RPW) of the warp's rows in lane l, which then computes
@@ -49,9 +42,6 @@
 #ifndef DIAG_STREAM
 #define DIAG_STREAM 0  // benchmark diagnostics, wrong results: 1 stop after the tile dots (output C q~ + C k~),
 #endif             // 2 everything but the fold
-#ifndef CLUSTER
-#define CLUSTER 0  // 1: the pre launch's work shared by a cluster of the key head's blocks (no coef / scal inputs)
-#endif
 #define KB 4       // LOAD_REG's fold: record keys loaded KB at a time (CAP_ a multiple of KB)
 #if LOAD_REG && (CAP_ % KB) != 0
 #error "LOAD_REG needs a ring capacity that is a multiple of KB"
@@ -67,21 +57,6 @@
 #endif
 #if RPW != 8 && RPW != 16 && RPW != 32
 #error "RPW must be 8, 16 or 32"
-#endif
-#if CLUSTER
-#define CX (V_ / VT)     // the cluster: every V-tile ...
-#define CY (HV_ / H_)    // ... of every value head of one key head, for one row
-#define NB (CX * CY)
-#define NOWN ((CAP_ + NB * NWARPS - 1) / (NB * NWARPS))  // records whose dots one warp computes, at most
-#if NB > 8 || (HV_ % H_) != 0
-#error "CLUSTER needs (V / V-tile) x (HV / H) <= 8 blocks (a portable cluster)"
-#endif
-#if DIAG_STREAM || LATE_COEF
-#error "CLUSTER has no diagnostics and no coefficient inputs"
-#endif
-#define CLUSTER_DIMS __cluster_dims__(CX, CY, 1)
-#else
-#define CLUSTER_DIMS
 #endif
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -127,33 +102,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
         : "memory");
 }
 
-// thread-block clusters (sm_90): this block's rank, the split barrier (relaxed arrive: it orders only the
-// mbarrier's initialisation, fenced by mbar_init), and a store of two floats into another block's shared memory that
-// completes 8 bytes of that block's mbarrier transaction count
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-__device__ __forceinline__ uint32_t map_rank(const void* p, uint32_t rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ void st_async2(uint32_t remote, float x, float y, uint32_t remote_bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(remote),
-                 "f"(x), "f"(y), "r"(remote_bar)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) x += __shfl_xor_sync(0xffffffffu, x, s);
@@ -190,11 +138,11 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS replay_gdn_main(
+extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    float* __restrict__ state, U_T* __restrict__ ring_u, KR_T* __restrict__ ring_k,
-    float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
     long long stride_a, long long stride_b, long long stride_slot) {
@@ -228,13 +176,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
         return;
     }
 
-#if CLUSTER
-    // the dots of every record of this key head arrive here from their owners (st_async2), counted on dbar
-    __shared__ __align__(8) float sdot[2 * CAP_];  // (dot with q~, dot with k~) of record j at 2j
-    __shared__ __align__(8) uint64_t dbar;
-    if (threadIdx.x == 0) mbar_init(&dbar, 1);
-    cluster_arrive_relaxed();  // (waited for before the first store into another block)
-#endif
     const float* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
 #if LOAD_REG
     // the warp's rows of the checkpoint: RPW 16-byte loads per lane, all in flight at once
@@ -267,10 +208,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
     const bool flush = (h_eff + 1 >= L) || is_forced;
     // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
     // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
-    // (with CLUSTER every row needs them: G_t and the records' decays e^{G_t - G_j} are made here)
-    float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
     float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
-    if (CLUSTER || flush || prefold) {
+    if (flush || prefold) {
         G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
         x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
         a_log = to_f(A_log[hv]);
@@ -293,34 +233,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
     for (int t = 0; t < JPL; ++t) ru[t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v]) : 0.0f;
     const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
     const float b_val = to_f(b[n * stride_b + hv]);
-#if CLUSTER
-    float gj[JPL];  // G_j of this lane's record positions (this value head)
-#pragma unroll
-    for (int t = 0; t < JPL; ++t) gj[t] = j0 + t < h_old ? base_g[j0 + t] : 0.0f;
-    // the pre launch's dots, shared out: record j by warp j / NB of the block of rank j mod NB (h_old is the same in
-    // every block of the row, so every block knows which records exist); lane t < NB sends the pair to block t
-    if (threadIdx.x == 0) mbar_expect(&dbar, 8u * static_cast<uint32_t>(h_old));  // (0: completes at once)
-    const uint32_t crank = cluster_rank();
-    const KR_T* base_kd = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-    const int jw = warp * NB + static_cast<int>(crank);  // this warp's records: jw, jw + NB x NWARPS, ...
-    float dq[NOWN], dk[NOWN];
-#pragma unroll
-    for (int i = 0; i < NOWN; ++i) {
-        const int j = jw + i * NB * NWARPS;
-        const float4 kj = j < h_old ? load4(base_kd + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-        dq[i] = warp_sum(kj.x * q4.x + kj.y * q4.y + kj.z * q4.z + kj.w * q4.w) * s_q;
-        dk[i] = warp_sum(kj.x * k4.x + kj.y * k4.y + kj.z * k4.z + kj.w * k4.w) * s_k;
-    }
-    cluster_wait();  // every block's dbar is initialised
-#pragma unroll
-    for (int i = 0; i < NOWN; ++i) {
-        const int j = jw + i * NB * NWARPS;
-        if (j < h_old && lane < NB) st_async2(map_rank(sdot + 2 * j, lane), dq[i], dk[i], map_rank(&dbar, lane));
-    }
-#endif
 
     const long long nh = static_cast<long long>(n) * HV_ + hv;
-#if !LATE_COEF && !CLUSTER
+#if !LATE_COEF
     // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
     // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
 #if USE_PDL
@@ -371,27 +286,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
     const float e_t = scal[nh * 2];
     const float kq = scal[nh * 2 + 1];
 #endif
-#if CLUSTER
-    // what the pre launch would have stored: e^{G_t}, <k~, q~>, and the records' coefficients from their owners
-    const float g_t0 = -expf(a_log) * (x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate);
-    const float G_t = G_last + g_t0;
-    const float e_t = expf(G_t);
-    const float kq = warp_sum(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w) * s_q * s_k;
-    mbar_wait(&dbar, 0);  // every record's dots are here
-    float cq[JPL], ck[JPL];
-#pragma unroll
-    for (int t = 0; t < JPL; ++t) {
-        const int j = j0 + t;
-        cq[t] = 0.0f;
-        ck[t] = 0.0f;
-        if (j < h_old) {
-            const float w = expf(G_t - gj[t]);
-            const float2 d = *reinterpret_cast<const float2*>(sdot + 2 * j);
-            cq[t] = d.x * w;
-            ck[t] = d.y * w;
-        }
-    }
-#endif
 #if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
     return;
@@ -434,11 +328,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
         const float G_f = flush ? G_last + g_t : G_last;
         float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
 #pragma unroll
-#if CLUSTER
-        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - gj[t]) : 0.0f;
-#else
         for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
-#endif
         if (lane < RPW) uasm[warp * RPW + r] = flush ? u_t : 0.0f;
         __syncwarp();
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
@@ -498,21 +388,4 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) CLUSTER_DIMS rep
 #endif
     }
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
-#if CLUSTER
-    // the token's shared record parts, as the pre launch appends them (not on a flush; a pre-fold's record 0 is the
-    // post launch's): its key k~ (one block of the key head) and G_t (one block per value head). Position h_eff is
-    // read by no block this step (the records read are j < h_old = h_eff).
-    if (!flush && !prefold) {
-        if (crank == 0 && warp == 0) {
-            KR_T* dk = ring_k + ((rrow * H_ + i_h) * CAP_ + h_eff) * K_ + 4 * lane;
-            from_f(dk + 0, k4.x * s_k);
-            from_f(dk + 1, k4.y * s_k);
-            from_f(dk + 2, k4.z * s_k);
-            from_f(dk + 3, k4.w * s_k);
-        }
-        if (i_v == 0 && threadIdx.x == 0) base_g[h_eff] = G_t;
-    }
-    // (no barrier before leaving: a block reads only its own shared memory, and every store into it has landed
-    // before its mbar_wait returned)
-#endif
 }

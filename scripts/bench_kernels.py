@@ -961,19 +961,17 @@ def main():
                     arms["v3_sl_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
                     arms["v3_sl_cu_g8w4_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
                                                          v3_opts=dict(main_impl="cuda", cuda_config="g8w4"))
-                    # the cluster form (no pre launch; session 28) with bf16 records, and without its post launch
-                    arms["v3_sl_cu_g8w4_cl_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
-                                                            v3_opts=dict(main_impl="cuda", cuda_config="g8w4_cl"))
-                    arms["v3_sl_cu_g8w4_cl_main"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
-                                                             v3_opts=dict(main_impl="cuda", cuda_config="g8w4_cl",
-                                                                          _diag_parts="main"))
+                    for name in ("g8w2",):
+                        for dg in ("stream", "nofold"):
+                            arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(
+                                c, torch.float32, impl="v3", server_like=True,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                     if "curr" in variants:
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                              "v3_sl_cl_rr": arms["v3_sl_cu_g8w4_cl"]}
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
                         graphs = {n: capture_graph(c, r) for n, r in rr.items()}
                         per = {n: [] for n in rr}
                         for rnd in range(PLACE_ROUNDS):

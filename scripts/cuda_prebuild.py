@@ -30,14 +30,12 @@ def combos():
 
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
-    server = [(cfg, pdl, 0, F32) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)
-              if not (pdl and (*cfg, 0, 0)[5])]  # (the cluster form is never a programmatic dependent)
+    server = [(cfg, pdl, 0, F32) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
     server += [(cm.CUDA_CONFIGS[n], True, d, F32) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
-    server += [(cm.CUDA_DEFAULT, True, 0, BF16), (cm.CUDA_CONFIGS["g8w4_cl"], False, 0, BF16)]  # bf16 records
+    server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
     for cfg, pdl, diag, rec in server:
-        rpw, nw, lr, mb, late, cl = (*cfg, 0, 0)[:6]
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, cluster=cl,
-                              diag_stream=diag,
+        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64))
@@ -46,12 +44,11 @@ def combos():
 
     cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False))  # test_gpu_cuda_main_many_blocks
-    cases.append((cm.CUDA_CONFIGS["g8w4_cl"], "float32", "bfloat16", True, False))  # ..._cluster_many_blocks
     for cfg, rec, qkv, ri, hr in cases:
-        rpw, nw, lr, mb, late, cl = (*cfg, 0, 0)[:6]
+        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, cluster=cl,
-                              has_h_rows=hr, has_forced=True, has_ring_idx=ri, pdl=not cl, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr, has_forced=True,
+                              has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32))
     return out
 

@@ -64,12 +64,11 @@ def test_unavailable_reason_on_shapes():
 
 
 def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
-    *opt, rec = late_and_rec  # (late_coef[, cluster]), the record dtype
-    late, cluster = (*opt, 0, 0)[:2]
+    *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late, cluster=cluster,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
-                             has_forced=True, has_ring_idx=True, pdl=not cluster, x_dtype=torch.bfloat16,
+                             has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
                              slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64)
@@ -118,7 +117,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (cuda_main.CONFIG_LEN - len(cuda_main.CUDA_DEFAULT))
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
@@ -160,46 +159,3 @@ def test_diag_parts_split_the_step_by_launch(monkeypatch, parts, want):
     assert (ran["pre"], ran["main"], ran["post"]) == want
     with pytest.raises(ValueError, match="'\\+'-joined launches"):
         _launch(_diag_parts="pre+fold")
-
-
-def test_cluster_form_refusals():
-    """The cluster form (no pre launch) holds one key head's blocks in a portable cluster (at most 8): wider ones are
-    refused with the fix named, and it has neither the coefficients-late order nor diagnostics nor a PDL primary."""
-    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=4, HV=16, K=128, V=128)  # 4 value heads per key head
-    ring = lay.allocate(1)
-    st = torch.zeros(1, 16, 128, 128)
-    # 4 V-tiles x 4 value heads = 16 blocks: refused; 2 x 4 = 8 (64-row tiles) and the non-cluster form are not
-    why = cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128, 8, 4, 1, 6, 0, 1)
-    assert why and "at most 8" in why and "16 blocks" in why
-    for cfg in ((8, 8, 1, 3, 0, 1), (8, 4, 1, 6, 0, 0)):
-        assert "at most 8" not in (cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128, *cfg) or "")
-    assert "late" in cuda_main.unavailable_reason("gdn", torch.zeros(1, 2, 128, 128),
-                                                  ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128,
-                                                                               V=128).allocate(1),
-                                                  None, 128, 128, 8, 4, 1, 6, 1, 1)
-    with pytest.raises(ValueError, match="no diagnostics"):
-        cuda_main.launch(mixed_qkv=None, a2=None, b2=None, A_log=None, dt_bias=None, out=None, state=None, ring=None,
-                         h_rows=None, slot_idx=None, forced=None, ring_idx=None, coef=None, scal=None, scale=1.0,
-                         L=16, H=1, HV=2, V=128, cap=16, BC=16, pdl=True, config=cuda_main.CUDA_CONFIGS["g8w4_cl"])
-
-
-@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-def test_cluster_form_has_no_pre_inputs_and_appends():
-    """The cluster build is a real cluster kernel: ptxas sees the cluster barrier, the stores into other blocks'
-    shared memory and the record appends (a build that silently fell back to the plain form would lack them)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    nvcc = cuda_main.find_nvcc()
-    outs = {}
-    for cl in (0, 1):
-        d = _server_defs(*cuda_main.CUDA_CONFIGS["g8w4"], 0, cl, torch.float32)
-        with tempfile.TemporaryDirectory() as td:
-            ptx = Path(td) / "k.ptx"
-            cmd = [a for a in cuda_main._nvcc_cmd(nvcc, d, cuda_main.ARCH, str(ptx)) if a != "-cubin"] + ["-ptx"]
-            subprocess.run(cmd, check=True, capture_output=True)
-            outs[cl] = ptx.read_text()
-    assert "st.async" in outs[1] and "barrier.cluster" in outs[1] and ".reqnctapercluster 4, 2, 1" in outs[1]
-    assert "st.async" not in outs[0] and "barrier.cluster" not in outs[0]
-    assert "griddepcontrol.wait" not in outs[1]  # no PDL primary to wait for

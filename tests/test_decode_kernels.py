@@ -1290,10 +1290,7 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
                    ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
-                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False),
-                   # the cluster form (no pre launch): 8 blocks per cluster as the server runs it, and 4 (64-row tiles)
-                   ("g8w4_cl", "float32", "bfloat16", True, False), ("g8w4_cl", "bfloat16", "float32", False, True),
-                   ((8, 8, 1, 3, 0, 1), "float32", "float32", True, False)]
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
@@ -1302,27 +1299,14 @@ CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloa
 def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
     from replayssm_sglang.kernels import cuda_main
 
-    from replayssm_sglang.kernels import decode_v3
-
-    calls, pre_calls = [], []
+    calls = []
     real_launch = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
-    real_pre = decode_v3.replay_decode_v3_pre_kernel
-
-    class _CountPre:  # counts the Triton pre launches
-        def __getitem__(self, grid):
-            pre_calls.append(1)
-            return real_pre[grid]
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", _CountPre())
     hz = _real_harness("gdn", rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype], seed=5, impl="v3",
                        ring_idx=ring_idx, h_rows=h_rows, v3_opts=dict(main_impl="cuda", cuda_config=cfg))
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
-    cluster = (*cuda_main.CUDA_CONFIGS.get(cfg, cfg), 0, 0)[5]
-    # the cluster form does the pre launch's work itself (window-1 steps run w1, which has no pre launch either)
-    assert (len(pre_calls) == 0) == bool(cluster), (len(pre_calls), cfg)
 
 
 @pytest.mark.gpu
@@ -1331,15 +1315,5 @@ def test_gpu_cuda_main_many_blocks():
     """B = 64 (2,048 blocks, several waves, PDL overlap with the pre launch), the server's arguments."""
     hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=6, impl="v3", ring_idx=True,
                        windows=(None,), v3_opts=dict(main_impl="cuda"))
-    st = hz.run(20)
-    assert st["flushes"] > 0 and st["forced"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-def test_gpu_cuda_main_cluster_many_blocks():
-    """The cluster form at B = 64 (256 clusters of 8 blocks, several waves), the server's arguments."""
-    hz = _real_harness("gdn", B=64, qkv_dtype=torch.bfloat16, seed=7, impl="v3", ring_idx=True,
-                       windows=(None,), v3_opts=dict(main_impl="cuda", cuda_config="g8w4_cl"))
     st = hz.run(20)
     assert st["flushes"] > 0 and st["forced"] > 0
