@@ -465,6 +465,43 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
 
 
 @triton.jit
+def _tile_rec_dots(p_tile, o_v, mask_v, p_x, p_rk, valid, a, dt_bias, A_log, i_n, i_hv, stride_a, scale,
+                   lower_bound, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr,
+                   PIPE: tl.constexpr, BC: tl.constexpr, USE_LOWER_BOUND: tl.constexpr):
+    """_tile_dots' pipelined form for GDN (fp32 or bf16 tile, CUDA cores), and the key head's record dots beside it
+    (``self_pre``: the pre launch's work in the main launch): each K chunk of the [BC, K] key records at p_rk (rows
+    past h masked by ``valid``) is loaded with the tile's chunk and dotted with the same q and k chunks. Returns
+    (C q~, C k~) [BV], (<k_j, q~>, <k_j, k~>) [BC] and <k~, q~>."""
+    o_k = tl.arange(0, BK)
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    NC: tl.constexpr = BK // BKT
+    o_c = tl.arange(0, BC)
+    o_ch, Q2, K2 = _qk_tilde_chunks(p_x, p_x, False, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
+                                    H, K, BKT, NC, False, USE_LOWER_BOUND)
+    dq = tl.zeros(o_v.shape, dtype=tl.float32)
+    dk = tl.zeros(o_v.shape, dtype=tl.float32)
+    rq = tl.zeros([BC], dtype=tl.float32)
+    rk = tl.zeros([BC], dtype=tl.float32)
+    for c in tl.range(0, NC, num_stages=PIPE):
+        o_kc = c * BKT + tl.arange(0, BKT)
+        mk = o_kc < K
+        m_c = mask_v[:, None] & mk[None, :]
+        C_c = tl.where(m_c, tl.load(p_tile + o_v[:, None] * K + o_kc[None, :], mask=m_c).to(tl.float32), 0.0)
+        R_c = tl.load(p_rk + o_c[:, None] * K + o_kc[None, :], mask=valid[:, None] & mk[None, :],
+                      other=0).to(tl.float32)  # [BC, BKT]
+        q_c = _chunk_of(Q2, o_ch, c)
+        k_c = _chunk_of(K2, o_ch, c)
+        dq += tl.sum(C_c * q_c[None, :], 1)
+        dk += tl.sum(C_c * k_c[None, :], 1)
+        rq += tl.sum(R_c * q_c[None, :], 1)
+        rk += tl.sum(R_c * k_c[None, :], 1)
+    return dq * s_q, dk * s_k, rq * s_q, rk * s_k, tl.sum(q_in * k_in) * s_q * s_k
+
+
+@triton.jit
 def _fold_chunk(c, amax, p_st, o_v, mask_v, p_k_in, n_k, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
                 base_u, base_k, base_g, h_old, has, flush, G_f, u_add, o_cd, valid_d, Ud, p_rc,
                 K: tl.constexpr, V: tl.constexpr, GK: tl.constexpr, CAP: tl.constexpr, BKF: tl.constexpr,
@@ -568,7 +605,7 @@ def replay_decode_v3_kernel(
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None,
     HPP: tl.constexpr = 1, FOLD_PIPE: tl.constexpr = 0, ovf=None, PRED: tl.constexpr = False,
     TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
-    row_perm=None, ROW_ORDER: tl.constexpr = 0,
+    row_perm=None, ROW_ORDER: tl.constexpr = 0, SELF_PRE: tl.constexpr = False,
 ):
     """Grid (V / BV, B, HV / HPP): one program per V-tile, row and HPP consecutive value heads, one head after
     the other (_main_tile). HPP > 1 (opt-in ``heads_per_program``) pays the program's first memory round trips
@@ -589,7 +626,7 @@ def replay_decode_v3_kernel(
                    scale, lower_bound, L, stride_qkv, stride_a, stride_b, stride_slot,
                    H, HV, HK, GK, K, V, CAP, BK, BV, BC, BKT, IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND,
                    FOLD_CHUNKED, HAS_RC, RC_FP8, FOLD_DOT, DOT_PREC, BCD, PIPE, BKF, USE_PDL, HAS_RING_IDX, rc_valid,
-                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32)
+                   FOLD_PIPE, ovf, PRED, TILE_MMA, MMA_F32, SELF_PRE)
 
 
 @triton.jit
@@ -608,9 +645,13 @@ def _main_tile(
     FOLD_DOT: tl.constexpr, DOT_PREC: tl.constexpr, BCD: tl.constexpr,
     PIPE: tl.constexpr, BKF: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_RING_IDX: tl.constexpr, rc_valid, FOLD_PIPE: tl.constexpr, ovf, PRED: tl.constexpr,
-    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False,
+    TILE_MMA: tl.constexpr = False, MMA_F32: tl.constexpr = False, SELF_PRE: tl.constexpr = False,
 ):
-    """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring)."""
+    """The main launch's work for V-tile i_v of row i_n and value head i_hv (see the module docstring).
+    SELF_PRE (GDN, no read copy, the pipelined read; opt-in ``self_pre``): there is no pre launch; the program
+    dots its key head's records with q~ and k~ beside the tile's chunks (_tile_rec_dots), weighs them by
+    e^{G_t - G_j} itself, and appends the token's G_t (V-tile 0 of each value head) and key (V-tile 0 of the key
+    head's first value head), as the pre launch does."""
     i_h = i_hv // (HV // H)
     if IS_KDA:
         i_hk = i_hv
@@ -655,8 +696,16 @@ def _main_tile(
         pf0, _, fl0, _ = _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED, rc_valid, rrow, HAS_RC)
         from_rc = (pf0 | fl0) == 0
     # one _tile_dots per branch: the read copy's pointer type (bf16 / fp8) differs from the checkpoint's, and
-    # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check)
-    if from_rc:
+    # compiled Triton refuses a variable whose type depends on the branch (the interpreter does not check).
+    # SELF_PRE (a constexpr, so the names it defines outlive its branch; launch() refuses it with a read copy)
+    # comes first: names defined under the runtime `if from_rc` would not.
+    valid_r = o_c < h_old  # (self_pre: the records this step reads)
+    if SELF_PRE:
+        Cq, Ck, rq, rk, kq = _tile_rec_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq,
+                                            ring_k + (rrow * HK + i_hk) * CAP * K, valid_r, a, dt_bias, A_log, i_n,
+                                            i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, BC,
+                                            USE_LOWER_BOUND)
+    elif from_rc:
         Cq, Ck = _tile_dots(rc + (rrow * HV + i_hv) * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias, A_log,
                             i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA, USE_LOWER_BOUND,
                             TILE_MMA, MMA_F32)
@@ -664,12 +713,22 @@ def _main_tile(
         Cq, Ck = _tile_dots(state + slot * stride_slot + i_hv * V * K, o_v, mask_v, p_xq, p_gl, has, a, dt_bias,
                             A_log, i_n, i_hv, stride_a, scale, lower_bound, H, K, BK, BKT, PIPE, IS_KDA,
                             USE_LOWER_BOUND, TILE_MMA, MMA_F32)
-    if USE_PDL:
-        gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
-    p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
-    cq = tl.load(p_c)  # zero past h
-    ck = tl.load(p_c + BC)
-    kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
+    if SELF_PRE:
+        # what the pre launch stores: G_t = G_{h-1} + g_t, the records' weights e^{G_t - G_j} (zero past h)
+        g_t0 = _load_gate(a, dt_bias, A_log, i_n, i_hv, stride_a, o_k, mask_k, lower_bound, K, False,
+                          USE_LOWER_BOUND)
+        rg = tl.load(ring_g + (rrow * HV + i_hv) * CAP + o_c, mask=valid_r, other=0)
+        G_t = tl.sum(tl.where(o_c == h_old - 1, rg, 0.0), 0) + g_t0
+        w_r = tl.where(valid_r, tl.exp(G_t - rg), 0.0)
+        cq = rq * w_r
+        ck = rk * w_r
+    else:
+        if USE_PDL:
+            gdc_wait()  # the pre launch's coefficients (and its ring appends) are visible from here on
+        p_c = coef + (i_n * HV + i_hv) * 2 * BC + o_c
+        cq = tl.load(p_c)  # zero past h
+        ck = tl.load(p_c + BC)
+        kq = tl.load(scal + (i_n * HV + i_hv) * 2 + 1)
     v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_val = tl.load(b + i_n * stride_b + i_hv).to(tl.float32)
     if IS_KDA:
@@ -683,7 +742,10 @@ def _main_tile(
             Cq = Cq * rs
             Ck = Ck * rs
     if not IS_KDA:
-        e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
+        if SELF_PRE:
+            e_t = tl.exp(G_t)
+        else:
+            e_t = tl.load(scal + (i_n * HV + i_hv) * 2)
         Cq = Cq * e_t
         Ck = Ck * e_t
 
@@ -797,6 +859,16 @@ def _main_tile(
         tl.store(p_s, S.to(state.dtype.element_ty), mask=m_vk)
     if flush == 0:
         tl.store(base_u + h_eff * V + o_v, u_t.to(ring_u.dtype.element_ty), mask=mask_v)
+    if SELF_PRE:
+        # the token's shared record parts, as the pre launch appends them (not on a flush; a pre-fold's record 0
+        # is the post launch's). Position h_eff = h_old is read by no program this step (records j < h_old).
+        if (flush == 0) & (prefold == 0) & (i_v == 0):
+            tl.store(ring_g + (rrow * HV + i_hv) * CAP + h_eff, G_t)
+            if i_hv % (HV // H) == 0:
+                kk = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+                kk = kk / tl.sqrt(tl.sum(kk * kk) + 1e-6)
+                tl.store(ring_k + ((rrow * HK + i_hk) * CAP + h_eff) * K + o_k, kk.to(ring_k.dtype.element_ty),
+                         mask=mask_k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -912,7 +984,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None):
+           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -973,7 +1045,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
     to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
-    dots (the benchmark's streaming floor) / skips the fold."""
+    dots (the benchmark's streaming floor) / skips the fold.
+    self_pre (None: V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's records
+    with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's SELF_PRE), as
+    upstream's single launch does. The work is redundant over the key head's V / BV x HV / H programs, and no
+    program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the pipelined read
+    (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the step
+    produces what it reads."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1000,6 +1078,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_opts = _maxnreg_opts("pre_maxnreg", pre_maxnreg, mixed_qkv.device)
     main_opts = _maxnreg_opts("main_maxnreg", main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg"),
                               mixed_qkv.device)
+    self_pre = bool(self_pre if self_pre is not None else tuned.get("self_pre", False))
+    if self_pre:
+        why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
+               "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
+               "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
+        if why:
+            raise ValueError(f"self_pre needs {why}")
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
     diag_set = set(_diag_parts.split("+"))
@@ -1041,7 +1126,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     impl_main = main_impl if main_impl is not None else (env_impl or tuned.get("main_impl", "triton"))
     if impl_main not in ("triton", "cuda"):
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
-    if impl_main == "cuda" and main_impl is None and not cuda_main.usable(
+    if self_pre:
+        impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form)
+    if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config)
             if cuda_config else cuda_main.CUDA_DEFAULT):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
@@ -1081,6 +1168,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
     run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
                                    for p in ("pre", "main", "post"))
+    run_pre = run_pre and not self_pre  # (self_pre: the main launch does the pre launch's work)
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
     BKT = min(BK, max(1, chunk_bytes // tile_es))
@@ -1123,11 +1211,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl, rc_valid=ring.rc_valid if has_rc else None,
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl and not self_pre, rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
-            row_perm=row_perm, ROW_ORDER=order,
-            **common, **_pdl_kw(pdl), **main_opts,
+            row_perm=row_perm, ROW_ORDER=order, SELF_PRE=self_pre,
+            **common, **_pdl_kw(pdl and not self_pre), **main_opts,
         )
     if run_post and (advance_h or may_prefold):
         replay_decode_v2_post_kernel[(B,)](

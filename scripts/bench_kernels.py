@@ -41,8 +41,11 @@ Arms (per layer kind, state dtype and batch size B):
               (kernels/gdn_main.cu) in each block shape of cuda_main.CUDA_CONFIGS; _nopdl without PDL; _aligned
               (one pool) every row on the same cursor, beside v3_sl / v3_sl_aligned (Triton); _main the main launch
               alone; _pre, _post, _premain, _mainpost those launches alone; *_r16 (and v3_sl_r16, Triton's) with
-              bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr and
-              v3_sl_cu_rr: Triton's and CUDA's (g8w4) timed round-robin over six rounds
+              bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr,
+              v3_sl_cu_rr and v3_sl_sp_rr: Triton's, CUDA's (g8w4) and self_pre timed round-robin over six rounds
+  v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
+              key head's records itself): 32-row tiles (v3_sl_sp, and _r16 with bf16 records), 64-row tiles with
+              1 or 2 warps (v3_sl_sp64w1, v3_sl_sp64w2)
   v3_sl_pN   (--variants place, fp32 states, B = 256) the server's launch (v3_sl) on rings allocated at 8 places
               (v3_sl_p0_again: the first timed again last); the rings' addresses go to the JSON's meta; with
               placerr too, the eight timed round-robin over PLACE_ROUNDS rounds, odd rounds in reverse order (each
@@ -966,12 +969,22 @@ def main():
                             arms[f"v3_sl_cu_{name}_{dg}"] = arm_ours(
                                 c, torch.float32, impl="v3", server_like=True,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg))
+                    # the pre launch's work in every Triton main program (decode_v3 self_pre, session 28; no pre
+                    # launch): 32- and 64-row tiles (8 / 4 programs per key head), fp32 and bf16 records
+                    arms["v3_sl_sp"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
+                                                v3_opts=dict(self_pre=True))
+                    for bv, nw in ((64, 1), (64, 2)):
+                        arms[f"v3_sl_sp{bv}w{nw}"] = arm_ours(c, torch.float32, cfg=(bv, nw), impl="v3",
+                                                              server_like=True, v3_opts=dict(self_pre=True))
+                    arms["v3_sl_sp_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
+                                                    v3_opts=dict(self_pre=True))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                     if "curr" in variants:
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"]}
+                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
+                              "v3_sl_sp_rr": arms["v3_sl_sp"]}
                         graphs = {n: capture_graph(c, r) for n, r in rr.items()}
                         per = {n: [] for n in rr}
                         for rnd in range(PLACE_ROUNDS):

@@ -107,8 +107,8 @@ def server_scenarios() -> list[Scenario]:
     Plus one v1 and one v2 decode (impl forced; not launched by the server, compiled so they cannot rot), and GDN's
     opt-in tile_mma (the tile's dots on the tensor cores) on the fp8 read copy, KDA's bf16 copy with the
     CUDA-core tile (its launch before session 21, opt-out), the opt-in row_order "flush_first" (GDN without and
-    with the bf16 copy, KDA with predecayed keys), the opt-in pre_order "rows" (KDA with predecayed keys) and
-    verify's opt-in row_order "rows" (GDN and KDA)."""
+    with the bf16 copy, KDA with predecayed keys), the opt-in pre_order "rows" (KDA with predecayed keys),
+    verify's opt-in row_order "rows" (GDN and KDA) and decode's opt-in self_pre (GDN, fp32 and bf16 records)."""
     out: list[Scenario] = []
     pools = [("fp32", "fp32", r) for r in ("same", "bf16", "fp8_e4m3")]
     pools += [("bf16", "bf16", r) for r in ("same", "fp8_e4m3")] + [("bf16", "fp32", "same")]
@@ -151,6 +151,9 @@ def server_scenarios() -> list[Scenario]:
                         v3_opts=(("pre_order", "rows"),)))
     for kind in ("gdn", "kda"):
         out.append(Scenario("verify", kind, "fp32", "fp32", "same", v3_opts=(("row_order", "rows"),)))
+    # the pre launch's work in every main program (decode_v3 self_pre, opt-in, session 28), fp32 and bf16 records
+    for rec in ("fp32", "bf16"):
+        out.append(Scenario("decode", "gdn", "fp32", rec, "same", L_RING, v3_opts=(("self_pre", True),)))
     return out
 
 

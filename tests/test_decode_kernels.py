@@ -686,6 +686,48 @@ def test_fold_pipe(kind, fold, read_dtype, stages):
     assert st["flushes"] > 0 and st["prefolds"] > 0
 
 
+@pytest.mark.parametrize("rec_dtype,ring_idx,h_rows,order", [
+    (torch.float32, True, False, "rows"), (torch.bfloat16, False, True, "grid"), (torch.float32, False, False, "grid")])
+def test_self_pre(rec_dtype, ring_idx, h_rows, order, monkeypatch):
+    """self_pre (GDN, no pre launch: each main program dots its key head's records beside its tile and appends the
+    token's key and G_t): outputs, the state at every flush and the records against the float64 reference, with
+    two value heads per key head and two V-tiles per head (so only one program of each key head appends its key),
+    padded rows, forced flushes, staggered cursors and pre-folds (window switches); fp32 and bf16 records, rings
+    keyed by ring row, a caller-owned h. The spies check that no pre launch ran and every main launch was SELF_PRE."""
+    from replayssm_sglang.kernels import decode_v3
+
+    pres, mains = [], []
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel", lambda g, a, kw: pres.append(g))
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_kernel", lambda g, a, kw: mains.append(kw["SELF_PRE"]))
+    hz = Harness("gdn", B=5, H=2, HV=4, K=64, V=32, L=4, seed=71, windows=(4, 4, 2, 4), p_forced=0.15,
+                 rec_dtype=rec_dtype, impl="v3", ring_idx=ring_idx, h_rows=h_rows, block_v=16,
+                 v3_opts=dict(self_pre=True, pipe_stages=3, chunk_bytes=128, row_order=order))
+    st = hz.run(12)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert not pres, "self_pre must not launch the pre launch"
+    assert len(mains) == 12 and all(mains), mains
+
+
+def test_self_pre_refusals():
+    """self_pre names what it needs where it cannot run."""
+    from replayssm_sglang import reference as R
+
+    def go(kind="gdn", state_dtype=torch.float32, read_dtype="same", **opts):
+        H, HV, K, V = (1, 2, 32, 16) if kind == "gdn" else (2, 2, 32, 16)
+        lay = ringmod.RingLayout.for_layer(kind, L=4, H=H, HV=HV, K=K, V=V)
+        ring = lay.allocate(1, read_dtype=read_dtype)
+        x = R.random_decode_inputs(kind, 1, H, HV, K, V, generator=torch.Generator().manual_seed(0))
+        return replay_decode(kind, *x, torch.zeros(1, HV, V, K, dtype=state_dtype), ring,
+                             torch.zeros(1, dtype=torch.int32), L=4, impl="v3",
+                             v3_opts={"self_pre": True, "pipe_stages": 3, **opts})
+
+    for kw, why in ((dict(kind="kda"), "GDN only"), (dict(state_dtype=torch.bfloat16), "fp32 state"),
+                    (dict(read_dtype="bf16"), "no read copy"), (dict(pipe_stages=0), "pipelined read"),
+                    (dict(main_impl="cuda"), "Triton's main launch")):
+        with pytest.raises(ValueError, match=why):
+            go(**kw)
+
+
 @pytest.mark.parametrize("kind,read_dtype,ring_idx,kda_keys", [
     ("gdn", "same", False, "raw"), ("gdn", "bf16", True, "raw"), ("kda", "same", True, "predecayed"),
     ("kda", "fp8_e4m3", False, "raw")])
@@ -1307,6 +1349,20 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rec_dtype,qkv_dtype,ring_idx,h_rows,bv", [
+    ("float32", "bfloat16", True, False, None), ("bfloat16", "float32", False, True, None),
+    ("float32", "bfloat16", True, False, 64)], ids=str)
+def test_gpu_real_shapes_self_pre(rec_dtype, qkv_dtype, ring_idx, h_rows, bv):
+    """decode_v3's self_pre (no pre launch) compiled for the GPU, at the real head sizes, against float64: the
+    server's arguments, bf16 records with a caller-owned h, and 64-row tiles; window switching (pre-folds)."""
+    hz = _real_harness("gdn", rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype], seed=8, impl="v3",
+                       ring_idx=ring_idx, h_rows=h_rows, block_v=bv, v3_opts=dict(self_pre=True))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
 
 
 @pytest.mark.gpu
