@@ -1046,7 +1046,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None: CUDA_DEFAULT).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
-    self_pre (None: V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's records
+    self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
+    not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's records
     with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's SELF_PRE), as
     upstream's single launch does. The work is redundant over the key head's V / BV x HV / H programs, and no
     program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the pipelined read
@@ -1078,13 +1079,20 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_opts = _maxnreg_opts("pre_maxnreg", pre_maxnreg, mixed_qkv.device)
     main_opts = _maxnreg_opts("main_maxnreg", main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg"),
                               mixed_qkv.device)
-    self_pre = bool(self_pre if self_pre is not None else tuned.get("self_pre", False))
-    if self_pre:
-        why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
-               "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
-               "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
-        if why:
-            raise ValueError(f"self_pre needs {why}")
+    # self_pre: the caller's, else the environment's preference (REPLAYSSM_SELF_PRE=1: wherever this launch can take
+    # it and its main launch is Triton's, as REPLAYSSM_MAIN_IMPL does for the CUDA main launch), else V3_TUNED's
+    env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip() if self_pre is None else ""
+    if env_sp not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_SELF_PRE must be 0 or 1, got {env_sp!r}")
+    env_cuda = main_impl is None and os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() == "cuda"
+    sp_why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
+              "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
+              "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
+    if self_pre is None:
+        self_pre = bool(tuned.get("self_pre", False)) or (env_sp == "1" and sp_why is None and not env_cuda)
+    self_pre = bool(self_pre)
+    if self_pre and sp_why:
+        raise ValueError(f"self_pre needs {sp_why}")
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
     diag_set = set(_diag_parts.split("+"))

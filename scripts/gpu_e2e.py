@@ -103,6 +103,8 @@ ARMS = {
     # GDN: decode v3's main launch in CUDA (kernels/gdn_main.cu, REPLAYSSM_MAIN_IMPL=cuda; Triton's elsewhere),
     # window 16 forced as ours_w16
     "ours_w16_cu": ["--enable-linear-replayssm"],
+    # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
+    "ours_w16_sp": ["--enable-linear-replayssm"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -113,7 +115,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},
-           "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"}}
+           "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
+           "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

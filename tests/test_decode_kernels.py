@@ -708,6 +708,33 @@ def test_self_pre(rec_dtype, ring_idx, h_rows, order, monkeypatch):
     assert len(mains) == 12 and all(mains), mains
 
 
+def test_self_pre_environment_preference(monkeypatch):
+    """REPLAYSSM_SELF_PRE=1 (how a server opts in) takes self_pre where the launch can run it: the GDN fp32 launch
+    runs no pre launch and keeps the float64 checks; a KDA launch, and a GDN one whose main launch the environment
+    puts in CUDA, keep their pre launch instead of refusing; a bad value is refused."""
+    from replayssm_sglang.kernels import decode_v3
+
+    pres = []
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel", lambda g, a, kw: pres.append(g))
+    monkeypatch.setenv("REPLAYSSM_SELF_PRE", "1")
+    hz = Harness("gdn", B=3, H=1, HV=2, K=64, V=16, L=4, seed=72, windows=(4, 4, 2, 4), impl="v3",
+                 v3_opts=dict(pipe_stages=3, chunk_bytes=128))
+    st = hz.run(8)
+    assert st["flushes"] > 0 and not pres
+    hz = Harness("kda", B=2, H=2, HV=2, K=32, V=16, L=4, seed=73, impl="v3")
+    hz.run(3)
+    assert pres, "KDA cannot take self_pre: its pre launch must still run"
+    n = len(pres)
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")  # (no GPU here: the launch falls back to Triton, with its pre)
+    Harness("gdn", B=2, H=1, HV=2, K=64, V=16, L=4, seed=74, impl="v3",
+            v3_opts=dict(pipe_stages=3, chunk_bytes=128)).run(3)
+    assert len(pres) > n
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")
+    monkeypatch.setenv("REPLAYSSM_SELF_PRE", "yes")
+    with pytest.raises(ValueError, match="REPLAYSSM_SELF_PRE"):
+        Harness("gdn", B=2, H=1, HV=2, K=64, V=16, L=4, seed=75, impl="v3").run(1)
+
+
 def test_self_pre_refusals():
     """self_pre names what it needs where it cannot run."""
     from replayssm_sglang import reference as R
