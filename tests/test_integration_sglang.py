@@ -29,6 +29,7 @@ from replayssm_sglang.sglang_hooks import flush
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_trees import buffered_window, sg  # noqa: E402,F401  (fixtures)
+from conftest import spy_launches  # noqa: E402
 
 F64 = torch.float64
 H, HV, K, V = 1, 2, 16, 16
@@ -735,9 +736,10 @@ def test_capabilities_match_the_rules():
 
 # --- through SGLang's own (patched) backend code -------------------------------------------------
 
-@pytest.mark.parametrize("kind,lower_bound,keys", [("gdn", None, ""), ("kda", None, ""), ("kda", -5.0, ""),
-                                                    ("kda", None, "raw")])
-def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bound, keys, monkeypatch):
+@pytest.mark.parametrize("kind,lower_bound,keys,self_pre", [("gdn", None, "", False), ("gdn", None, "", True),
+                                                             ("kda", None, "", False), ("kda", -5.0, "", False),
+                                                             ("kda", None, "raw", False)])
+def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bound, keys, self_pre, monkeypatch):
     """GDNAttnBackend / KDAAttnBackend.forward_decode as patched (0003): after SGLang's conv1d
     (replaced by the identity here: conv is not ours) the step runs our kernel with the device
     forced-flush mask, then SGLang's own all-layers track copy (Triton, interpreted) snapshots the
@@ -745,8 +747,15 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
     live checkpoint between boundaries is not (records pending), so the test can fail.
     KDA's safe gate (lower_bound) goes through our kernel too (upstream silently falls back to an
     unbuffered path there while its cursor advances). keys: REPLAYSSM_KDA_KEYS ("": the default, predecayed
-    key records for KDA; "raw": k_j and G_j per record)."""
+    key records for KDA; "raw": k_j and G_j per record). self_pre: REPLAYSSM_SELF_PRE=1 (GDN: decode v3 without its
+    pre launch), checked to have run no pre launch."""
     from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
+    from replayssm_sglang.kernels import decode_v3
+
+    pres = []
+    spy_launches(monkeypatch, decode_v3, "replay_decode_v3_pre_kernel", lambda g, a, kw: pres.append(g))
+    if self_pre:
+        monkeypatch.setenv("REPLAYSSM_SELF_PRE", "1")
     from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -800,6 +809,7 @@ def test_patched_backend_forward_decode_and_sglang_track_copy(sg, kind, lower_bo
             else:
                 assert m.state_err(slots[row]) > 1e-3, "between boundaries records are pending"
     assert checked == 2
+    assert bool(pres) != self_pre, "the buffered decode ran its pre launch exactly when self_pre was off"
 
 
 def test_mixed_chunk_fresh_prefill_row_with_racing_stale_records(sg):
