@@ -1047,9 +1047,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
-    not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's records
-    with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's SELF_PRE), as
-    upstream's single launch does. The work is redundant over the key head's V / BV x HV / H programs, and no
+    not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's
+    records with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's
+    SELF_PRE), as upstream's single launch does. The work is redundant over the key head's V / BV x HV / H programs, and no
     program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the pipelined read
     (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the step
     produces what it reads."""
@@ -1219,7 +1219,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             DOT_PREC="tf32x3" if fold == "dot3" else "ieee", BCD=max(16, BC),
             HAS_RC=has_rc, RC_FP8=rc_fp8, PIPE=int(pipe_stages),
             BKF=min(BK, max(16, fold_bytes // state.element_size())),
-            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl and not self_pre, rc_valid=ring.rc_valid if has_rc else None,
+            num_warps=nw, num_stages=max(1, int(pipe_stages)), USE_PDL=pdl and not self_pre,
+            rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
             row_perm=row_perm, ROW_ORDER=order, SELF_PRE=self_pre,
