@@ -1049,10 +1049,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
     not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's
     records with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's
-    SELF_PRE), as upstream's single launch does. The work is redundant over the key head's V / BV x HV / H programs, and no
-    program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the pipelined read
-    (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the step
-    produces what it reads."""
+    SELF_PRE), as upstream's single launch does. The work is redundant over the key head's V / BV x HV / H
+    programs, and no program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the
+    pipelined read (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the
+    step produces what it reads."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
