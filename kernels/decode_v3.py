@@ -379,6 +379,18 @@ def _split_sums(acc):
 
 
 @triton.jit
+def _qk_in_scaled(p_x, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """This row's raw q and k of one key head (p_x at its q; [BK], fp32) and the factors that make q~ = s_q q and
+    k~ = s_k k (s_q = scale / |q|, s_k = 1 / |k|), as the tile-dot functions scale their reduced dots."""
+    o_k = tl.arange(0, BK)
+    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
+    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
+    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    return q_in, k_in, s_q, s_k
+
+
+@triton.jit
 def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv, stride_a, scale, lower_bound,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKT: tl.constexpr, PIPE: tl.constexpr,
                IS_KDA: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, MMA: tl.constexpr = False,
@@ -401,11 +413,7 @@ def _tile_dots(p_tile, o_v, mask_v, p_x, p_gl, has, a, dt_bias, A_log, i_n, i_hv
     exact either way), for Triton's interpreter, whose bf16 tl.dot is unusable. KDA (session 20): q~ and k~ carry
     e^{G_t} per channel and are not bf16 values, so each is split into three bf16 parts, six operand columns
     (_mma_chunk_split; fp32's 24 significant bits since session 21, 16 before)."""
-    o_k = tl.arange(0, BK)
-    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    _, _, s_q, s_k = _qk_in_scaled(p_x, scale, H, K, BK)
     NC: tl.constexpr = BK // BKT
     narrow_tile: tl.constexpr = p_tile.dtype.element_ty == tl.bfloat16 or p_tile.dtype.element_ty == tl.float8e4nv
     if MMA and (not IS_KDA) and narrow_tile and p_x.dtype.element_ty == tl.bfloat16:
@@ -472,11 +480,7 @@ def _tile_rec_dots(p_tile, o_v, mask_v, p_x, p_rk, valid, a, dt_bias, A_log, i_n
     (``self_pre``: the pre launch's work in the main launch): each K chunk of the [BC, K] key records at p_rk (rows
     past h masked by ``valid``) is loaded with the tile's chunk and dotted with the same q and k chunks. Returns
     (C q~, C k~) [BV], (<k_j, q~>, <k_j, k~>) [BC] and <k~, q~>."""
-    o_k = tl.arange(0, BK)
-    q_in = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    k_in = tl.load(p_x + H * K + o_k, mask=o_k < K, other=0).to(tl.float32)
-    s_q = scale / tl.sqrt(tl.sum(q_in * q_in) + 1e-6)
-    s_k = 1.0 / tl.sqrt(tl.sum(k_in * k_in) + 1e-6)
+    q_in, k_in, s_q, s_k = _qk_in_scaled(p_x, scale, H, K, BK)
     NC: tl.constexpr = BK // BKT
     o_c = tl.arange(0, BC)
     o_ch, Q2, K2 = _qk_tilde_chunks(p_x, p_x, False, a, dt_bias, A_log, i_n, i_hv, stride_a, lower_bound,
