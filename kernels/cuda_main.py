@@ -1,4 +1,4 @@
-"""Decode v3's main launch for GDN with an fp32 checkpoint, in CUDA (``gdn_main.cu``; opt-in:
+"""Decode v3's main launch for GDN with an fp32 or bf16 checkpoint, in CUDA (``gdn_main.cu``; opt-in:
 ``decode_v3.launch(main_impl="cuda")`` or ``REPLAYSSM_MAIN_IMPL=cuda`` in the environment; docs/design.md
 "Session 26").
 
@@ -36,9 +36,19 @@ ARCH = "sm_90"
 # CUDA_DEFAULT is what launch() takes when none is asked.
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
-                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4)}
+                "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
+                # for a bf16 checkpoint (8-byte loads: 16 rows per warp hold as many bytes in flight as 8 fp32 rows)
+                "g16w2": (16, 2, 1, 8), "g16w1": (16, 1, 1, 16), "g8w4_m8": (8, 4, 1, 8)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
+# the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1)
+CUDA_BF16_CONFIGS = ("g16w2", "g16w1", "g8w4_m8", "g8w4", "g16w4")
+CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g16w2"]
+
+
+def default_config(state_dtype: torch.dtype) -> tuple:
+    """The block shape a launch takes when none is asked, by the checkpoint's element type."""
+    return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
 
 _CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half",
            torch.int32: "int", torch.int64: "long long", torch.bool: "bool", torch.uint8: "unsigned char",
@@ -80,9 +90,9 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows, has_forced, has_ring_idx, pdl, x_dtype, a_dtype,
-            b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype, k_dtype, slot_dtype, forced_dtype,
-            ridx_dtype) -> dict:
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows,
+            has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
+            k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -91,7 +101,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
             "U_T": ctype(u_dtype), "KR_T": ctype(k_dtype), "SLOT_T": ctype(slot_dtype),
-            "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype)}
+            "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype), "ST_T": ctype(state_dtype)}
 
 
 def smem_bytes(defs: dict) -> int:
@@ -225,8 +235,10 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     cap = ring.layout.cap
     if kind != "gdn":
         return "it is written for GDN only"
-    if state.dtype != torch.float32:
-        return "it needs an fp32 state"
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        return "it needs an fp32 or bf16 state"
+    if state.dtype == torch.bfloat16 and not load_reg:
+        return "a bf16 state is read into registers (load_reg 1, the g* shapes)"
     if ring.rc is not None:
         return "it has no read copy"
     if lower_bound is not None:
@@ -243,7 +255,7 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return "it needs a CUDA GPU"
     if torch.cuda.get_device_capability(dev) < (9, 0):
         return "it needs sm_90 or newer (bulk asynchronous copies)"
-    if state.stride()[1:] != (V * K, K, 1) or state.stride(0) % 4 or state.data_ptr() % 16:
+    if state.stride()[1:] != (V * K, K, 1) or (state.stride(0) * state.element_size()) % 16 or state.data_ptr() % 16:
         return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
     return None
 
@@ -272,9 +284,9 @@ def _obtainable() -> bool:
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: CUDA_DEFAULT); diag_stream: the
-    benchmark's diagnostic."""
-    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or CUDA_DEFAULT), 0)[:5]
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: default_config(state.dtype));
+    diag_stream: the benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or default_config(state.dtype)), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
@@ -285,7 +297,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
                    dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
-                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype)
+                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype)
     f = function(defs, state.device)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),

@@ -1,4 +1,4 @@
-// The main launch of decode v3 for GDN with an fp32 checkpoint and no read copy, written in CUDA for sm_90
+// The main launch of decode v3 for GDN with an fp32 or bf16 checkpoint and no read copy, written in CUDA for sm_90
 // (kernels/cuda_main.py builds and launches it; decode_v3.launch(main_impl="cuda") picks it).
 //
 // It computes exactly what decode_v3's Triton main launch (_main_tile, fp32 state, no read copy, GDN) computes,
@@ -20,7 +20,9 @@
 // Layout: lane l of a warp owns K columns [4l, 4l + 4) (K = 128); a warp owns RPW consecutive V-rows; after the
 // tile dots a butterfly reduce-scatter leaves row (l mod RPW) of the warp's rows in lane l, which then computes
 // that row's output and record. Compile-time parameters come as -D macros (cuda_main.py): the shapes, the
-// block's shape, which optional arguments the launch has, and the element types of the tensors.
+// block's shape, which optional arguments the launch has, and the element types of the tensors (ST_T: the
+// checkpoint's, float or __nv_bfloat16; a bf16 checkpoint is read and written four elements per lane as one 8-byte
+// access, computed on in fp32 and rounded to nearest where the fold stores it).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,6 +32,9 @@
 #error "cuda_main.py passes the shapes: -DH_=.. -DHV_=.. -DV_=.. -DCAP_=.. -DBC_=.. -DRPW=.. -DNWARPS=.."
 #endif
 #define K_ 128
+#ifndef ST_T
+#define ST_T float  // the checkpoint's element type (cuda_main.py passes it)
+#endif
 #ifndef LOAD_REG
 #define LOAD_REG 0  // 1: the tile is loaded into registers (16-byte loads, RPW per lane) instead of shared memory
 #endif
@@ -52,6 +57,7 @@
 #if (CAP_ % (4 * NG)) != 0
 #error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
 #endif
+static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
 #if (V_ % VT) != 0
 #error "the V-tile must divide V"
 #endif
@@ -69,6 +75,23 @@ __device__ __forceinline__ void from_f(__half* p, float x) { *p = __float2half_r
 __device__ __forceinline__ float round_as(float x, float*) { return x; }
 __device__ __forceinline__ float round_as(float x, __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float round_as(float x, __half*) { return __half2float(__float2half_rn(x)); }
+
+// four consecutive checkpoint elements (16-byte aligned for fp32, 8-byte for bf16) as fp32, in one access
+__device__ __forceinline__ float4 ld_state4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 ld_state4(const __nv_bfloat16* p) {
+    const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ void st_state4(float* p, float4 x) { *reinterpret_cast<float4*>(p) = x; }
+__device__ __forceinline__ void st_state4(__nv_bfloat16* p, float4 x) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 r;
+    r.x = *reinterpret_cast<uint32_t*>(&lo);
+    r.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = r;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -141,7 +164,7 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    float* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
@@ -176,12 +199,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         return;
     }
 
-    const float* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
+    const ST_T* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
 #if LOAD_REG
     // the warp's rows of the checkpoint: RPW 16-byte loads per lane, all in flight at once
     float4 c[RPW];
 #pragma unroll
-    for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+    for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
 #else
     // the warp's rows of the checkpoint: one bulk copy, issued first
     float* wtile = tile + warp * RPW * K_;
@@ -321,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
         for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int i = 0; i < RPW; ++i) c[i] = __ldg(reinterpret_cast<const float4*>(src + i * K_ + 4 * lane));
+        for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
 #endif
         const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
         const float g_t = -expf(a_log) * sp;
@@ -333,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         __syncwarp();
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
         const float eG = expf(G_f);
-        float* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
+        ST_T* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
 #if LOAD_REG
         // decayed, this token added, then KB records at a time over all rows
 #pragma unroll
@@ -363,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             }
         }
 #pragma unroll
-        for (int i = 0; i < RPW; ++i) *reinterpret_cast<float4*>(dst + i * K_) = c[i];
+        for (int i = 0; i < RPW; ++i) st_state4(dst + i * K_, c[i]);
 #else
         float4 rk[CAP_];
 #pragma unroll
@@ -383,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 s.z += wj * rk[j].z;
                 s.w += wj * rk[j].w;
             }
-            *reinterpret_cast<float4*>(dst + i * K_) = s;
+            st_state4(dst + i * K_, s);
         }
 #endif
     }

@@ -43,6 +43,9 @@ Arms (per layer kind, state dtype and batch size B):
               alone; _pre, _post, _premain, _mainpost those launches alone; *_r16 (and v3_sl_r16, Triton's) with
               bf16 records; _stream / _nofold diagnostics (wrong results); with --variants cuda,curr also v3_sl_rr,
               v3_sl_cu_rr and v3_sl_sp_rr: Triton's, CUDA's (g8w4) and self_pre timed round-robin over six rounds
+  v3_sl_cu_* (--variants cuda16, GDN bf16 state, B >= 128) the server's launch with the main launch in CUDA for a
+              bf16 checkpoint, in each shape of cuda_main.CUDA_BF16_CONFIGS; _r16 bf16 records; _main, _pre,
+              _premain the step split; _stream / _nofold diagnostics (wrong results)
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
               key head's records itself): 32-row tiles (v3_sl_sp, and _r16 with bf16 records), 64-row tiles with
               1 or 2 warps (v3_sl_sp64w1, v3_sl_sp64w2)
@@ -938,7 +941,8 @@ def main():
 
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
-                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late"):  # (timed slower in runs 2158-2249)
+                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late",  # (timed slower in runs 2158-2249)
+                                    "g16w2", "g16w1", "g8w4_m8"):  # (the bf16 checkpoint's shapes: --variants cuda16)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -996,6 +1000,23 @@ def main():
                                                                  for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                         del graphs
+                if v3 and "cuda16" in variants and kind == "gdn" and sdt == "bfloat16" and B >= 128:
+                    # a bf16 checkpoint through the CUDA main launch (gdn_main.cu's ST_T, 8-byte loads), as the server
+                    # launches it (fp32 records), in each shape of cuda_main.CUDA_BF16_CONFIGS, beside V3_TUNED's
+                    # Triton launch (v3_sl); the step split and the streaming floor of the default shape
+                    from replayssm_sglang.kernels import cuda_main as _cm
+
+                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
+                    for name in _cm.CUDA_BF16_CONFIGS:
+                        arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
+                                                            v3_opts=dict(main_impl="cuda", cuda_config=name))
+                    arms["v3_sl_cu_r16"] = arm_ours(c, torch.bfloat16, impl="v3", server_like=True,
+                                                    v3_opts=dict(main_impl="cuda"))
+                    for dg in ("main", "pre", "pre+main", "stream", "nofold"):
+                        arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
+                            c, torch.float32, impl="v3", server_like=True,
+                            v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                    arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

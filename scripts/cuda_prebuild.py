@@ -33,23 +33,29 @@ def combos():
     server = [(cfg, pdl, 0, F32) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
     server += [(cm.CUDA_CONFIGS[n], True, d, F32) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
     server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
-    for cfg, pdl, diag, rec in server:
+    server = [(*x, F32) for x in server]
+    # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS]
+    server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
+    for cfg, pdl, diag, rec, sdt in server:
         rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
-                              k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64))
+                              k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
-    from test_decode_kernels import CUDA_MAIN_CASES
+    from test_decode_kernels import CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES
 
-    cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr) for c, r, q, ri, hr in CUDA_MAIN_CASES]
-    cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False))  # test_gpu_cuda_main_many_blocks
-    for cfg, rec, qkv, ri, hr in cases:
+    cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, F32) for c, r, q, ri, hr in CUDA_MAIN_CASES]
+    cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
+    cases += [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, BF16) for c, r, q, ri, hr in CUDA_MAIN_BF16_CASES]
+    for cfg, rec, qkv, ri, hr, sdt in cases:
         rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
-                              u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32))
+                              u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
+                              state_dtype=sdt))
     return out
 
 

@@ -34,12 +34,28 @@ def test_refuses_ring_capacity_the_layout_cannot_split():
 @pytest.mark.parametrize("kind,state_dtype,read_dtype,why", [
     ("gdn", torch.float32, "same", "needs a CUDA GPU"),
     ("kda", torch.float32, "same", "GDN only"),
-    ("gdn", torch.bfloat16, "same", "fp32 state"),
+    ("gdn", torch.bfloat16, "same", "needs a CUDA GPU"),  # (a bf16 state can take it: the registers shapes)
     ("gdn", torch.float32, "bf16", "no read copy"),
 ])
 def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, why):
     with pytest.raises(ValueError, match=why):
         _launch(kind, state_dtype, read_dtype)
+
+
+def test_state_dtypes():
+    """fp32 and bf16 checkpoints only; a bf16 one only through the shapes that read the tile into registers (the
+    shared-memory copy is written for 4-byte elements), which its default is."""
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    ring = lay.allocate(1)
+    why = lambda dt, cfg: cuda_main.unavailable_reason("gdn", torch.zeros(1, 2, 128, 128, dtype=dt), ring, None,  # noqa: E731
+                                                       128, 128, *cfg)
+    assert "fp32 or bf16 state" in why(torch.float16, cuda_main.CUDA_DEFAULT)
+    assert "into registers" in why(torch.bfloat16, cuda_main.CUDA_CONFIGS["r16w4"])
+    assert cuda_main.default_config(torch.bfloat16)[2] == 1
+    for name in cuda_main.CUDA_BF16_CONFIGS:
+        assert "needs a CUDA GPU" in why(torch.bfloat16, cuda_main.CUDA_CONFIGS[name])
+    with pytest.raises(ValueError, match="into registers"):
+        _launch(state_dtype=torch.bfloat16, cuda_config="r16w4")
 
 
 def test_option_checks():
@@ -63,7 +79,7 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=torch.float32):
     *late, rec = late_and_rec
     return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
                              min_blocks=min_blocks, late_coef=(late or [0])[0],
@@ -71,14 +87,16 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec):
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
-                             slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64)
+                             slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64,
+                             state_dtype=state_dtype)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name", list(cuda_main.CUDA_CONFIGS))
+@pytest.mark.parametrize("name,state_dtype", [(n, torch.float32) for n in cuda_main.CUDA_CONFIGS]
+                         + [(n, torch.bfloat16) for n in cuda_main.CUDA_BF16_CONFIGS])
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
-def test_compiles_for_sm90_without_spills(name, rec):
-    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec))
+def test_compiles_for_sm90_without_spills(name, state_dtype, rec):
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype))
     if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:
@@ -118,6 +136,15 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
     assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
+    # a bf16 checkpoint takes its own default shape
+    calls.clear()
+    H, HV, K, V = 1, 2, 128, 128
+    ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2)
+    x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=torch.Generator().manual_seed(2))
+    replay_decode("gdn", *x, torch.zeros(2, HV, V, K, dtype=torch.bfloat16), ring, torch.arange(2, dtype=torch.int32),
+                  L=16, impl="v3")
+    want = cuda_main.CUDA_DEFAULT_BF16
+    assert len(calls) == 1 and calls[0]["config"] == want + (0,) * (5 - len(want))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()

@@ -1378,6 +1378,33 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
 
 
+# the CUDA main launch with a bf16 checkpoint (ST_T, 8-byte loads and rounded stores): each shape of
+# cuda_main.CUDA_BF16_CONFIGS; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16
+# records with fp32 inputs, a caller-owned h
+CUDA_MAIN_BF16_CASES = [("g16w2", "float32", "bfloat16", True, False), ("g16w1", "bfloat16", "float32", False, True),
+                        ("g8w4", "float32", "bfloat16", True, False), ("g8w4_m8", "float32", "bfloat16", False, True),
+                        ("g16w4", "bfloat16", "bfloat16", True, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_MAIN_BF16_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_bf16_state(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
+    """The CUDA main launch on a bf16 checkpoint at the real head sizes, against float64 (the harness's bf16-state
+    tolerances), window switching, forced flushes, pre-folds."""
+    from replayssm_sglang.kernels import cuda_main
+
+    calls = []
+    real_launch = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
+    hz = _real_harness("gdn", state_dtype=torch.bfloat16, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
+                       seed=9, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
+                       v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+    assert len(calls) == 26, "every step's main launch must be the CUDA one"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rec_dtype,qkv_dtype,ring_idx,h_rows,bv", [
