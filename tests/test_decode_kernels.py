@@ -1381,8 +1381,10 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
 # the CUDA main launch with a bf16 checkpoint (ST_T, 8-byte loads and rounded stores): each shape of
 # cuda_main.CUDA_BF16_CONFIGS; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16
 # records with fp32 inputs, a caller-owned h
-CUDA_MAIN_BF16_CASES = [("g16w2", "float32", "bfloat16", True, False), ("g16w1", "bfloat16", "float32", False, True),
-                        ("g8w4", "float32", "bfloat16", True, False), ("g8w4_m8", "float32", "bfloat16", False, True),
+CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
+                        ("g8w1_m32", "bfloat16", "float32", False, True),
+                        ("g8w8_m4", "float32", "bfloat16", True, False),
+                        ("g8w4_m8_late", "float32", "bfloat16", False, True),
                         ("g16w4", "bfloat16", "bfloat16", True, False)]
 
 
