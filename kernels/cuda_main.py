@@ -41,11 +41,11 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # fold spilled), in blocks of 1-8 warps (16 rows per warp, the fp32 shapes' bytes in flight per warp,
                 # was slower: 215.6-216.5 us against 132.8 for g8w4_m8, kernels-20261203-0722)
                 "g8w4_m8": (8, 4, 1, 8), "g8w2_m16": (8, 2, 1, 16), "g8w1_m32": (8, 1, 1, 32), "g8w8_m4": (8, 8, 1, 4),
-                "g8w4_m8_late": (8, 4, 1, 8, 1)}
+                "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1)
-CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w2_m16", "g8w1_m32", "g8w8_m4", "g8w4_m8_late", "g8w4", "g8w2")
+CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8"]
 
 

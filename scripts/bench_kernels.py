@@ -942,7 +942,8 @@ def main():
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
                         if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late",  # (timed slower in runs 2158-2249)
-                                    "g8w4_m8", "g8w2_m16", "g8w1_m32", "g8w8_m4", "g8w4_m8_late"):  # (bf16: cuda16)
+                                    "g8w4_m8", "g8w2_m16", "g8w1_m32", "g8w8_m4", "g8w4_m8_late", "g8w1_m32_late",
+                                    "g8w2_m16_late"):  # (a bf16 checkpoint's shapes: --variants cuda16)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -1017,6 +1018,19 @@ def main():
                             c, torch.float32, impl="v3", server_like=True,
                             v3_opts=dict(main_impl="cuda", _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
+                    if "curr" in variants:  # the closest shapes round-robin (odd rounds reversed), medians
+                        rr = {f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"] for n in _cm.CUDA_BF16_CONFIGS}
+                        graphs = {n: capture_graph(c, r) for n, r in rr.items()}
+                        per = {n: [] for n in rr}
+                        for rnd in range(PLACE_ROUNDS):
+                            for n in (list(rr) if rnd % 2 == 0 else list(rr)[::-1]):
+                                per[n].append(time_replays(c, graphs[n]))
+                            print(f"{kind} bf16 cuda round {rnd}: "
+                                  + " ".join(f"{n} {per[n][-1] * 1e6:6.1f}" for n in rr), flush=True)
+                        meta.setdefault("cu16_rounds", {}).update({f"{kind}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                   for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        del graphs
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

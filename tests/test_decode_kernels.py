@@ -1384,6 +1384,7 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
 CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("g8w1_m32", "bfloat16", "float32", False, True),
                         ("g8w8_m4", "float32", "bfloat16", True, False),
+                        ("g8w1_m32_late", "float32", "bfloat16", True, False),
                         ("g8w4_m8_late", "float32", "bfloat16", False, True),
                         ("g16w4", "bfloat16", "bfloat16", True, False)]
 
