@@ -38,15 +38,18 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
                 "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
                 # for a bf16 checkpoint: 8 rows per warp capped at 64 registers (32 warps per SM; 24-16 bytes of the
-                # fold spilled), in blocks of 1-8 warps (16 rows per warp, the fp32 shapes' bytes in flight per warp,
-                # was slower: 215.6-216.5 us against 132.8 for g8w4_m8, kernels-20261203-0722)
+                # fold spilled), in blocks of 1-8 warps, the coefficients loaded before or after the tile's dots
+                # (16 rows per warp, the fp32 shapes' bytes in flight per warp, was slower: 215.6-216.5 us against
+                # 132.8 for g8w4_m8, kernels-20261203-0722; 2 or 4 warps uncapped, 8 capped: 137.2-139.9, -0804)
                 "g8w4_m8": (8, 4, 1, 8), "g8w2_m16": (8, 2, 1, 16), "g8w1_m32": (8, 1, 1, 32), "g8w8_m4": (8, 8, 1, 4),
                 "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
-# the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1)
+# the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
+# g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
+# 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
-CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8"]
+CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
 
 
 def default_config(state_dtype: torch.dtype) -> tuple:

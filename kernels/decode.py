@@ -35,6 +35,8 @@ Padded rows (slot index < 0) write zeros to their output and touch no state, rec
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -402,6 +404,19 @@ _LAST: dict = {}  # the last launched compiled kernel (n_regs / n_spills for the
 CONFIGS: dict[tuple[str, int], tuple[int, int, int]] = {}
 
 
+def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) -> bool:
+    """The buffered launch of this call would run the CUDA main launch by the environment's preference
+    (REPLAYSSM_MAIN_IMPL=cuda, decode_v3.launch's rule: where cuda_main can run it, in its default shape), so the
+    small-batch policy may use the CUDA kernel's thresholds. A caller's own v3_opts keep the plain thresholds."""
+    if impl not in ("auto", "v3") or v3_opts or ring.rc is not None:
+        return False
+    if os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() != "cuda":
+        return False
+    from replayssm_sglang.kernels import cuda_main
+
+    return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype))
+
+
 def replay_decode(
     kind: str,
     mixed_qkv: torch.Tensor,
@@ -486,7 +501,8 @@ def replay_decode(
     if L is None:
         L = lay.L
     elif L == "auto":
-        L = policy.decode_window(kind, B, state.dtype, lay.L)
+        L = policy.decode_window(kind, B, state.dtype, lay.L,
+                                 cuda_main=_cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts))
     L = int(L)
     if not 1 <= L <= lay.cap:
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")

@@ -37,7 +37,7 @@ import torch
 # buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed).
 # bf16 states stay at window 1: the buffered path measured slower than conventional at every B; still so with the
 # tile's reduction on the tensor cores (decode_v3 tile_mma, 2026-12-01, kernels-20261201-2125 / -2132): GDN
-# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512.
+# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512. (Except GDN with the CUDA main launch: CUDA_SMALL_BATCH_MAX below.)
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("gdn", 4): 32,
@@ -45,16 +45,26 @@ SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("kda", 4): 64,
     ("kda", 2): NEVER,
 }
+# Where the buffered launch's main launch is the CUDA kernel (REPLAYSSM_MAIN_IMPL=cuda, and kernels/cuda_main.py can run
+# this launch): GDN with a bf16 state. Measured 2026-12-03 on one H200 (benchmarks/results/kernels-20261203-0808.json,
+# GDN, the server's arguments, its default shape g8w4_m8_late): buffered 1.10x conventional at B = 128, 1.11x at 256
+# and 512 (upstream's ReplaySSM 1.08-1.11x), against window 1's 0.98-1.06 above; B = 64 was not timed, so window 1
+# stays up to 64.
+CUDA_SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
+    ("gdn", 2): 64,
+}
 
 
-def decode_window(kind: str, B: int, state_dtype: torch.dtype, L: int) -> int:
-    """Window for a decode launch of B rows (the ring's L, or 1 at small batch).
-    REPLAYSSM_DECODE_WINDOW=<int> forces a window (capped at L), for measurements."""
+def decode_window(kind: str, B: int, state_dtype: torch.dtype, L: int, cuda_main: bool = False) -> int:
+    """Window for a decode launch of B rows (the ring's L, or 1 at small batch). cuda_main: the buffered launch
+    would run the CUDA main launch (the caller checked that it can), whose thresholds (CUDA_SMALL_BATCH_MAX) then
+    apply where it has any. REPLAYSSM_DECODE_WINDOW=<int> forces a window (capped at L), for measurements."""
     forced = os.environ.get("REPLAYSSM_DECODE_WINDOW")
     if forced:
         return max(1, min(L, int(forced)))
     es = torch.empty((), dtype=state_dtype).element_size()
-    return 1 if B <= SMALL_BATCH_MAX.get((kind, es), 0) else L
+    table = CUDA_SMALL_BATCH_MAX if cuda_main and (kind, es) in CUDA_SMALL_BATCH_MAX else SMALL_BATCH_MAX
+    return 1 if B <= table.get((kind, es), 0) else L
 
 
 def decode_impl(window: int) -> str:

@@ -105,6 +105,11 @@ ARMS = {
     "ours_w16_cu": ["--enable-linear-replayssm"],
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
+    # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
+    # (REPLAYSSM_MAIN_IMPL=cuda, which reads a bf16 checkpoint; window 16 forced so that the correctness task's batch
+    # of 16 runs the buffered decode too: the policy's own window there is 1, and 16 above B = 64)
+    "conventional_bf16": ["--mamba-ssm-dtype", "bfloat16"],
+    "ours_bf16_cu": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -116,7 +121,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},
            "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
-           "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"}}
+           "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
+           "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

@@ -1169,6 +1169,45 @@ def test_policy_windows(monkeypatch):
     assert policy.decode_window("gdn", 1, torch.float32, 16) == 16
 
 
+def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
+    """Where the buffered launch would run the CUDA main launch, GDN's bf16 state takes its thresholds (buffered above
+    B = 64); everything else keeps the plain ones. replay_decode(L="auto") asks for them only when the environment
+    prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL=cuda) and cuda_main can run the launch."""
+    from replayssm_sglang import policy
+    from replayssm_sglang.kernels import cuda_main, decode
+
+    monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW", raising=False)
+    assert policy.decode_window("gdn", 128, torch.bfloat16, 16, cuda_main=True) == 16
+    assert policy.decode_window("gdn", 64, torch.bfloat16, 16, cuda_main=True) == 1
+    assert policy.decode_window("gdn", 128, torch.bfloat16, 16) == 1
+    for B in (32, 64):  # fp32 GDN and KDA bf16: no CUDA thresholds, the plain ones
+        assert policy.decode_window("gdn", B, torch.float32, 16, cuda_main=True) == policy.decode_window(
+            "gdn", B, torch.float32, 16)
+    assert policy.decode_window("kda", 512, torch.bfloat16, 16, cuda_main=True) == 1
+
+    seen = []
+    real = policy.decode_window
+    monkeypatch.setattr(policy, "decode_window", lambda *a, **kw: seen.append(kw.get("cuda_main")) or real(*a, **kw))
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: None)  # (a CUDA main launch would run: not on a CPU)
+    H, HV, K, V = 1, 2, 128, 128
+    ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2)
+    x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=torch.Generator().manual_seed(3))
+    state = torch.zeros(2, HV, V, K, dtype=torch.bfloat16)
+
+    def run(**kw):
+        decode.replay_decode("gdn", *x, state, ring, torch.arange(2, dtype=torch.int32), L="auto", **kw)
+        return seen.pop()
+
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
+    monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
+    assert run() is False  # no preference
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
+    assert run() is True
+    assert run(impl="v3", v3_opts=dict(main_impl="triton")) is False  # a caller's own options: the plain thresholds
+    monkeypatch.setattr(cuda_main, "usable", lambda *a: False)
+    assert run() is False  # it cannot run here
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
