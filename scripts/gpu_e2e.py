@@ -110,6 +110,8 @@ ARMS = {
     # of 16 runs the buffered decode too: the policy's own window there is 1, and 16 above B = 64)
     "conventional_bf16": ["--mamba-ssm-dtype", "bfloat16"],
     "ours_bf16_cu": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    # the same at the policy's windows (1 up to B = 64, 16 above where the CUDA main launch runs)
+    "ours_bf16_cu_policy": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -122,7 +124,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},
            "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
-           "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"}}
+           "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
+           "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
