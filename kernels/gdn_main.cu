@@ -36,7 +36,7 @@
 #define ST_T float  // the checkpoint's element type (cuda_main.py passes it)
 #endif
 #ifndef LOAD_REG
-#define LOAD_REG 0  // 1: the tile is loaded into registers (16-byte loads, RPW per lane) instead of shared memory
+#define LOAD_REG 0  // 1: the tile is loaded into registers (RPW 16- or 8-byte loads per lane) instead of shared memory
 #endif
 #ifndef LATE_COEF
 #define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     const ST_T* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
 #if LOAD_REG
-    // the warp's rows of the checkpoint: RPW 16-byte loads per lane, all in flight at once
+    // the warp's rows of the checkpoint: RPW loads per lane (16 bytes each for fp32, 8 for bf16), all in flight at once
     float4 c[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
