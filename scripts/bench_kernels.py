@@ -336,6 +336,19 @@ def time_replays(c: Case, g) -> float:
     return tt.do_bench(g.replay, warmup=20, rep=120, return_mode="median") * 1e-3 / c.NSTEPS
 
 
+def round_robin(c: Case, runs: dict, label: str) -> dict:
+    """Each run's graph timed in turn over PLACE_ROUNDS rounds, odd rounds in the reverse order (is a difference the
+    arms' or their turn's?); prints every round as "<label> round r: name us ..." and returns each run's seconds per
+    step, one per round."""
+    graphs = {n: capture_graph(c, r) for n, r in runs.items()}
+    per = {n: [] for n in runs}
+    for rnd in range(PLACE_ROUNDS):
+        for n in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
+            per[n].append(time_replays(c, graphs[n]))
+        print(f"{label} round {rnd}: " + " ".join(f"{n} {per[n][-1] * 1e6:6.1f}" for n in runs), flush=True)
+    return per
+
+
 def gpu_clocks() -> str:
     """The SM and memory clocks, temperature, power and the active clock-event (throttle) reasons bit mask as
     nvidia-smi reads them now (without the reasons where this nvidia-smi does not know the field; "" without
@@ -988,19 +1001,11 @@ def main():
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                              "v3_sl_sp_rr": arms["v3_sl_sp"]}
-                        graphs = {n: capture_graph(c, r) for n, r in rr.items()}
-                        per = {n: [] for n in rr}
-                        for rnd in range(PLACE_ROUNDS):
-                            for n in (list(rr) if rnd % 2 == 0 else list(rr)[::-1]):
-                                per[n].append(time_replays(c, graphs[n]))
-                            print(f"{kind} cuda round {rnd}: " + " ".join(f"{n} {per[n][-1] * 1e6:6.1f}" for n in rr),
-                                  flush=True)
+                        per = round_robin(c, {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
+                                              "v3_sl_sp_rr": arms["v3_sl_sp"]}, f"{kind} cuda")
                         meta.setdefault("cu_rounds", {}).update({f"{kind}/{n}": [t * 1e6 for t in v]
                                                                  for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                        del graphs
                 if v3 and "cuda16" in variants and kind == "gdn" and sdt == "bfloat16" and B >= 128:
                     # a bf16 checkpoint through the CUDA main launch (gdn_main.cu's ST_T, 8-byte loads), as the server
                     # launches it (fp32 records), in each shape of cuda_main.CUDA_BF16_CONFIGS, beside V3_TUNED's
@@ -1019,18 +1024,11 @@ def main():
                             v3_opts=dict(main_impl="cuda", _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the closest shapes round-robin (odd rounds reversed), medians
-                        rr = {f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"] for n in _cm.CUDA_BF16_CONFIGS}
-                        graphs = {n: capture_graph(c, r) for n, r in rr.items()}
-                        per = {n: [] for n in rr}
-                        for rnd in range(PLACE_ROUNDS):
-                            for n in (list(rr) if rnd % 2 == 0 else list(rr)[::-1]):
-                                per[n].append(time_replays(c, graphs[n]))
-                            print(f"{kind} bf16 cuda round {rnd}: "
-                                  + " ".join(f"{n} {per[n][-1] * 1e6:6.1f}" for n in rr), flush=True)
+                        per = round_robin(c, {f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"]
+                                              for n in _cm.CUDA_BF16_CONFIGS}, f"{kind} bf16 cuda")
                         meta.setdefault("cu16_rounds", {}).update({f"{kind}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                        del graphs
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors
