@@ -56,6 +56,18 @@ def default_config(state_dtype: torch.dtype) -> tuple:
     """The block shape a launch takes when none is asked, by the checkpoint's element type."""
     return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
 
+
+def asked_config(cuda_config, state_dtype: torch.dtype):
+    """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by
+    decode_v3.launch), None the default for the checkpoint's element type."""
+    return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype)
+
+
+def env_main_impl() -> str:
+    """REPLAYSSM_MAIN_IMPL (how a server prefers a main launch), stripped and lower-cased; "" when unset.
+    decode_v3.launch refuses values other than "triton" and "cuda"."""
+    return os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower()
+
 _CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half",
            torch.int32: "int", torch.int64: "long long", torch.bool: "bool", torch.uint8: "unsigned char",
            torch.int8: "signed char"}

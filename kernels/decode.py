@@ -35,8 +35,6 @@ Padded rows (slot index < 0) write zeros to their output and touch no state, rec
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -410,10 +408,10 @@ def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) ->
     small-batch policy may use the CUDA kernel's thresholds. A caller's own v3_opts keep the plain thresholds."""
     if impl not in ("auto", "v3") or v3_opts or ring.rc is not None:
         return False
-    if os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() != "cuda":
-        return False
     from replayssm_sglang.kernels import cuda_main
 
+    if cuda_main.env_main_impl() != "cuda":
+        return False
     return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype))
 
 

@@ -1089,7 +1089,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip() if self_pre is None else ""
     if env_sp not in ("", "0", "1"):
         raise ValueError(f"REPLAYSSM_SELF_PRE must be 0 or 1, got {env_sp!r}")
-    env_cuda = main_impl is None and os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() == "cuda"
+    env_cuda = main_impl is None and cuda_main.env_main_impl() == "cuda"
     sp_why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
               "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
               "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
@@ -1133,7 +1133,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     lb = float(lower_bound if lower_bound is not None else 0.0)
     # the main launch's implementation: the caller's, else the environment's preference (REPLAYSSM_MAIN_IMPL=cuda: the
     # CUDA main launch wherever it can run, Triton's elsewhere; how a server opts in), else V3_TUNED's
-    env_impl = os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() if main_impl is None else ""
+    env_impl = cuda_main.env_main_impl() if main_impl is None else ""
     if env_impl not in ("", "triton", "cuda"):
         raise ValueError(f"REPLAYSSM_MAIN_IMPL must be 'triton' or 'cuda', got {env_impl!r}")
     impl_main = main_impl if main_impl is not None else (env_impl or tuned.get("main_impl", "triton"))
@@ -1141,13 +1141,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
     if self_pre:
         impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form)
+    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
-            kind, state, ring, lower_bound, K, V, cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config)
-            if cuda_config else cuda_main.default_config(state.dtype)):
+            kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
     if impl_main == "cuda":
-        cuda_cfg = (cuda_main.CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
-                    else cuda_main.default_config(state.dtype))
         if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
             cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
         if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
