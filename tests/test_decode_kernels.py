@@ -1405,13 +1405,20 @@ CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloa
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cfg,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_MAIN_CASES, ids=str)
 def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
+    _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, torch.float32, seed=5)
+
+
+def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, state_dtype, seed):
+    """26 steps of the real-shape harness with the CUDA main launch in shape cfg, against float64 (window switching,
+    forced flushes, pre-folds, staggered cursors), every step's main launch the CUDA one."""
     from replayssm_sglang.kernels import cuda_main
 
     calls = []
     real_launch = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
-    hz = _real_harness("gdn", rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype], seed=5, impl="v3",
-                       ring_idx=ring_idx, h_rows=h_rows, v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+    hz = _real_harness("gdn", state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
+                       seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
+                       v3_opts=dict(main_impl="cuda", cuda_config=cfg))
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
@@ -1434,17 +1441,7 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
 def test_gpu_real_shapes_cuda_main_bf16_state(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
     """The CUDA main launch on a bf16 checkpoint at the real head sizes, against float64 (the harness's bf16-state
     tolerances), window switching, forced flushes, pre-folds."""
-    from replayssm_sglang.kernels import cuda_main
-
-    calls = []
-    real_launch = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
-    hz = _real_harness("gdn", state_dtype=torch.bfloat16, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
-                       seed=9, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
-                       v3_opts=dict(main_impl="cuda", cuda_config=cfg))
-    st = hz.run(26)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
-    assert len(calls) == 26, "every step's main launch must be the CUDA one"
+    _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, torch.bfloat16, seed=9)
 
 
 @pytest.mark.gpu
