@@ -1,4 +1,5 @@
-"""Decode v3's main launch for GDN with an fp32 or bf16 checkpoint, in CUDA (``gdn_main.cu``; opt-in:
+"""Decode v3's main launch for GDN, and for KDA with predecayed key records, with an fp32 or bf16 checkpoint, in CUDA
+(``gdn_main.cu``; opt-in:
 ``decode_v3.launch(main_impl="cuda")`` or ``REPLAYSSM_MAIN_IMPL=cuda`` in the environment; docs/design.md
 "Session 26").
 
@@ -42,7 +43,10 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # (16 rows per warp, the fp32 shapes' bytes in flight per warp, was slower: 215.6-216.5 us against
                 # 132.8 for g8w4_m8, kernels-20261203-0722; 2 or 4 warps uncapped, 8 capped: 137.2-139.9, -0804)
                 "g8w4_m8": (8, 4, 1, 8), "g8w2_m16": (8, 2, 1, 16), "g8w1_m32": (8, 1, 1, 32), "g8w8_m4": (8, 8, 1, 4),
-                "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1)}
+                "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1),
+                # KDA's bf16 checkpoint: at 64 registers its per-column G_t spills 40-80 bytes (ptxas sm_90); capped at
+                # 72 with the coefficients late, none
+                "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
@@ -50,17 +54,23 @@ CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
+# KDA (predecayed keys): fp32 takes GDN's default (80 registers, no spills, like GDN's); a bf16 checkpoint the
+# 72-register shape (not yet timed against the others: the benchmark's --variants cudakda times them)
+CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4")
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_late"]
 
 
-def default_config(state_dtype: torch.dtype) -> tuple:
-    """The block shape a launch takes when none is asked, by the checkpoint's element type."""
-    return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
+def default_config(state_dtype: torch.dtype, kind: str = "gdn") -> tuple:
+    """The block shape a launch takes when none is asked, by the kind and the checkpoint's element type."""
+    if state_dtype == torch.bfloat16:
+        return CUDA_DEFAULT_KDA_BF16 if kind == "kda" else CUDA_DEFAULT_BF16
+    return CUDA_DEFAULT
 
 
-def asked_config(cuda_config, state_dtype: torch.dtype):
+def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):
     """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by
-    decode_v3.launch), None the default for the checkpoint's element type."""
-    return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype)
+    decode_v3.launch), None the default for the kind and the checkpoint's element type."""
+    return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype, kind)
 
 
 def env_main_impl() -> str:
@@ -110,9 +120,12 @@ def ctype(dtype: torch.dtype) -> str:
 
 def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
-            k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32) -> dict:
-    """The compile-time parameters of one build of gdn_main.cu (its -D macros)."""
+            k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
+            lower_bound=False) -> dict:
+    """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
+    records; lower_bound: KDA's safe gate (its value is a launch argument)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
+            "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
@@ -251,15 +264,19 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
-    if kind != "gdn":
-        return "it is written for GDN only"
+    if kind not in ("gdn", "kda"):
+        return "it is written for GDN and KDA only"
+    if kind == "kda" and not ring.predecayed:
+        return "KDA needs predecayed key records (kda_keys='predecayed', the server's default without speculative decoding)"
+    if kind == "kda" and not load_reg:
+        return "KDA is written for the tile in registers (load_reg 1, the g* shapes)"
     if state.dtype not in (torch.float32, torch.bfloat16):
         return "it needs an fp32 or bf16 state"
     if state.dtype == torch.bfloat16 and not load_reg:
         return "a bf16 state is read into registers (load_reg 1, the g* shapes)"
     if ring.rc is not None:
         return "it has no read copy"
-    if lower_bound is not None:
+    if lower_bound is not None and kind == "gdn":
         return "GDN's gate has no lower bound"
     if K != 128:
         return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
@@ -300,11 +317,12 @@ def _obtainable() -> bool:
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
-           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False):
-    """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: default_config(state.dtype));
+           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None):
+    """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
+    reads the ring's overflow flags, ring.ovf, which its pre launch raised).
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: default_config(state.dtype, kind));
     diag_stream: the benchmark's diagnostic."""
-    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or default_config(state.dtype)), 0)[:5]
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or default_config(state.dtype, kind)), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
@@ -315,12 +333,16 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
                    dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
-                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype)
+                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
+                   kind=kind, lower_bound=lower_bound is not None)
+    if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
+        raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     f = function(defs, state.device)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
-            ptr(coef), ptr(scal), ctypes.c_float(scale), ctypes.c_int(int(L)),
+            ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None), ctypes.c_float(scale),
+            ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])

@@ -412,7 +412,7 @@ def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) ->
 
     if cuda_main.env_main_impl() != "cuda":
         return False
-    return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype))
+    return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype, kind))
 
 
 def replay_decode(

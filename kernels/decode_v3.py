@@ -1048,7 +1048,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     where it cannot run, the launch says why; the environment's preference falls back to Triton there.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
     to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None:
-    cuda_main.default_config(state.dtype)).
+    cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
@@ -1141,7 +1141,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
     if self_pre:
         impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form)
-    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype)
+    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
@@ -1210,7 +1210,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
-                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0))
+                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0), kind=kind,
+                         lower_bound=lower_bound)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

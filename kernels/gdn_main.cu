@@ -1,5 +1,6 @@
-// The main launch of decode v3 for GDN with an fp32 or bf16 checkpoint and no read copy, written in CUDA for sm_90
-// (kernels/cuda_main.py builds and launches it; decode_v3.launch(main_impl="cuda") picks it).
+// The main launch of decode v3 for GDN, and for KDA with predecayed key records (IS_KDA), with an fp32 or bf16
+// checkpoint and no read copy, written in CUDA for sm_90 (kernels/cuda_main.py builds and launches it;
+// decode_v3.launch(main_impl="cuda") picks it).
 //
 // It computes exactly what decode_v3's Triton main launch (_main_tile, fp32 state, no read copy, GDN) computes,
 // for one (row, value head, V-tile) per block, and takes the pre launch's coefficients (coef, scal) the same way:
@@ -8,6 +9,11 @@
 //   u_t = beta (v - Ck - sum_j u_j ck_j),  o = Cq + sum_j u_j cq_j + u_t <k~, q~>
 //   flush / pre-fold: C <- C e^{G_f} + sum_{j<h} u_j e^{G_f - G_j} k_j^T (+ u_t k~^T on a flush), stored
 //   no flush: u_t appended to the ring at h_eff.
+// KDA (IS_KDA; the ring's keys predecayed, k_j e^{-G_j}, docs/design.md "Pre-decayed KDA keys"): the decay is per K
+// column, so there is no scalar e^{G_t}: each lane makes e^{G_t} of its 4 columns (G_t = G_{h-1} + g_t, SGLang's KDA
+// gate) and multiplies its q and k by it before the tile's dots; the fold decays the tile by e^{G_f} per column and
+// every record key by the same e^{G_f} (applied in two halves, e^{G_f/2} twice, as the Triton launches do), with no
+// per-record weight; the pre launch's overflow flags (ovf) turn a pre-fold into a flush or rebase one head.
 // What differs is how the tile moves and where the fold runs. LOAD_REG = 1 (the default shapes, "g*"): each lane
 // loads its 16 bytes of each of the warp's 8 rows straight into registers, all in flight at once, and every load
 // that does not need the tile (records, value, beta, the pre launch's coefficients, a folding row's G and gate
@@ -32,6 +38,12 @@
 #error "cuda_main.py passes the shapes: -DH_=.. -DHV_=.. -DV_=.. -DCAP_=.. -DBC_=.. -DRPW=.. -DNWARPS=.."
 #endif
 #define K_ 128
+#ifndef IS_KDA
+#define IS_KDA 0  // 1: KDA (per-K decay, predecayed key records, the pre launch's overflow flags)
+#endif
+#ifndef USE_LOWER_BOUND
+#define USE_LOWER_BOUND 0  // KDA's safe gate g = lower_bound sigmoid(e^{A_log} (a + dt_bias)) instead of SGLang's
+#endif
 #ifndef ST_T
 #define ST_T float  // the checkpoint's element type (cuda_main.py passes it)
 #endif
@@ -52,12 +64,14 @@
 #error "LOAD_REG needs a ring capacity that is a multiple of KB"
 #endif
 #define VT (RPW * NWARPS)
+#define HK_ (IS_KDA ? HV_ : H_)  // key heads of the ring's key records (KDA: one per value head)
 #define NG (32 / RPW)      // lanes per row after the reduction: each holds JPL of the row's CAP record positions
 #define JPL (CAP_ / NG)
 #if (CAP_ % (4 * NG)) != 0
 #error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
 #endif
 static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
+static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
 #if (V_ % VT) != 0
 #error "the V-tile must divide V"
 #endif
@@ -160,6 +174,36 @@ template <>
 __device__ __forceinline__ float4 load4<float>(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
+// four consecutive elements as fp32 with no alignment assumed (KDA's gate inputs: a may be a strided view)
+template <typename T>
+__device__ __forceinline__ float4 load4_any(const T* p) {
+    return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
+}
+__device__ __forceinline__ float4 mul4(float4 x, float4 y) { return make_float4(x.x * y.x, x.y * y.y, x.z * y.z, x.w * y.w); }
+__device__ __forceinline__ float4 exp4(float4 x, float s) {
+    return make_float4(expf(s * x.x), expf(s * x.y), expf(s * x.z), expf(s * x.w));
+}
+
+// one column's log-decay from x = a + dt_bias: SGLang's gate -e^{A_log} softplus(x) (softplus(x) = x above 20), or
+// KDA's safe gate lower_bound sigmoid(e^{A_log} x)
+__device__ __forceinline__ float gate_of(float x, float a_log, float lower_bound) {
+#if USE_LOWER_BOUND
+    return lower_bound / (1.0f + expf(-expf(a_log) * x));
+#else
+    return -expf(a_log) * (x <= 20.0f ? logf(1.0f + expf(x)) : x);
+#endif
+}
+
+// KDA: G_{h-1} (G_last, zero without records) and G_t = G_{h-1} + g_t of this lane's 4 columns (a, dt_bias at them)
+template <typename TA, typename TD>
+__device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* a, const TD* dt_bias, float a_log,
+                                      float lower_bound, int lane, float4& G_last, float4& G_t) {
+    G_last = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 x = load4_any(a), d = load4_any(dt_bias);
+    G_t = make_float4(G_last.x + gate_of(x.x + d.x, a_log, lower_bound), G_last.y + gate_of(x.y + d.y, a_log, lower_bound),
+                      G_last.z + gate_of(x.z + d.z, a_log, lower_bound), G_last.w + gate_of(x.w + d.w, a_log, lower_bound));
+}
 
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
@@ -167,8 +211,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
-    const float* __restrict__ coef, const float* __restrict__ scal, float scale, int L, long long stride_qkv,
-    long long stride_a, long long stride_b, long long stride_slot) {
+    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf, float scale,
+    float lower_bound, int L, long long stride_qkv, long long stride_a, long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -182,7 +226,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int i_v = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;  // rows outermost: a row's blocks together
-    const int i_h = hv / (HV_ / H_);                              // GDN: key head = query head
+    const int i_h = hv / (HV_ / H_);                              // the query head (q and k come from it)
+    const int i_hk = IS_KDA ? hv : i_h;                           // the key head of the records: KDA's per value head
     const int wrow0 = i_v * VT + warp * RPW;                      // the warp's first V-row
 
     long long slot = static_cast<long long>(slot_idx[n]);
@@ -221,14 +266,22 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
     const int h_old = ring_h[rrow];
 #endif
-    const bool prefold = h_old >= L;
+    bool prefold = h_old >= L;  // (KDA: the pre launch's overflow flags may still turn it into a flush, below)
     const int h_eff = prefold ? 0 : h_old;
 #if HAS_FORCED
     const bool is_forced = forced[n] != 0;
 #else
     const bool is_forced = false;
 #endif
-    const bool flush = (h_eff + 1 >= L) || is_forced;
+    bool flush = (h_eff + 1 >= L) || is_forced;
+#if IS_KDA
+    // G_t = G_{h-1} + g_t of this lane's 4 columns: every row needs it (q and k times e^{G_t} before the dots), so
+    // it is loaded for all rows beside the tile (and kept for the fold's per-column decay)
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_ * K_;
+    float4 G_last4, G_t4;
+    kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
+          lower_bound, lane, G_last4, G_t4);
+#else
     // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
     // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
     const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
@@ -238,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
         a_log = to_f(A_log[hv]);
     }
+#endif
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     const float4 q4 = load4(px + i_h * K_ + 4 * lane);
     const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
@@ -245,6 +299,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float n_k = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
     const float s_q = scale / sqrtf(n_q + 1e-6f);
     const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+#if IS_KDA
+    const float4 e_t4 = exp4(G_t4, 1.0f);
+    const float4 qd = mul4(q4, e_t4), kd = mul4(k4, e_t4);  // the tile's dots take q e^{G_t}, k e^{G_t} (norms: raw)
+#else
+    const float4 qd = q4, kd = k4;
+#endif
 
     // this lane's row's records, value and beta: nothing here needs the tile or the pre launch, so their loads
     // are in flight beside the tile's
@@ -271,8 +331,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
         *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
     }
-    const float e_t = scal[nh * 2];
+    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
     const float kq = scal[nh * 2 + 1];
+#if IS_KDA
+    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
+#endif
 #endif
 
     // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
@@ -280,16 +343,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if LOAD_REG
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
-        aq[i] = c[i].x * q4.x + c[i].y * q4.y + c[i].z * q4.z + c[i].w * q4.w;
-        ak[i] = c[i].x * k4.x + c[i].y * k4.y + c[i].z * k4.z + c[i].w * k4.w;
+        aq[i] = c[i].x * qd.x + c[i].y * qd.y + c[i].z * qd.z + c[i].w * qd.w;
+        ak[i] = c[i].x * kd.x + c[i].y * kd.y + c[i].z * kd.z + c[i].w * kd.w;
     }
 #else
     mbar_wait(&mbar[warp], 0);
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
         const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
-        aq[i] = ci.x * q4.x + ci.y * q4.y + ci.z * q4.z + ci.w * q4.w;
-        ak[i] = ci.x * k4.x + ci.y * k4.y + ci.z * k4.z + ci.w * k4.w;
+        aq[i] = ci.x * qd.x + ci.y * qd.y + ci.z * qd.z + ci.w * qd.w;
+        ak[i] = ci.x * kd.x + ci.y * kd.y + ci.z * kd.z + ci.w * kd.w;
     }
 #endif
     float Cq = reduce_scatter<RPW>(aq, lane) * s_q;
@@ -306,16 +369,30 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
         *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
     }
-    const float e_t = scal[nh * 2];
+    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
     const float kq = scal[nh * 2 + 1];
+#if IS_KDA
+    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
+#endif
 #endif
 #if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
     return;
 #endif
+#if IS_KDA
+    const float beta = 1.0f / (1.0f + expf(-b_val));
+    // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
+    // appends, such a head is rebased: folded through this token like a flush, this head alone
+    flush = flush || ov_row != 0;
+    prefold = prefold && ov_row == 0;
+    const bool rebase = ov_head != 0 && !flush && !prefold;
+#else
     const float beta = round_as(1.0f / (1.0f + __expf(-b_val)), static_cast<B_T*>(nullptr));
     Cq *= e_t;
     Ck *= e_t;
+    const bool rebase = false;
+#endif
+    const bool tok = flush || rebase;  // the fold (if any) takes this token too
 
 
     float sq = 0.0f, sk = 0.0f;
@@ -333,9 +410,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float o = Cq + sq + u_t * kq;
     if (lane < RPW) from_f(out + nh * V_ + v, o);
 
-    if ((flush || prefold) && DIAG_STREAM != 2) {
-        // write the checkpoint: fold the h_old records (and this token on a flush) into the tile
-        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+    if ((flush || prefold || rebase) && DIAG_STREAM != 2) {
+        // write the checkpoint: fold the h_old records (and this token on a flush or a rebase) into the tile
+        const KR_T* base_k = ring_k + ((rrow * HK_ + i_hk) * CAP_) * K_ + 4 * lane;
 #if LOAD_REG
         // what the fold reads, issued together before anything waits on it (a loop over the records would wait
         // for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a moment
@@ -346,24 +423,33 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
         for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
 #endif
+        float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
+#if IS_KDA
+        // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice
+        const float4 G_f4 = tok ? G_t4 : G_last4;
+        const float4 eG = exp4(G_f4, 1.0f), eh = exp4(G_f4, 0.5f);
+#pragma unroll
+        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] : 0.0f;
+#else
         const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
         const float g_t = -expf(a_log) * sp;
-        const float G_f = flush ? G_last + g_t : G_last;
-        float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
+        const float G_f = tok ? G_last + g_t : G_last;
+        const float eG1 = expf(G_f);
+        const float4 eG = make_float4(eG1, eG1, eG1, eG1);
 #pragma unroll
         for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
-        if (lane < RPW) uasm[warp * RPW + r] = flush ? u_t : 0.0f;
+#endif
+        if (lane < RPW) uasm[warp * RPW + r] = tok ? u_t : 0.0f;
         __syncwarp();
         const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
-        const float eG = expf(G_f);
         ST_T* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
 #if LOAD_REG
         // decayed, this token added, then KB records at a time over all rows
 #pragma unroll
         for (int i = 0; i < RPW; ++i) {
             const float ua = uasm[warp * RPW + i];
-            c[i] = make_float4(c[i].x * eG + ua * kn.x, c[i].y * eG + ua * kn.y, c[i].z * eG + ua * kn.z,
-                               c[i].w * eG + ua * kn.w);
+            c[i] = make_float4(c[i].x * eG.x + ua * kn.x, c[i].y * eG.y + ua * kn.y, c[i].z * eG.z + ua * kn.z,
+                               c[i].w * eG.w + ua * kn.w);
         }
 #pragma unroll 1
         for (int jb = 0; jb < CAP_; jb += KB) {
@@ -373,6 +459,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 for (int t = 0; t < KB; ++t)
                     rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+#if IS_KDA
+#pragma unroll
+            for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
+#endif
 #pragma unroll
             for (int t = 0; t < KB; ++t) {
 #pragma unroll
@@ -395,8 +485,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         for (int i = 0; i < RPW; ++i) {
             const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
             const float ua = uasm[warp * RPW + i];
-            float4 s = make_float4(ci.x * eG + ua * kn.x, ci.y * eG + ua * kn.y, ci.z * eG + ua * kn.z,
-                                   ci.w * eG + ua * kn.w);
+            float4 s = make_float4(ci.x * eG.x + ua * kn.x, ci.y * eG.y + ua * kn.y, ci.z * eG.z + ua * kn.z,
+                                   ci.w * eG.w + ua * kn.w);
             const float* w = wsm + (warp * RPW + i) * BC_;
 #pragma unroll
             for (int j = 0; j < CAP_; ++j) {

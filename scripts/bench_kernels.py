@@ -46,6 +46,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cuda16, GDN bf16 state, B >= 128) the server's launch with the main launch in CUDA for a
               bf16 checkpoint, in each shape of cuda_main.CUDA_BF16_CONFIGS; _r16 bf16 records; _main, _pre,
               _premain the step split; _stream / _nofold diagnostics (wrong results)
+  v3_sl_cu_* (--variants cudakda, KDA, fp32 or bf16 state, B >= 128) the server's launch (predecayed keys) with
+              KDA's main launch in CUDA (gdn_main.cu's IS_KDA), in its state's shapes; _r16, _nopdl, _main, _pre,
+              _premain, _stream, _nofold as above; with --variants cudakda,curr the shapes and v3_sl round-robin
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
               key head's records itself): 32-row tiles (v3_sl_sp, and _r16 with bf16 records), 64-row tiles with
               1 or 2 warps (v3_sl_sp64w1, v3_sl_sp64w2)
@@ -1028,6 +1031,35 @@ def main():
                                               for n in _cm.CUDA_BF16_CONFIGS}, f"{kind} bf16 cuda")
                         meta.setdefault("cu16_rounds", {}).update({f"{kind}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "cudakda" in variants and kind == "kda" and B >= 128:
+                    # KDA's main launch in CUDA (gdn_main.cu's IS_KDA: predecayed keys), as the server launches it
+                    # (fp32 records, predecayed keys), fp32 or bf16 checkpoint, in each shape of its state's list,
+                    # beside V3_TUNED's Triton launch (v3_sl); the default shape's step split and streaming floor;
+                    # with "curr" the Triton launch and the shapes round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm
+
+                    kk = dict(kda_keys="predecayed", server_like=True)
+                    names = ("g8w4", "g8w2", "g8w8") if sdt == "float32" else _cm.CUDA_KDA_BF16_CONFIGS
+                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **kk)
+                    for name in names:
+                        arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", **kk,
+                                                            v3_opts=dict(main_impl="cuda", cuda_config=name))
+                    arms["v3_sl_cu_r16"] = arm_ours(c, torch.bfloat16, impl="v3", **kk, v3_opts=dict(main_impl="cuda"))
+                    if sdt == "float32":
+                        arms["v3_sl_cu_nopdl"] = arm_ours(c, torch.float32, impl="v3", **kk,
+                                                          v3_opts=dict(main_impl="cuda", pdl=False))
+                    arms["v3_sl_main"] = arm_ours(c, torch.float32, impl="v3", **kk, v3_opts=dict(_diag_parts="main"))
+                    for dg in ("main", "pre", "pre+main", "stream", "nofold"):
+                        arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
+                            c, torch.float32, impl="v3", **kk, v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                    arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
+                    if "curr" in variants:
+                        rr = {"v3_sl_rr": arms["v3_sl"]}
+                        rr.update({f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"] for n in names})
+                        per = round_robin(c, rr, f"{kind} {sdt} cuda")
+                        meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered

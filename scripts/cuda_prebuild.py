@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 GDN = dict(H=16, HV=32, V=128, cap=16, BC=16)
+KDA = dict(H=32, HV=32, V=128, cap=16, BC=16)  # (with kind="kda": predecayed keys)
 
 
 def combos():
@@ -37,14 +38,23 @@ def combos():
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
-    for cfg, pdl, diag, rec, sdt in server:
+    server = [(*x, "gdn") for x in server]
+    # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in ("g8w4", "g8w2", "g8w8")]
+    server += [(cm.CUDA_DEFAULT, True, d, r, F32, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
+    server += [(cm.CUDA_DEFAULT, False, 0, F32, F32, "kda")]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
+    server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
+    for cfg, pdl, diag, rec, sdt, kind in server:
         rpw, nw, lr, mb, late = (*cfg, 0)[:5]
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, diag_stream=diag,
+        out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
+                              late_coef=late, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
-                              k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt))
+                              k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
+                              kind=kind))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
-    from test_decode_kernels import CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES
+    from test_decode_kernels import CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES
 
     cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, F32) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
@@ -56,6 +66,14 @@ def combos():
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
+    for c, sdt, rec, qkv, ri, lb, _ in CUDA_MAIN_KDA_CASES:
+        rpw, nw, lr, mb, late = (*cm.CUDA_CONFIGS.get(c, c), 0)[:5]
+        rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
+        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=False,
+                              has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
+                              alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
+                              forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",
+                              lower_bound=lb is not None))
     return out
 
 

@@ -1,6 +1,7 @@
 """The CUDA main launch (kernels/gdn_main.cu, kernels/cuda_main.py) on the CPU: where it refuses to run and why,
-and (where nvcc exists: scripts/setup-nvcc) that every block shape compiles for sm_90 without spills. Its
-arithmetic is checked against float64 on the GPU (tests/test_decode_kernels.py, test_gpu_real_shapes_cuda_main)."""
+and (where nvcc exists: scripts/setup-nvcc) that every block shape compiles for sm_90 without spills, for GDN and for
+KDA. Its arithmetic is checked against float64 on the GPU (tests/test_decode_kernels.py,
+test_gpu_real_shapes_cuda_main*)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from replayssm_sglang.kernels import cuda_main
 from replayssm_sglang.kernels.decode import replay_decode
 
 
-def _launch(kind="gdn", state_dtype=torch.float32, read_dtype="same", **v3_opts):
+def _launch(kind="gdn", state_dtype=torch.float32, read_dtype="same", kda_keys="raw", **v3_opts):
     H, HV, K, V = (1, 2, 128, 128) if kind == "gdn" else (2, 2, 128, 128)
     lay = ringmod.RingLayout.for_layer(kind, L=16, H=H, HV=HV, K=K, V=V)
-    ring = lay.allocate(2, read_dtype=read_dtype)
+    ring = lay.allocate(2, read_dtype=read_dtype, kda_keys=kda_keys)
     state = torch.zeros(2, HV, V, K, dtype=state_dtype)
     x = R.random_decode_inputs(kind, 2, H, HV, K, V, generator=torch.Generator().manual_seed(0))
     slot = torch.arange(2, dtype=torch.int32)
@@ -31,15 +32,30 @@ def test_refuses_ring_capacity_the_layout_cannot_split():
                                     or "")
 
 
-@pytest.mark.parametrize("kind,state_dtype,read_dtype,why", [
-    ("gdn", torch.float32, "same", "needs a CUDA GPU"),
-    ("kda", torch.float32, "same", "GDN only"),
-    ("gdn", torch.bfloat16, "same", "needs a CUDA GPU"),  # (a bf16 state can take it: the registers shapes)
-    ("gdn", torch.float32, "bf16", "no read copy"),
+@pytest.mark.parametrize("kind,state_dtype,read_dtype,kda_keys,why", [
+    ("gdn", torch.float32, "same", "raw", "needs a CUDA GPU"),
+    ("kda", torch.float32, "same", "raw", "predecayed key records"),
+    ("kda", torch.float32, "same", "predecayed", "needs a CUDA GPU"),  # (KDA with the server's keys can take it)
+    ("kda", torch.bfloat16, "same", "predecayed", "needs a CUDA GPU"),
+    ("gdn", torch.bfloat16, "same", "raw", "needs a CUDA GPU"),  # (a bf16 state can take it: the registers shapes)
+    ("gdn", torch.float32, "bf16", "raw", "no read copy"),
+    ("kda", torch.float32, "bf16", "predecayed", "no read copy"),
 ])
-def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, why):
+def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, kda_keys, why):
     with pytest.raises(ValueError, match=why):
-        _launch(kind, state_dtype, read_dtype)
+        _launch(kind, state_dtype, read_dtype, kda_keys)
+
+
+def test_kda_refusals():
+    """KDA takes the registers shapes only (the shared-memory form is GDN's), and a lower bound (KDA's safe gate)
+    where GDN refuses one."""
+    lay = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128)
+    ring = lay.allocate(1, kda_keys="predecayed")
+    st = torch.zeros(1, 2, 128, 128)
+    why = lambda lb, cfg: cuda_main.unavailable_reason("kda", st, ring, lb, 128, 128, *cfg)  # noqa: E731
+    assert "registers" in why(None, cuda_main.CUDA_CONFIGS["r16w4"])
+    assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_DEFAULT)
+    assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_DEFAULT)
 
 
 def test_state_dtypes():
@@ -79,24 +95,28 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=torch.float32):
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=torch.float32, kind="gdn"):
     *late, rec = late_and_rec
-    return cuda_main.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
+    return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
                              min_blocks=min_blocks, late_coef=(late or [0])[0],
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
                              slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64,
-                             state_dtype=state_dtype)
+                             state_dtype=state_dtype, kind=kind)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name,state_dtype", [(n, torch.float32) for n in cuda_main.CUDA_CONFIGS]
-                         + [(n, torch.bfloat16) for n in cuda_main.CUDA_BF16_CONFIGS])
+@pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS]
+                         + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS]
+                         + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
+                            if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)
+                         + [(n, torch.bfloat16, "kda") for n in cuda_main.CUDA_KDA_BF16_CONFIGS])
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
-def test_compiles_for_sm90_without_spills(name, state_dtype, rec):
-    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype))
+def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype, kind=kind))
     if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:

@@ -1408,20 +1408,24 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
     _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, torch.float32, seed=5)
 
 
-def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, state_dtype, seed):
+def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, state_dtype, seed, kind="gdn",
+                        **harness_kw):
     """26 steps of the real-shape harness with the CUDA main launch in shape cfg, against float64 (window switching,
-    forced flushes, pre-folds, staggered cursors), every step's main launch the CUDA one."""
+    forced flushes, pre-folds, staggered cursors), every step's main launch the CUDA one. KDA: predecayed keys."""
     from replayssm_sglang.kernels import cuda_main
 
     calls = []
     real_launch = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
-    hz = _real_harness("gdn", state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
+    if kind == "kda":
+        harness_kw.setdefault("kda_keys", "predecayed")
+    hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
-                       v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+                       v3_opts=dict(main_impl="cuda", cuda_config=cfg), **harness_kw)
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's main launch must be the CUDA one"
+    return st
 
 
 # the CUDA main launch with a bf16 checkpoint (ST_T, 8-byte loads and rounded stores): each shape of
@@ -1433,6 +1437,33 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("g8w1_m32_late", "float32", "bfloat16", True, False),
                         ("g8w4_m8_late", "float32", "bfloat16", False, True),
                         ("g16w4", "bfloat16", "bfloat16", True, False)]
+
+
+# the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
+# bf16 checkpoints; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16 records,
+# KDA's safe gate (a lower bound), and heads rebased (PREDECAYED_MIN_G -10: rows cross it within 26 steps)
+CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, None),
+                       ("g8w4", "float32", "float32", "float32", False, None, -10.0),
+                       ("g8w2", "float32", "bfloat16", "float32", True, -5.0, None),
+                       ("g8w4_m7_late", "bfloat16", "float32", "bfloat16", True, None, None),
+                       ("g8w2_m14_late", "bfloat16", "bfloat16", "float32", False, None, -10.0),
+                       ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg,state_dtype,rec_dtype,qkv_dtype,ring_idx,lower_bound,min_g", CUDA_MAIN_KDA_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, ring_idx, lower_bound, min_g,
+                                       monkeypatch):
+    """The CUDA main launch for KDA at the real head sizes (H = HV = 32), against float64: window switching, forced
+    flushes, pre-folds, and with min_g set, heads rebased and pre-folds turned into flushes by the overflow flags."""
+    from replayssm_sglang.kernels import decode_v3
+
+    if min_g is not None:
+        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", min_g)
+    st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, False, DTYPES[state_dtype], seed=11,
+                             kind="kda", lower_bound=lower_bound)
+    assert (st["rebase"] > 0) == (min_g is not None), st
 
 
 @pytest.mark.gpu
