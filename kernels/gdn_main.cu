@@ -180,17 +180,20 @@ __device__ __forceinline__ float4 load4_any(const T* p) {
     return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
 }
 __device__ __forceinline__ float4 mul4(float4 x, float4 y) { return make_float4(x.x * y.x, x.y * y.y, x.z * y.z, x.w * y.w); }
-__device__ __forceinline__ float4 exp4(float4 x, float s) {
-    return make_float4(expf(s * x.x), expf(s * x.y), expf(s * x.z), expf(s * x.w));
+__device__ __forceinline__ float4 exp4(float4 x, float s) {  // (the fast approximation, as gate_of)
+    return make_float4(__expf(s * x.x), __expf(s * x.y), __expf(s * x.z), __expf(s * x.w));
 }
 
-// one column's log-decay from x = a + dt_bias: SGLang's gate -e^{A_log} softplus(x) (softplus(x) = x above 20), or
-// KDA's safe gate lower_bound sigmoid(e^{A_log} x)
-__device__ __forceinline__ float gate_of(float x, float a_log, float lower_bound) {
+// one column's log-decay from x = a + dt_bias (A = e^{A_log}): SGLang's gate -A softplus(x) (softplus(x) = x above
+// 20), or KDA's safe gate lower_bound sigmoid(A x). KDA makes it for every column of every row, in every warp, so it
+// takes the fast approximations (ex2 / lg2.approx, as Triton's tl.exp and tl.log compile to): with the accurate expf
+// and logf the gate alone cost more instructions than a warp's tile dots (KDA bf16: 167 us per layer-step at B = 256,
+// kernels-20261203-0941)
+__device__ __forceinline__ float gate_of(float x, float A, float lower_bound) {
 #if USE_LOWER_BOUND
-    return lower_bound / (1.0f + expf(-expf(a_log) * x));
+    return lower_bound / (1.0f + __expf(-A * x));
 #else
-    return -expf(a_log) * (x <= 20.0f ? logf(1.0f + expf(x)) : x);
+    return -A * (x <= 20.0f ? __logf(1.0f + __expf(x)) : x);
 #endif
 }
 
@@ -201,8 +204,9 @@ __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* 
     G_last = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 x = load4_any(a), d = load4_any(dt_bias);
-    G_t = make_float4(G_last.x + gate_of(x.x + d.x, a_log, lower_bound), G_last.y + gate_of(x.y + d.y, a_log, lower_bound),
-                      G_last.z + gate_of(x.z + d.z, a_log, lower_bound), G_last.w + gate_of(x.w + d.w, a_log, lower_bound));
+    const float A = __expf(a_log);
+    G_t = make_float4(G_last.x + gate_of(x.x + d.x, A, lower_bound), G_last.y + gate_of(x.y + d.y, A, lower_bound),
+                      G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
 }
 
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
@@ -380,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     return;
 #endif
 #if IS_KDA
-    const float beta = 1.0f / (1.0f + expf(-b_val));
+    const float beta = 1.0f / (1.0f + __expf(-b_val));
     // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
     // appends, such a head is rebased: folded through this token like a flush, this head alone
     flush = flush || ov_row != 0;
