@@ -30,12 +30,13 @@ import torch
 
 SRC = Path(__file__).with_name("gdn_main.cu")
 ARCH = "sm_90"
-# (rows per warp, warps per block, 1 (the tile read into registers: the one form left; 0, bulk copies into shared
-# memory, was slower and is gone), minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the
-# pre launch's coefficients loaded after the tile's dots, not before[, batch rows per block]]): the block's V-tile is
-# rows x warps. CUDA_CONFIGS names the ones the benchmark times ("g": registers, "_mN" a cap, "_late" the
-# coefficients late, "_bN" N batch rows per block); CUDA_DEFAULT is what launch() takes when none is asked.
-CUDA_CONFIGS = {"g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
+# (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
+# registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
+# coefficients loaded after the tile's dots, not before]): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late);
+# CUDA_DEFAULT is what launch() takes when none is asked.
+CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
+                "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
                 "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
                 # for a bf16 checkpoint: 8 rows per warp capped at 64 registers (32 warps per SM; 24-16 bytes of the
                 # fold spilled), in blocks of 1-8 warps, the coefficients loaded before or after the tile's dots
@@ -45,27 +46,10 @@ CUDA_CONFIGS = {"g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12
                 "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1),
                 # KDA's bf16 checkpoint: at 64 registers its per-column G_t spills 40-80 bytes (ptxas sm_90); capped at
                 # 72 with the coefficients late, none
-                "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1),
-                # RPB batch rows per block (session 30): a block of the first wave streams RPB tiles before it waits
-                # for the pre launch (whose exposure, ~11 us of GDN's 176, is what one tile per block leaves). The
-                # rows' loop needs 94-96 registers (ptxas sm_90; capped at 80 it spills 24-56 bytes): capped at 102
-                "g8w4_b2": (8, 4, 1, 5, 1, 2), "g8w4_b4": (8, 4, 1, 5, 1, 4), "g8w4_b8": (8, 4, 1, 5, 1, 8),
-                "g8w2_b4": (8, 2, 1, 10, 1, 4), "g8w4_m6_b4": (8, 4, 1, 6, 1, 4)}
-# the rows-per-block shapes the benchmark times (--variants rpb), fp32 and bf16 checkpoints alike
-CUDA_RPB_CONFIGS = ("g8w4_b2", "g8w4_b4", "g8w4_b8", "g8w2_b4", "g8w4_m6_b4")
-# the full 6-tuple of a shape given with fewer elements
-_CONFIG_DEFAULTS = (None, None, 1, 0, 0, 1)
-
-
-def full_config(config) -> tuple:
-    """(rows per warp, warps, load_reg, min_blocks, late_coef, rows per block) of a shape given as 2 to 6 of them."""
-    if not (isinstance(config, tuple) and 2 <= len(config) <= 6):
-        raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, rows per "
-                         f"block]]]]) or one of {list(CUDA_CONFIGS)}, got {config!r}")
-    return tuple(config) + _CONFIG_DEFAULTS[len(config):]
+                "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
-# the shapes timed for a bf16 checkpoint, and the default for one:
+# the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
 # g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
@@ -134,7 +118,7 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, min_blocks=0, late_coef=0, rpb=1, diag_stream=0, has_h_rows,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False) -> dict:
@@ -142,7 +126,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, min_blocks=0, late_coef=0, rpb=1,
     records; lower_bound: KDA's safe gate (its value is a launch argument)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)),
-            "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef), "RPB": int(rpb),
+            "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
@@ -152,9 +136,10 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, min_blocks=0, late_coef=0, rpb=1,
 
 
 def smem_bytes(defs: dict) -> int:
-    """Dynamic shared memory of a block: the fold's [VT, BC] weighted records and [VT] u_t."""
+    """Dynamic shared memory of a block: the [VT, K] tile (read into shared memory), the fold's [VT, BC] decayed
+    records and [VT] u_t."""
     vt = defs["RPW"] * defs["NWARPS"]
-    return 4 * (vt * defs["BC_"] + vt)
+    return 4 * (vt * 128 * (1 - defs["LOAD_REG"]) + vt * defs["BC_"] + vt)
 
 
 def _key(defs: dict, arch: str) -> str:
@@ -274,28 +259,28 @@ def function(defs: dict, device: torch.device):
     return fn[1]
 
 
-def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=1, min_blocks=0,
-                       late_coef=0, rpb=1) -> str | None:
-    """Why the CUDA main launch cannot run this launch in this shape (None: it can)."""
+def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
+                       late_coef=0) -> str | None:
+    """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
     if kind not in ("gdn", "kda"):
         return "it is written for GDN and KDA only"
     if kind == "kda" and not ring.predecayed:
         return "KDA needs predecayed key records (kda_keys='predecayed', the server's default without speculative decoding)"
-    if load_reg != 1:
-        return "the tile is read into registers (load_reg 1, the g* shapes; the shared-memory form is gone)"
-    if not 1 <= int(rpb) <= 8:
-        return f"rows per block must be in [1, 8], got {rpb}"
+    if kind == "kda" and not load_reg:
+        return "KDA is written for the tile in registers (load_reg 1, the g* shapes)"
     if state.dtype not in (torch.float32, torch.bfloat16):
         return "it needs an fp32 or bf16 state"
+    if state.dtype == torch.bfloat16 and not load_reg:
+        return "a bf16 state is read into registers (load_reg 1, the g* shapes)"
     if ring.rc is not None:
         return "it has no read copy"
     if lower_bound is not None and kind == "gdn":
         return "GDN's gate has no lower bound"
     if K != 128:
         return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
-    if cap % 8:
+    if load_reg and cap % 8:
         return "the tile in registers needs a ring capacity that is a multiple of 8"
     if rpw not in (8, 16, 32) or cap % (4 * 32 // rpw):
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
@@ -304,7 +289,7 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
     if torch.cuda.get_device_capability(dev) < (9, 0):
-        return "it needs sm_90 or newer (programmatic dependent launch)"
+        return "it needs sm_90 or newer (bulk asynchronous copies)"
     if state.stride()[1:] != (V * K, K, 1) or (state.stride(0) * state.element_size()) % 16 or state.data_ptr() % 16:
         return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
     return None
@@ -313,9 +298,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
     (nvcc to build one, or a cache holding cubins)."""
-    if not (isinstance(config, tuple) and 2 <= len(config) <= 6):
+    if not (isinstance(config, tuple) and 2 <= len(config) <= 5):
         return False
-    if unavailable_reason(kind, state, ring, lower_bound, K, V, *full_config(config)) is not None:
+    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
         return False
     return _obtainable()
 
@@ -335,14 +320,14 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised).
-    config: a shape as full_config takes it (None: default_config(state.dtype, kind)); diag_stream: the benchmark's
-    diagnostic."""
-    rpw, nwarps, _, min_blocks, late_coef, rpb = full_config(config or default_config(state.dtype, kind))
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: default_config(state.dtype, kind));
+    diag_stream: the benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or default_config(state.dtype, kind)), 0)[:5]
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
-    defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, min_blocks=min_blocks,
-                   late_coef=late_coef, rpb=rpb,
+    defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
+                   late_coef=late_coef,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
@@ -358,7 +343,6 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
             ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None), ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
-            ctypes.c_int(int(B)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
@@ -369,6 +353,6 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
         one = ctypes.c_int(1)  # value.programmaticStreamSerializationAllowed
         ctypes.memmove(ctypes.addressof(attrs[0]) + _LaunchAttr.value.offset, ctypes.byref(one), 4)
         n_attrs = 1
-    cfg = _LaunchConfig(V // (rpw * nwarps), HV, -(-B // rpb), 32 * nwarps, 1, 1, smem_bytes(defs),
+    cfg = _LaunchConfig(V // (rpw * nwarps), HV, B, 32 * nwarps, 1, 1, smem_bytes(defs),
                         ctypes.c_void_p(torch.cuda.current_stream(state.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx")

@@ -1043,12 +1043,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
     this tries for the pre launch.
     main_impl (None: the environment's REPLAYSSM_MAIN_IMPL where this launch can take it, else V3_TUNED's, else
-    "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, or KDA with predecayed keys,
-    fp32 or bf16 state, no read copy, K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows
-    outermost). Asked for by the caller where it cannot run, the launch says why; the environment's preference falls
-    back to Triton there.
-    cuda_config: its (rows per warp, warps per block[, 1 (the tile read into registers)[, minimum blocks per SM[, 1
-    to load the coefficients after the dots[, batch rows per block]]]]), or a name of cuda_main.CUDA_CONFIGS (None:
+    "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, fp32 or bf16 state, no read
+    copy, K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
+    where it cannot run, the launch says why; the environment's preference falls back to Triton there.
+    cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
+    to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None:
     cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
@@ -1147,7 +1146,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
     if impl_main == "cuda":
-        cuda_cfg = cuda_main.full_config(cuda_cfg)  # (refuses what is not a shape)
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
+                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")

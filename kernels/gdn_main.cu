@@ -3,7 +3,7 @@
 // decode_v3.launch(main_impl="cuda") picks it).
 //
 // It computes exactly what decode_v3's Triton main launch (_main_tile, fp32 state, no read copy, GDN) computes,
-// for (row, value head, V-tile) items, RPB rows per block, and takes the pre launch's coefficients (coef, scal) the same way:
+// for one (row, value head, V-tile) per block, and takes the pre launch's coefficients (coef, scal) the same way:
 //   Cq = C q~ e^{G_t}, Ck = C k~ e^{G_t}                     (C the [V, K] checkpoint tile, q~ = scale q/|q|,
 //                                                              k~ = k/|k|, e^{G_t} from scal)
 //   u_t = beta (v - Ck - sum_j u_j ck_j),  o = Cq + sum_j u_j cq_j + u_t <k~, q~>
@@ -14,15 +14,14 @@
 // gate) and multiplies its q and k by it before the tile's dots; the fold decays the tile by e^{G_f} per column and
 // every record key by the same e^{G_f} (applied in two halves, e^{G_f/2} twice, as the Triton launches do), with no
 // per-record weight; the pre launch's overflow flags (ovf) turn a pre-fold into a flush or rebase one head.
-// What differs is how the tile moves and where the fold runs. Each lane loads its 16 bytes (bf16: 8) of each of the
-// warp's RPW rows straight into registers, all in flight at once, and every load that does not need the tile
-// (records, value, beta, a folding row's G and gate inputs; with one row per block and EARLY_COEF the pre launch's
-// coefficients too) is issued before the dots, so the epilogue waits on as few round trips as possible; a folding
-// row reads its tile again (from L2) and its record keys four at a time, fp32 CUDA-core FMAs (no tensor-core splits)
-// and 16-byte stores. A block takes RPB batch rows (phase 1: every row's tile and dots; then the wait for the pre
-// launch; phase 2: every row's epilogue and fold), so that with PDL a block of the first wave streams RPB tiles
-// while the pre launch runs, not one. (The first version's shared-memory form, bulk asynchronous copies, was slower
-// and is gone.) docs/design.md, "Session 26" and "Session 30", has what each form measured.
+// What differs is how the tile moves and where the fold runs. LOAD_REG = 1 (the default shapes, "g*"): each lane
+// loads its 16 bytes of each of the warp's 8 rows straight into registers, all in flight at once, and every load
+// that does not need the tile (records, value, beta, the pre launch's coefficients, a folding row's G and gate
+// inputs) is issued before the dots, so the epilogue waits on as few round trips as possible; a folding row reads
+// its tile again (from L2) and its record keys four at a time. LOAD_REG = 0 ("r*", the first version, slower on
+// the H200): one thread per warp copies the warp's rows into shared memory with one bulk asynchronous copy
+// (cp.async.bulk). Either way the fold is fp32 CUDA-core FMAs (no tensor-core splits) and 16-byte stores.
+// docs/design.md, "Session 26", has what each form measured.
 //
 // Layout: lane l of a warp owns K columns [4l, 4l + 4) (K = 128); a warp owns RPW consecutive V-rows; after the
 // tile dots a butterfly reduce-scatter leaves row (l mod RPW) of the warp's rows in lane l, which then computes
@@ -48,22 +47,21 @@
 #ifndef ST_T
 #define ST_T float  // the checkpoint's element type (cuda_main.py passes it)
 #endif
+#ifndef LOAD_REG
+#define LOAD_REG 0  // 1: the tile is loaded into registers (RPW 16- or 8-byte loads per lane) instead of shared memory
+#endif
 #ifndef LATE_COEF
-#define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (always so with RPB > 1)
+#define LATE_COEF 0  // 1: the pre launch's coefficients loaded after the tile's dots (the first version's order)
 #endif
-#ifndef RPB
-#define RPB 1  // batch rows per block
-#endif
-#define EARLY_COEF (!LATE_COEF && RPB == 1)  // the wait and the coefficients' loads before the tile's dots
 #ifndef MINB
 #define MINB 1  // __launch_bounds__'s minimum blocks per SM (a register cap: 65536 / (MINB x block threads))
 #endif
 #ifndef DIAG_STREAM
 #define DIAG_STREAM 0  // benchmark diagnostics, wrong results: 1 stop after the tile dots (output C q~ + C k~),
 #endif             // 2 everything but the fold
-#define KB 4       // the fold: record keys loaded KB at a time (CAP_ a multiple of KB)
-#if (CAP_ % KB) != 0
-#error "the fold needs a ring capacity that is a multiple of KB"
+#define KB 4       // LOAD_REG's fold: record keys loaded KB at a time (CAP_ a multiple of KB)
+#if LOAD_REG && (CAP_ % KB) != 0
+#error "LOAD_REG needs a ring capacity that is a multiple of KB"
 #endif
 #define VT (RPW * NWARPS)
 #define HK_ (IS_KDA ? HV_ : H_)  // key heads of the ring's key records (KDA: one per value head)
@@ -72,6 +70,8 @@
 #if (CAP_ % (4 * NG)) != 0
 #error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
 #endif
+static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
+static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
 #if (V_ % VT) != 0
 #error "the V-tile must divide V"
 #endif
@@ -105,6 +105,38 @@ __device__ __forceinline__ void st_state4(__nv_bfloat16* p, float4 x) {
     r.x = *reinterpret_cast<uint32_t*>(&lo);
     r.y = *reinterpret_cast<uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(p) = r;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// one bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing on bar
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(phase)
+        : "memory");
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -177,30 +209,6 @@ __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* 
                       G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
 }
 
-// one (row, value head, V-tile) item of a block. With one row per block (RPB 1) everything phase 2 needs is loaded in
-// phase 1, beside the tile, and kept in registers; with more, phase 1 keeps only each row's tile dots (Cq, Ck, in
-// shared memory) and phase 2 loads the rest again (L1 / L2 hits but the records): both phases are loops over the
-// rows that are not unrolled, so a block holds one row's registers at a time
-#define KEEP_FRONT (RPB == 1)
-struct Item {
-    long long slot, rrow;  // slot < 0: a padded row (zero output, nothing touched)
-    int h_old;
-    bool prefold, flush;
-    float Cq, Ck;  // this lane's V-row: C q~ and C k~ (times the norms; GDN: not yet times e^{G_t})
-    float x_v, b_val;
-    float4 kn;  // (RPB 1) this row's k / |k| for a fold
-    float ru[JPL];  // this lane's share of its row's records u_j
-#if IS_KDA
-    float4 G_last4, G_t4;  // G_{h-1} and G_t of this lane's 4 columns
-#else
-    float G_last, x_gate, a_log;  // a folding row's gate inputs (loaded beside the tile)
-#endif
-#if EARLY_COEF
-    float cq[JPL], ck[JPL], e_t, kq;
-    int ov_row, ov_head;
-#endif
-};
-
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
@@ -208,303 +216,293 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf, float scale,
-    float lower_bound, int L, int B, long long stride_qkv, long long stride_a, long long stride_b,
-    long long stride_slot) {
+    float lower_bound, int L, long long stride_qkv, long long stride_a, long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's weighted records (GDN u_j e^{G_f - G_j})
-    float* uasm = wsm + VT * BC_;                     // [VT]: this token's u_t where the fold takes it
+#if LOAD_REG
+    float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+#else
+    float* tile = reinterpret_cast<float*>(smem_raw);  // [VT, K]
+    float* wsm = tile + VT * K_;                        // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+#endif
+    float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
+    __shared__ __align__(8) uint64_t mbar[NWARPS];
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int i_v = blockIdx.x, hv = blockIdx.y;        // rows outermost: a row's blocks together
-    const int i_h = hv / (HV_ / H_);                    // the query head (q and k come from it)
-    const int i_hk = IS_KDA ? hv : i_h;                 // the key head of the records: KDA's per value head
-    const int wrow0 = i_v * VT + warp * RPW;            // the warp's first V-row
-    const int r = lane & (RPW - 1);                     // the row this lane owns after the reduction
-    const int v = wrow0 + r;
-    const int j0 = (lane / RPW) * JPL;  // the NG lanes of row r split its CAP record positions: j0 .. j0 + JPL - 1
+    const int i_v = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;  // rows outermost: a row's blocks together
+    const int i_h = hv / (HV_ / H_);                              // the query head (q and k come from it)
+    const int i_hk = IS_KDA ? hv : i_h;                           // the key head of the records: KDA's per value head
+    const int wrow0 = i_v * VT + warp * RPW;                      // the warp's first V-row
 
-    // batch row n's slot, ring row, h and flags
-    auto row_meta = [&](Item& I, int n) {
-        long long slot = static_cast<long long>(slot_idx[n]);
-        long long rrow = slot;
+    long long slot = static_cast<long long>(slot_idx[n]);
+    long long rrow = slot;
 #if HAS_RING_IDX
-        rrow = static_cast<long long>(ring_idx[n]);
-        if (rrow < 0) slot = -1;
-        if (slot < 0) rrow = -1;
+    rrow = static_cast<long long>(ring_idx[n]);
+    if (rrow < 0) slot = -1;
+    if (slot < 0) rrow = -1;
 #endif
-        I.slot = slot;
-        I.rrow = rrow;
-        if (slot < 0) return;
-#if HAS_H_ROWS
-        I.h_old = h_rows[n];
-#else
-        I.h_old = ring_h[rrow];
-#endif
-        I.prefold = I.h_old >= L;  // (KDA: the pre launch's overflow flags may still turn it into a flush)
-#if HAS_FORCED
-        const bool is_forced = forced[n] != 0;
-#else
-        const bool is_forced = false;
-#endif
-        I.flush = ((I.prefold ? 0 : I.h_old) + 1 >= L) || is_forced;
-    };
-    // what the epilogue and a fold need besides the tile and the pre launch: this lane's row's records, value and
-    // beta, and (GDN) a folding row's gate inputs, so that the fold's only round trips are the tile's re-read and
-    // the keys
-    auto row_front = [&](Item& I, int n) {
-        const U_T* base_u = ring_u + (I.rrow * HV_ + hv) * CAP_ * V_;
-#pragma unroll
-        for (int t = 0; t < JPL; ++t) I.ru[t] = j0 + t < I.h_old ? to_f(base_u[(j0 + t) * V_ + v]) : 0.0f;
-        const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
-        I.x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
-        I.b_val = to_f(b[n * stride_b + hv]);
-#if !IS_KDA
-        I.G_last = 0.0f, I.x_gate = 0.0f, I.a_log = 0.0f;
-        if (I.flush || I.prefold) {
-            I.G_last = I.h_old > 0 ? ring_g[(I.rrow * HV_ + hv) * CAP_ + I.h_old - 1] : 0.0f;
-            I.x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
-            I.a_log = to_f(A_log[hv]);
-        }
-#endif
-    };
-#if IS_KDA
-    // G_t = G_{h-1} + g_t of this lane's 4 columns (q and k times e^{G_t} before the dots; the fold's decay)
-    auto row_gate = [&](Item& I, int n) {
-        kda_g(ring_g + (I.rrow * HV_ + hv) * CAP_ * K_, I.h_old, a + n * stride_a + hv * K_ + 4 * lane,
-              dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]), lower_bound, lane, I.G_last4, I.G_t4);
-    };
-#endif
-
-    __shared__ float2 dots[RPB > 1 ? RPB : 1][VT];  // RPB > 1: each row's (Cq, Ck) from phase 1 to phase 2
-    Item I;
-    // phase 1, for each of the block's RPB batch rows in turn: the checkpoint tile's dots (and with one row per
-    // block, every load that does not need the pre launch). With PDL the pre launch may still be running: a block of
-    // the first wave streams RPB tiles before it waits (RPB > 1 covers more of the pre launch than one tile does)
-#pragma unroll 1
-    for (int p = 0; p < RPB; ++p) {
-        const int n = blockIdx.z * RPB + p;
-        I.slot = -1;
-        if (n >= B) continue;
-        row_meta(I, n);
-        if (I.slot < 0) continue;  // a padded row (the whole block takes this branch)
-
-        // the warp's rows of the checkpoint: RPW loads per lane (16 bytes each for fp32, 8 for bf16), all in flight
-        const ST_T* src = state + I.slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
-        float4 c[RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
-
-        // while it flies: this row's q, k (lane: columns 4l .. 4l + 3)
-#if IS_KDA
-        row_gate(I, n);  // (every row needs it for the dots, so it is loaded beside the tile)
-#endif
-        if (KEEP_FRONT) row_front(I, n);
-        const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
-        const float4 q4 = load4(px + i_h * K_ + 4 * lane);
-        const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
-        const float s_q = scale / sqrtf(warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w) + 1e-6f);
-        const float s_k = 1.0f / sqrtf(warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w) + 1e-6f);
-#if IS_KDA
-        const float4 e_t4 = exp4(I.G_t4, 1.0f);
-        const float4 qd = mul4(q4, e_t4), kd = mul4(k4, e_t4);  // the dots take q e^{G_t}, k e^{G_t} (norms: raw)
-#else
-        const float4 qd = q4, kd = k4;
-#endif
-
-#if EARLY_COEF
-        // (one row per block) the pre launch's coefficients, loaded before the tile's dots: their round trip
-        // overlaps the tile's (with PDL, a block of the first wave waits here, its tile already in flight)
-#if USE_PDL
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-        {
-            const long long nh = static_cast<long long>(n) * HV_ + hv;
-            const float* pc = coef + nh * 2 * BC_;
-#pragma unroll
-            for (int t = 0; t < JPL; t += 4) {
-                *reinterpret_cast<float4*>(I.cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
-                *reinterpret_cast<float4*>(I.ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
-            }
-            I.e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
-            I.kq = scal[nh * 2 + 1];
-#if IS_KDA
-            I.ov_row = ovf[I.rrow * (HV_ + 1) + HV_];
-            I.ov_head = ovf[I.rrow * (HV_ + 1) + hv];
-#endif
-        }
-#endif
-
-        // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
-        float aq[RPW], ak[RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; ++i) {
-            aq[i] = c[i].x * qd.x + c[i].y * qd.y + c[i].z * qd.z + c[i].w * qd.w;
-            ak[i] = c[i].x * kd.x + c[i].y * kd.y + c[i].z * kd.z + c[i].w * kd.w;
-        }
-        I.Cq = reduce_scatter<RPW>(aq, lane) * s_q;
-        I.Ck = reduce_scatter<RPW>(ak, lane) * s_k;
-        if (KEEP_FRONT) I.kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
-        if (RPB > 1 && lane < RPW) dots[p][warp * RPW + r] = make_float2(I.Cq, I.Ck);
+    const int r = lane & (RPW - 1);  // the row this lane owns after the reduction
+    const int v = wrow0 + r;
+    if (slot < 0) {  // a padded row: zero output, nothing touched (the whole block takes this branch)
+        if (lane < RPW) from_f(out + (static_cast<long long>(n) * HV_ + hv) * V_ + v, 0.0f);
+        return;
     }
 
-#if !EARLY_COEF && USE_PDL
+    const ST_T* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
+#if LOAD_REG
+    // the warp's rows of the checkpoint: RPW loads per lane (16 bytes each for fp32, 8 for bf16), all in flight at once
+    float4 c[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
+#else
+    // the warp's rows of the checkpoint: one bulk copy, issued first
+    float* wtile = tile + warp * RPW * K_;
+    if (lane == 0) {
+        mbar_init(&mbar[warp], 1);
+        bulk_load(wtile, src, RPW * K_ * 4, &mbar[warp]);
+    }
+    __syncwarp();
+#endif
+
+    // while it flies: h, the flags and this row's q, k (lane: columns 4l .. 4l + 3)
+#if HAS_H_ROWS
+    const int h_old = h_rows[n];
+#else
+    const int h_old = ring_h[rrow];
+#endif
+    bool prefold = h_old >= L;  // (KDA: the pre launch's overflow flags may still turn it into a flush, below)
+    const int h_eff = prefold ? 0 : h_old;
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    bool flush = (h_eff + 1 >= L) || is_forced;
+#if IS_KDA
+    // G_t = G_{h-1} + g_t of this lane's 4 columns: every row needs it (q and k times e^{G_t} before the dots), so
+    // it is loaded for all rows beside the tile (and kept for the fold's per-column decay)
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_ * K_;
+    float4 G_last4, G_t4;
+    kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
+          lower_bound, lane, G_last4, G_t4);
+#else
+    // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
+    // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+    float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
+    if (flush || prefold) {
+        G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
+        x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        a_log = to_f(A_log[hv]);
+    }
+#endif
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+    const float4 q4 = load4(px + i_h * K_ + 4 * lane);
+    const float4 k4 = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    const float n_q = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
+    const float n_k = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
+    const float s_q = scale / sqrtf(n_q + 1e-6f);
+    const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+#if IS_KDA
+    const float4 e_t4 = exp4(G_t4, 1.0f);
+    const float4 qd = mul4(q4, e_t4), kd = mul4(k4, e_t4);  // the tile's dots take q e^{G_t}, k e^{G_t} (norms: raw)
+#else
+    const float4 qd = q4, kd = k4;
+#endif
+
+    // this lane's row's records, value and beta: nothing here needs the tile or the pre launch, so their loads
+    // are in flight beside the tile's
+    // (the NG lanes of row r split its CAP record positions: lane l takes j0 .. j0 + JPL - 1)
+    const int j0 = (lane / RPW) * JPL;
+    U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
+    float ru[JPL];
+#pragma unroll
+    for (int t = 0; t < JPL; ++t) ru[t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v]) : 0.0f;
+    const float x_v = to_f(px[2 * H_ * K_ + hv * V_ + v]);
+    const float b_val = to_f(b[n * stride_b + hv]);
+
+    const long long nh = static_cast<long long>(n) * HV_ + hv;
+#if !LATE_COEF
+    // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
+    // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const float* pc = coef + nh * 2 * BC_;
+    float cq[JPL], ck[JPL];
+#pragma unroll
+    for (int t = 0; t < JPL; t += 4) {
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
+    }
+    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
+    const float kq = scal[nh * 2 + 1];
+#if IS_KDA
+    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
+#endif
+#endif
+
+    // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
+    float aq[RPW], ak[RPW];
+#if LOAD_REG
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+        aq[i] = c[i].x * qd.x + c[i].y * qd.y + c[i].z * qd.z + c[i].w * qd.w;
+        ak[i] = c[i].x * kd.x + c[i].y * kd.y + c[i].z * kd.z + c[i].w * kd.w;
+    }
+#else
+    mbar_wait(&mbar[warp], 0);
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+        const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+        aq[i] = ci.x * qd.x + ci.y * qd.y + ci.z * qd.z + ci.w * qd.w;
+        ak[i] = ci.x * kd.x + ci.y * kd.y + ci.z * kd.z + ci.w * kd.w;
+    }
+#endif
+    float Cq = reduce_scatter<RPW>(aq, lane) * s_q;
+    float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
+
+#if LATE_COEF
+#if USE_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
 #endif
-
-    // phase 2, row by row: the records' corrections, the output, this token's record or the fold
-    if (RPB > 1) __syncwarp();  // (each warp reads back its own rows' dots)
-#pragma unroll 1
-    for (int p = 0; p < RPB; ++p) {
-        const int n = blockIdx.z * RPB + p;
-        if (n >= B) continue;
-        const long long nh = static_cast<long long>(n) * HV_ + hv;
-        if (!KEEP_FRONT) row_meta(I, n);
-        if (I.slot < 0) {
-            if (lane < RPW) from_f(out + nh * V_ + v, 0.0f);
-            continue;
-        }
-        if (!KEEP_FRONT) {
-            row_front(I, n);
-            const float2 d = dots[p][warp * RPW + r];
-            I.Cq = d.x;
-            I.Ck = d.y;
-        }
-        const long long slot = I.slot, rrow = I.rrow;
-        const int h_old = I.h_old;
-#if EARLY_COEF
-        const float e_t = I.e_t, kq = I.kq;
-        const int ov_row = I.ov_row, ov_head = I.ov_head;
-        const float* cq = I.cq;
-        const float* ck = I.ck;
-#else
-        const float* pc = coef + nh * 2 * BC_;
-        float cq[JPL], ck[JPL];
+    const float* pc = coef + nh * 2 * BC_;
+    float cq[JPL], ck[JPL];
 #pragma unroll
-        for (int t = 0; t < JPL; t += 4) {
-            *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
-            *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
-        }
-        const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k)
-        const float kq = scal[nh * 2 + 1];
-#if IS_KDA
-        const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
-#endif
-#endif
-        float Cq = I.Cq, Ck = I.Ck;
-#if DIAG_STREAM == 1
-        if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
-        continue;
-#endif
-        bool flush = I.flush, prefold = I.prefold;
-#if IS_KDA
-        const float beta = 1.0f / (1.0f + __expf(-I.b_val));
-        // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
-        // appends, such a head is rebased: folded through this token like a flush, this head alone
-        flush = flush || ov_row != 0;
-        prefold = prefold && ov_row == 0;
-        const bool rebase = ov_head != 0 && !flush && !prefold;
-#else
-        const float beta = round_as(1.0f / (1.0f + __expf(-I.b_val)), static_cast<B_T*>(nullptr));
-        Cq *= e_t;
-        Ck *= e_t;
-        const bool rebase = false;
-#endif
-        const bool tok = flush || rebase;  // the fold (if any) takes this token too
-
-        float sq = 0.0f, sk = 0.0f;
-#pragma unroll
-        for (int t = 0; t < JPL; ++t) {
-            sq += I.ru[t] * cq[t];
-            sk += I.ru[t] * ck[t];
-        }
-#pragma unroll
-        for (int s = RPW; s < 32; s <<= 1) {  // the row's sums over its NG lanes
-            sq += __shfl_xor_sync(0xffffffffu, sq, s);
-            sk += __shfl_xor_sync(0xffffffffu, sk, s);
-        }
-        const float u_t = beta * (I.x_v - (Ck + sk));
-        const float o = Cq + sq + u_t * kq;
-        if (lane < RPW) from_f(out + nh * V_ + v, o);
-
-        U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
-        if ((flush || prefold || rebase) && DIAG_STREAM != 2) {
-            // write the checkpoint: fold the h_old records (and this token on a flush or a rebase) into the tile.
-            // What the fold reads, issued together before anything waits on it (a loop over the records would wait
-            // for each record's keys in turn): the first KB records' keys, this row's k and the tile again (from L2:
-            // read a moment ago, and not held in registers through the epilogue)
-            const KR_T* base_k = ring_k + ((rrow * HK_ + i_hk) * CAP_) * K_ + 4 * lane;
-            float4 rk[KB];
-#pragma unroll
-            for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-            const ST_T* src = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_;
-            float4 c[RPW];
-#pragma unroll
-            for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
-            float4 kn = I.kn;
-            if (!KEEP_FRONT) {
-                const float4 k4 = load4(mixed_qkv + static_cast<long long>(n) * stride_qkv + H_ * K_ + i_h * K_ + 4 * lane);
-                const float s_k = 1.0f / sqrtf(warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w) + 1e-6f);
-                kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
-            }
-#if IS_KDA
-            if (!KEEP_FRONT) row_gate(I, n);
-#endif
-            __syncwarp();  // the previous row's fold has read wsm and uasm
-            float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
-#if IS_KDA
-            // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice
-            const float4 G_f4 = tok ? I.G_t4 : I.G_last4;
-            const float4 eG = exp4(G_f4, 1.0f), eh = exp4(G_f4, 0.5f);
-#pragma unroll
-            for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? I.ru[t] : 0.0f;
-#else
-            const float sp = I.x_gate <= 20.0f ? logf(1.0f + expf(I.x_gate)) : I.x_gate;
-            const float g_t = -expf(I.a_log) * sp;
-            const float G_f = tok ? I.G_last + g_t : I.G_last;
-            const float eG1 = expf(G_f);
-            const float4 eG = make_float4(eG1, eG1, eG1, eG1);
-            const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
-#pragma unroll
-            for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? I.ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
-#endif
-            if (lane < RPW) uasm[warp * RPW + r] = tok ? u_t : 0.0f;
-            __syncwarp();
-            // decayed, this token added, then KB records at a time over all rows
-#pragma unroll
-            for (int i = 0; i < RPW; ++i) {
-                const float ua = uasm[warp * RPW + i];
-                c[i] = make_float4(c[i].x * eG.x + ua * kn.x, c[i].y * eG.y + ua * kn.y, c[i].z * eG.z + ua * kn.z,
-                                   c[i].w * eG.w + ua * kn.w);
-            }
-#pragma unroll 1
-            for (int jb = 0; jb < CAP_; jb += KB) {
-                if (jb >= h_old) break;
-                if (jb > 0) {
-#pragma unroll
-                    for (int t = 0; t < KB; ++t)
-                        rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-#if IS_KDA
-#pragma unroll
-                for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
-#endif
-#pragma unroll
-                for (int t = 0; t < KB; ++t) {
-#pragma unroll
-                    for (int i = 0; i < RPW; ++i) {
-                        const float wj = wsm[(warp * RPW + i) * BC_ + jb + t];  // (0 past h_old)
-                        c[i].x += wj * rk[t].x;
-                        c[i].y += wj * rk[t].y;
-                        c[i].z += wj * rk[t].z;
-                        c[i].w += wj * rk[t].w;
-                    }
-                }
-            }
-            ST_T* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
-#pragma unroll
-            for (int i = 0; i < RPW; ++i) st_state4(dst + i * K_, c[i]);
-        }
-        if (!flush && lane < RPW) from_f(base_u + (prefold ? 0 : h_old) * V_ + v, u_t);
+    for (int t = 0; t < JPL; t += 4) {
+        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
     }
+    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
+    const float kq = scal[nh * 2 + 1];
+#if IS_KDA
+    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
+#endif
+#endif
+#if DIAG_STREAM == 1
+    if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
+    return;
+#endif
+#if IS_KDA
+    const float beta = 1.0f / (1.0f + __expf(-b_val));
+    // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
+    // appends, such a head is rebased: folded through this token like a flush, this head alone
+    flush = flush || ov_row != 0;
+    prefold = prefold && ov_row == 0;
+    const bool rebase = ov_head != 0 && !flush && !prefold;
+#else
+    const float beta = round_as(1.0f / (1.0f + __expf(-b_val)), static_cast<B_T*>(nullptr));
+    Cq *= e_t;
+    Ck *= e_t;
+    const bool rebase = false;
+#endif
+    const bool tok = flush || rebase;  // the fold (if any) takes this token too
+
+
+    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int t = 0; t < JPL; ++t) {
+        sq += ru[t] * cq[t];
+        sk += ru[t] * ck[t];
+    }
+#pragma unroll
+    for (int s = RPW; s < 32; s <<= 1) {  // the row's sums over its NG lanes
+        sq += __shfl_xor_sync(0xffffffffu, sq, s);
+        sk += __shfl_xor_sync(0xffffffffu, sk, s);
+    }
+    const float u_t = beta * (x_v - (Ck + sk));
+    const float o = Cq + sq + u_t * kq;
+    if (lane < RPW) from_f(out + nh * V_ + v, o);
+
+    if ((flush || prefold || rebase) && DIAG_STREAM != 2) {
+        // write the checkpoint: fold the h_old records (and this token on a flush or a rebase) into the tile
+        const KR_T* base_k = ring_k + ((rrow * HK_ + i_hk) * CAP_) * K_ + 4 * lane;
+#if LOAD_REG
+        // what the fold reads, issued together before anything waits on it (a loop over the records would wait
+        // for each record's keys in turn): the first KB records' keys and the tile again (from L2: read a moment
+        // ago, and not held in registers through the epilogue)
+        float4 rk[KB];
+#pragma unroll
+        for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) c[i] = ld_state4(src + i * K_ + 4 * lane);
+#endif
+        float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
+#if IS_KDA
+        // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice
+        const float4 G_f4 = tok ? G_t4 : G_last4;
+        const float4 eG = exp4(G_f4, 1.0f), eh = exp4(G_f4, 0.5f);
+#pragma unroll
+        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] : 0.0f;
+#else
+        const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
+        const float g_t = -expf(a_log) * sp;
+        const float G_f = tok ? G_last + g_t : G_last;
+        const float eG1 = expf(G_f);
+        const float4 eG = make_float4(eG1, eG1, eG1, eG1);
+#pragma unroll
+        for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
+#endif
+        if (lane < RPW) uasm[warp * RPW + r] = tok ? u_t : 0.0f;
+        __syncwarp();
+        const float4 kn = make_float4(k4.x * s_k, k4.y * s_k, k4.z * s_k, k4.w * s_k);
+        ST_T* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
+#if LOAD_REG
+        // decayed, this token added, then KB records at a time over all rows
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) {
+            const float ua = uasm[warp * RPW + i];
+            c[i] = make_float4(c[i].x * eG.x + ua * kn.x, c[i].y * eG.y + ua * kn.y, c[i].z * eG.z + ua * kn.z,
+                               c[i].w * eG.w + ua * kn.w);
+        }
+#pragma unroll 1
+        for (int jb = 0; jb < CAP_; jb += KB) {
+            if (jb >= h_old) break;
+            if (jb > 0) {
+#pragma unroll
+                for (int t = 0; t < KB; ++t)
+                    rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#if IS_KDA
+#pragma unroll
+            for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
+#endif
+#pragma unroll
+            for (int t = 0; t < KB; ++t) {
+#pragma unroll
+                for (int i = 0; i < RPW; ++i) {
+                    const float wj = wsm[(warp * RPW + i) * BC_ + jb + t];  // (0 past h_old)
+                    c[i].x += wj * rk[t].x;
+                    c[i].y += wj * rk[t].y;
+                    c[i].z += wj * rk[t].z;
+                    c[i].w += wj * rk[t].w;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; ++i) st_state4(dst + i * K_, c[i]);
+#else
+        float4 rk[CAP_];
+#pragma unroll
+        for (int j = 0; j < CAP_; ++j) rk[j] = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int i = 0; i < RPW; ++i) {
+            const float4 ci = *reinterpret_cast<const float4*>(wtile + i * K_ + 4 * lane);
+            const float ua = uasm[warp * RPW + i];
+            float4 s = make_float4(ci.x * eG.x + ua * kn.x, ci.y * eG.y + ua * kn.y, ci.z * eG.z + ua * kn.z,
+                                   ci.w * eG.w + ua * kn.w);
+            const float* w = wsm + (warp * RPW + i) * BC_;
+#pragma unroll
+            for (int j = 0; j < CAP_; ++j) {
+                const float wj = w[j];
+                s.x += wj * rk[j].x;
+                s.y += wj * rk[j].y;
+                s.z += wj * rk[j].z;
+                s.w += wj * rk[j].w;
+            }
+            st_state4(dst + i * K_, s);
+        }
+#endif
+    }
+    if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
 }

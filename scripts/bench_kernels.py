@@ -49,9 +49,6 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cudakda, KDA, fp32 or bf16 state, B >= 128) the server's launch (predecayed keys) with
               KDA's main launch in CUDA (gdn_main.cu's IS_KDA), in its state's shapes; _r16, _nopdl, _main, _pre,
               _premain, _stream, _nofold as above; with --variants cudakda,curr the shapes and v3_sl round-robin
-  v3_sl_cu_g8w*_b* (--variants rpb, GDN and KDA, fp32 or bf16 state, B >= 128) the server's launch with the CUDA
-              main launch taking 2-8 batch rows per block (cuda_main.CUDA_RPB_CONFIGS), beside v3_sl and v3_sl_cu (the
-              default shape); _b4_main, _b4_premain, _b4_stream, _b4_nofold: g8w4_b4's step split
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
               key head's records itself): 32-row tiles (v3_sl_sp, and _r16 with bf16 records), 64-row tiles with
               1 or 2 warps (v3_sl_sp64w1, v3_sl_sp64w2)
@@ -960,11 +957,9 @@ def main():
 
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", server_like=True)
                     for name in _cm.CUDA_CONFIGS:
-                        if name in ("g16w4", "g8w2_m10", "g8w2_late",  # (timed slower in runs 2158-2249)
+                        if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late",  # (timed slower in runs 2158-2249)
                                     "g8w4_m8", "g8w2_m16", "g8w1_m32", "g8w8_m4", "g8w4_m8_late", "g8w1_m32_late",
-                                    "g8w2_m16_late",  # (a bf16 checkpoint's shapes: --variants cuda16)
-                                    "g8w4_m7_late", "g8w2_m14_late",  # (KDA's bf16 shapes: --variants cudakda)
-                                    *_cm.CUDA_RPB_CONFIGS):  # (rows per block: --variants rpb)
+                                    "g8w2_m16_late"):  # (a bf16 checkpoint's shapes: --variants cuda16)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -1065,34 +1060,6 @@ def main():
                         per = round_robin(c, rr, f"{kind} {sdt} cuda")
                         meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                     for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                if v3 and "rpb" in variants and B >= 128:
-                    # the CUDA main launch with RPB batch rows per block (session 30: a block of the first wave
-                    # streams RPB tiles before it waits for the pre launch), as the server launches it, beside the
-                    # default CUDA shape (one row per block) and V3_TUNED's Triton launch; the step split of g8w4_b4;
-                    # with "curr" Triton, the default and the shapes round-robin
-                    from replayssm_sglang.kernels import cuda_main as _cm
-
-                    kk = dict(kda_keys="predecayed" if kind == "kda" else "raw", server_like=True)
-                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **kk)
-                    arms["v3_sl_cu"] = arm_ours(c, torch.float32, impl="v3", **kk, v3_opts=dict(main_impl="cuda"))
-                    for name in _cm.CUDA_RPB_CONFIGS:
-                        arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", **kk,
-                                                            v3_opts=dict(main_impl="cuda", cuda_config=name))
-                    for dg in ("main", "pre+main", "stream", "nofold"):
-                        arms[f"v3_sl_cu_b4_{dg.replace('+', '')}"] = arm_ours(
-                            c, torch.float32, impl="v3", **kk,
-                            v3_opts=dict(main_impl="cuda", cuda_config="g8w4_b4", _diag_parts=dg))
-                    for dg in ("main", "stream"):
-                        arms[f"v3_sl_cu_{dg}"] = arm_ours(c, torch.float32, impl="v3", **kk,
-                                                          v3_opts=dict(main_impl="cuda", _diag_parts=dg))
-                    arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
-                    if "curr" in variants:
-                        rr = {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu"]}
-                        rr.update({f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"] for n in _cm.CUDA_RPB_CONFIGS})
-                        per = round_robin(c, rr, f"{kind} {sdt} rpb")
-                        meta.setdefault("rpb_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                  for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered

@@ -45,15 +45,9 @@ def combos():
     server += [(cm.CUDA_DEFAULT, False, 0, F32, F32, "kda")]
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
-    # rows per block (--variants rpb): every kind and checkpoint type, the shapes and the first one's diagnostics
-    for kind in ("gdn", "kda"):
-        for sdt in (F32, BF16):
-            server += [(cm.CUDA_CONFIGS[n], True, 0, F32, sdt, kind) for n in cm.CUDA_RPB_CONFIGS]
-            server += [(cm.CUDA_CONFIGS[cm.CUDA_RPB_CONFIGS[1]], True, d, F32, sdt, kind) for d in (1, 2)]
-            server += [(cm.default_config(sdt, kind), True, d, F32, sdt, kind) for d in (0, 1, 2)]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, _, mb, late, rpb = cm.full_config(cfg)
-        out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, min_blocks=mb, rpb=rpb,
+        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
+        out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
@@ -66,16 +60,16 @@ def combos():
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
     cases += [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, BF16) for c, r, q, ri, hr in CUDA_MAIN_BF16_CASES]
     for cfg, rec, qkv, ri, hr, sdt in cases:
-        rpw, nw, _, mb, late, rpb = cm.full_config(cfg)
+        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, min_blocks=mb, rpb=rpb, late_coef=late, has_h_rows=hr, has_forced=True,
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
     for c, sdt, rec, qkv, ri, lb, _ in CUDA_MAIN_KDA_CASES:
-        rpw, nw, _, mb, late, rpb = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
+        rpw, nw, lr, mb, late = (*cm.CUDA_CONFIGS.get(c, c), 0)[:5]
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
-        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, min_blocks=mb, rpb=rpb, late_coef=late, has_h_rows=False,
+        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=False,
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",

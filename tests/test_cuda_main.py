@@ -47,31 +47,31 @@ def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, kda_keys, wh
 
 
 def test_kda_refusals():
-    """KDA takes a lower bound (KDA's safe gate) where GDN refuses one."""
+    """KDA takes the registers shapes only (the shared-memory form is GDN's), and a lower bound (KDA's safe gate)
+    where GDN refuses one."""
     lay = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128)
     ring = lay.allocate(1, kda_keys="predecayed")
     st = torch.zeros(1, 2, 128, 128)
     why = lambda lb, cfg: cuda_main.unavailable_reason("kda", st, ring, lb, 128, 128, *cfg)  # noqa: E731
+    assert "registers" in why(None, cuda_main.CUDA_CONFIGS["r16w4"])
     assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_DEFAULT)
     assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_DEFAULT)
 
 
 def test_state_dtypes():
-    """fp32 and bf16 checkpoints only; the tile is read into registers (load_reg 1: the shared-memory form is gone)."""
+    """fp32 and bf16 checkpoints only; a bf16 one only through the shapes that read the tile into registers (the
+    shared-memory copy is written for 4-byte elements), which its default is."""
     lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
     ring = lay.allocate(1)
     why = lambda dt, cfg: cuda_main.unavailable_reason("gdn", torch.zeros(1, 2, 128, 128, dtype=dt), ring, None,  # noqa: E731
                                                        128, 128, *cfg)
     assert "fp32 or bf16 state" in why(torch.float16, cuda_main.CUDA_DEFAULT)
-    assert "into registers" in why(torch.bfloat16, (16, 4, 0, 0))
-    assert "into registers" in why(torch.float32, (16, 4, 0, 0))
-    assert "rows per block" in why(torch.float32, (8, 4, 1, 5, 1, 9))
+    assert "into registers" in why(torch.bfloat16, cuda_main.CUDA_CONFIGS["r16w4"])
     assert cuda_main.default_config(torch.bfloat16)[2] == 1
-    for name in cuda_main.CUDA_BF16_CONFIGS + cuda_main.CUDA_RPB_CONFIGS:
-        assert "needs a CUDA GPU" in why(torch.bfloat16, cuda_main.full_config(cuda_main.CUDA_CONFIGS[name]))
+    for name in cuda_main.CUDA_BF16_CONFIGS:
+        assert "needs a CUDA GPU" in why(torch.bfloat16, cuda_main.CUDA_CONFIGS[name])
     with pytest.raises(ValueError, match="into registers"):
-        _launch(state_dtype=torch.bfloat16, cuda_config=(16, 4, 0, 0))
-    assert cuda_main.full_config((8, 4)) == (8, 4, 1, 0, 0, 1)
+        _launch(state_dtype=torch.bfloat16, cuda_config="r16w4")
 
 
 def test_option_checks():
@@ -95,11 +95,12 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(cfg, rec, state_dtype=torch.float32, kind="gdn"):
-    rpw, nwarps, _, min_blocks, late, rpb = cuda_main.full_config(cfg)
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=torch.float32, kind="gdn"):
+    *late, rec = late_and_rec
     H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
-    return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, min_blocks=min_blocks,
-                             late_coef=late, rpb=rpb, has_h_rows=False,
+    return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
+                             min_blocks=min_blocks, late_coef=(late or [0])[0],
+                             has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
@@ -115,11 +116,8 @@ def _server_defs(cfg, rec, state_dtype=torch.float32, kind="gdn"):
                          + [(n, torch.bfloat16, "kda") for n in cuda_main.CUDA_KDA_BF16_CONFIGS])
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
-    res = cuda_main.resources(_server_defs(cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype, kind=kind))
-    if "_m" in name or kind == "kda" or name == "g16w4":
-        # a tighter register cap than the shape needs (bf16 shapes; KDA, which keeps its per-column G_t, under GDN's
-        # 80-register cap; 16 rows per warp, timed slower and kept for the tests, at 128 with bf16 records): a few
-        # bytes of spill (the fold's) allowed
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype, kind=kind))
+    if "_m" in name:  # a tighter register cap than the shape needs: a few bytes of spill (the fold's) allowed
         assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
     else:
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
@@ -129,7 +127,7 @@ def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
 
 def test_smem_fits_an_sm():
     for cfg in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(cfg, torch.float32)) <= 227 * 1024
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
@@ -157,7 +155,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
     # a bf16 checkpoint takes its own default shape
     calls.clear()
     H, HV, K, V = 1, 2, 128, 128
@@ -166,7 +164,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     replay_decode("gdn", *x, torch.zeros(2, HV, V, K, dtype=torch.bfloat16), ring, torch.arange(2, dtype=torch.int32),
                   L=16, impl="v3")
     want = cuda_main.CUDA_DEFAULT_BF16
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(want)
+    assert len(calls) == 1 and calls[0]["config"] == want + (0,) * (5 - len(want))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()

@@ -1393,15 +1393,12 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 
 
 # the main launch in CUDA (kernels/gdn_main.cu, decode_v3 main_impl="cuda"): GDN, fp32 state; the block shapes of
-# cuda_main.CUDA_CONFIGS with 32, 16 and 8 rows per warp and 1-4 batch rows per block (3: a last block with 2 of the
-# harness's 8 rows); the arguments as the server passes them (bf16 inputs, the ring keyed by its own rows), bf16
-# records with fp32 inputs, and a caller-owned h (h_rows); window switching
+# cuda_main.CUDA_CONFIGS (the tile in registers, g*, or shared memory, r*) with 32, 16 and 8 rows per warp; the arguments as the server passes them (bf16 inputs, the
+# ring keyed by its own rows), bf16 records with fp32 inputs, and a caller-owned h (h_rows); window switching
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
-                   ("g8w2_late", "float32", "bfloat16", True, False), ((32, 4), "float32", "float32", False, True),
-                   ("g8w4_b4", "float32", "bfloat16", True, False), ("g8w2_b4", "bfloat16", "float32", False, True),
-                   ((8, 4, 1, 5, 1, 3), "float32", "float32", True, False),
-                   ("g8w4_m6_b4", "float32", "bfloat16", True, False)]
+                   ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
 
 
 @pytest.mark.gpu
@@ -1439,8 +1436,7 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("g8w8_m4", "float32", "bfloat16", True, False),
                         ("g8w1_m32_late", "float32", "bfloat16", True, False),
                         ("g8w4_m8_late", "float32", "bfloat16", False, True),
-                        ("g16w4", "bfloat16", "bfloat16", True, False),
-                        ("g8w4_b4", "float32", "bfloat16", True, False), ("g8w4_b8", "bfloat16", "float32", False, True)]
+                        ("g16w4", "bfloat16", "bfloat16", True, False)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
@@ -1451,9 +1447,7 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        ("g8w2", "float32", "bfloat16", "float32", True, -5.0, None),
                        ("g8w4_m7_late", "bfloat16", "float32", "bfloat16", True, None, None),
                        ("g8w2_m14_late", "bfloat16", "bfloat16", "float32", False, None, -10.0),
-                       ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None),
-                       ("g8w4_b4", "float32", "float32", "bfloat16", True, None, -10.0),
-                       ((8, 4, 1, 5, 1, 3), "bfloat16", "float32", "bfloat16", True, None, None)]
+                       ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
 
 
 @pytest.mark.gpu
