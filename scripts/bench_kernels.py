@@ -49,6 +49,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cudakda, KDA, fp32 or bf16 state, B >= 128) the server's launch (predecayed keys) with
               KDA's main launch in CUDA (gdn_main.cu's IS_KDA), in its state's shapes; _r16, _nopdl, _main, _pre,
               _premain, _stream, _nofold as above; with --variants cudakda,curr the shapes and v3_sl round-robin
+  v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
+              N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
               key head's records itself): 32-row tiles (v3_sl_sp, and _r16 with bf16 records), 64-row tiles with
               1 or 2 warps (v3_sl_sp64w1, v3_sl_sp64w2)
@@ -1060,6 +1062,31 @@ def main():
                         per = round_robin(c, rr, f"{kind} {sdt} cuda")
                         meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                     for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "prerows" in variants and B >= 128:
+                    # the pre launch with 2-8 batch rows per program (pre_rows), beside the CUDA and Triton main
+                    # launches: with one row per program the pre grid (B x key heads one-warp programs) may fill every
+                    # SM's 32 block slots, so that no main block starts beside it until its programs exit (session 30;
+                    # pre_rows was timed with Triton's main launch only, in session 4)
+                    kk = dict(kda_keys="predecayed" if kind == "kda" else "raw", server_like=True)
+                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **kk)
+                    arms["v3_sl_cu"] = arm_ours(c, torch.float32, impl="v3", **kk, v3_opts=dict(main_impl="cuda"))
+                    for pr in (2, 4, 8):
+                        arms[f"v3_sl_pr{pr}"] = arm_ours(c, torch.float32, impl="v3", **kk, v3_opts=dict(pre_rows=pr))
+                        arms[f"v3_sl_cu_pr{pr}"] = arm_ours(c, torch.float32, impl="v3", **kk,
+                                                            v3_opts=dict(main_impl="cuda", pre_rows=pr))
+                    for pr in (1, 2, 4):
+                        arms[f"v3_sl_cu_pre_pr{pr}"] = arm_ours(c, torch.float32, impl="v3", **kk,
+                                                                v3_opts=dict(main_impl="cuda", pre_rows=pr,
+                                                                             _diag_parts="pre"))
+                    arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", **kk,
+                                                     v3_opts=dict(main_impl="cuda", _diag_parts="main"))
+                    arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
+                    if "curr" in variants:
+                        names = ["v3_sl", "v3_sl_cu"] + [f"v3_sl{t}_pr{pr}" for pr in (2, 4) for t in ("", "_cu")]
+                        per = round_robin(c, {f"{n}_rr": arms[n] for n in names}, f"{kind} {sdt} prerows")
+                        meta.setdefault("prerows_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                      for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
