@@ -46,7 +46,10 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4_m8_late": (8, 4, 1, 8, 1), "g8w1_m32_late": (8, 1, 1, 32, 1), "g8w2_m16_late": (8, 2, 1, 16, 1),
                 # KDA's bf16 checkpoint: at 64 registers its per-column G_t spills 40-80 bytes (ptxas sm_90); capped at
                 # 72 with the coefficients late, none
-                "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1)}
+                "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1),
+                # KDA with G_t per column from the pre launch (a sixth element, 1): the wait before the dots, no gate
+                # work and no G_{h-1} load behind h in the main launch
+                "g8w4_gp": (8, 4, 1, 6, 0, 1), "g8w4_m7_gp": (8, 4, 1, 7, 0, 1), "g8w4_m8_gp": (8, 4, 1, 8, 0, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
@@ -56,7 +59,10 @@ CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
 # KDA (predecayed keys): fp32 takes GDN's default (80 registers, no spills, like GDN's); a bf16 checkpoint the
 # 72-register shape (not yet timed against the others: the benchmark's --variants cudakda times them)
-CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4")
+CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", "g8w4_m8_gp")
+CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")  # (the fp32 shapes the benchmark times for KDA)
+# the shapes that are KDA's only (G_t from the pre launch)
+KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_late"]
 
 
@@ -118,14 +124,15 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, diag_stream=0, has_h_rows,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, gt_pre=0, diag_stream=0,
+            has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument)."""
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
-            "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)),
+            "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
@@ -260,7 +267,7 @@ def function(defs: dict, device: torch.device):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0) -> str | None:
+                       late_coef=0, gt_pre=0) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
@@ -268,6 +275,8 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return "it is written for GDN and KDA only"
     if kind == "kda" and not ring.predecayed:
         return "KDA needs predecayed key records (kda_keys='predecayed', the server's default without speculative decoding)"
+    if gt_pre and kind != "kda":
+        return "G_t from the pre launch (gt_pre) is KDA's"
     if kind == "kda" and not load_reg:
         return "KDA is written for the tile in registers (load_reg 1, the g* shapes)"
     if state.dtype not in (torch.float32, torch.bfloat16):
@@ -298,9 +307,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
     (nvcc to build one, or a cache holding cubins)."""
-    if not (isinstance(config, tuple) and 2 <= len(config) <= 5):
+    if not (isinstance(config, tuple) and 2 <= len(config) <= 6):
         return False
-    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config[:2], *config[2:4]) is not None:
+    if unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
         return False
     return _obtainable()
 
@@ -317,17 +326,20 @@ def _obtainable() -> bool:
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
-           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None):
+           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
-    reads the ring's overflow flags, ring.ovf, which its pre launch raised).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef]) (None: default_config(state.dtype, kind));
-    diag_stream: the benchmark's diagnostic."""
-    rpw, nwarps, load_reg, min_blocks, late_coef = (*(config or default_config(state.dtype, kind)), 0)[:5]
+    reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
+    column, gts [B, HV, K]).
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre]]) (None: default_config(state.dtype,
+    kind)); diag_stream: the benchmark's diagnostic."""
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre = (*(config or default_config(state.dtype, kind)), 0, 0)[:6]
+    if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
+        raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
     defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef,
+                   late_coef=late_coef, gt_pre=gt_pre,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
@@ -341,7 +353,8 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
-            ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None), ctypes.c_float(scale),
+            ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None), ptr(gts if gt_pre else None),
+            ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0))]

@@ -69,8 +69,10 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
              H: tl.constexpr, HV: tl.constexpr, HK: tl.constexpr, GK: tl.constexpr, K: tl.constexpr,
              CAP: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr,
              HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr, HAS_RING_IDX: tl.constexpr, rc_valid,
-             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr):
+             HAS_RC: tl.constexpr, ovf, min_g, PRED: tl.constexpr, gt_out=None, STORE_GT: tl.constexpr = False):
     """The pre launch's work for row i_n and key head i_hk (see replay_decode_v3_pre_kernel).
+    STORE_GT (KDA, predecayed; the CUDA main launch's gt_pre shapes): G_t per column also goes to gt_out [B, HV, K]
+    (as computed here, before a rebase zeroes the stored G).
     PRED (KDA, ring.kda_keys "predecayed"): the records hold k_j e^{-G_j}, so the coefficients need e^{G_t} only. A
     head whose G_t falls below min_g in any channel is rebased (ovf[ring row, head] = 1; its record is appended as
     zeros with G = 0: the main launch folds the head through this token) or, on a row that pre-folds, flushes the
@@ -113,6 +115,8 @@ def _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_
                 # records k_j e^{-G_j}: <k_j e^{G_t - G_j}, x> = <k_j e^{-G_j}, x e^{G_t}>; only G_{h-1} is read
                 G_last = tl.load(base_g + (h_old - 1) * GK + o_k, mask=mask_k & (h_old > 0), other=0)
                 G_t = G_last + g_t
+                if STORE_GT:
+                    tl.store(gt_out + (i_n * HV + i_hv) * K + o_k, G_t, mask=mask_k)
                 # e^{G_t} in two halves, each applied in turn: k_j e^{-G_j} e^{G_t/2} stays in fp32's range, and a
                 # weight e^{G_t - G_j} survives where e^{G_t} alone would underflow (G_t < -87 on a flushing row)
                 e_h = tl.exp(0.5 * G_t)
@@ -198,7 +202,7 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
-    ROW_ORDER: tl.constexpr = 0,
+    ROW_ORDER: tl.constexpr = 0, gt_out=None, STORE_GT: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
@@ -216,7 +220,7 @@ def replay_decode_v3_pre_kernel(
             _pre_row(i_n, i_hk, mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, slot_idx, forced,
                      ring_idx, coef, scal, scale, lower_bound, L, stride_qkv, stride_a, H, HV, HK, GK, K, CAP, BK, BC,
                      IS_KDA, HAS_FORCED, HAS_H_ROWS, USE_LOWER_BOUND, HAS_RING_IDX, rc_valid, HAS_RC, ovf, min_g,
-                     PRED)
+                     PRED, gt_out, STORE_GT)
 
 
 @triton.jit
@@ -1047,8 +1051,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     copy, K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
     where it cannot run, the launch says why; the environment's preference falls back to Triton there.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
-    to load the coefficients after the dots]]]), or a name of cuda_main.CUDA_CONFIGS (None:
-    cuda_main.default_config(state.dtype, kind)).
+    to load the coefficients after the dots[, 1 (KDA) to take G_t per column from the pre launch]]]]), or a name of
+    cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
@@ -1146,14 +1150,16 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
     if impl_main == "cuda":
-        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 5:
-            cuda_cfg = (*cuda_cfg, 0, 0, 0)[:5]
-        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 5):
-            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef]]]) or "
-                             f"one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 6:
+            cuda_cfg = (*cuda_cfg, 0, 0, 0, 0)[:6]
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 6):
+            raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
+                             f"gt_pre]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
+    # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
+    gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:
         return out
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
@@ -1204,6 +1210,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
+            gt_out=gts, STORE_GT=gts is not None,
         )
     if run_main and impl_main == "cuda":
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
@@ -1211,7 +1218,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
                          config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0), kind=kind,
-                         lower_bound=lower_bound)
+                         lower_bound=lower_bound, gts=gts)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

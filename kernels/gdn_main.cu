@@ -41,6 +41,12 @@
 #ifndef IS_KDA
 #define IS_KDA 0  // 1: KDA (per-K decay, predecayed key records, the pre launch's overflow flags)
 #endif
+#ifndef GT_PRE
+#define GT_PRE 0  // KDA: G_t per column read from the pre launch's scratch (gts) after the wait, not made per warp
+#endif
+#if GT_PRE && !IS_KDA
+#error "GT_PRE is KDA's (GDN's e^{G_t} is one scalar per head, in scal)"
+#endif
 #ifndef USE_LOWER_BOUND
 #define USE_LOWER_BOUND 0  // KDA's safe gate g = lower_bound sigmoid(e^{A_log} (a + dt_bias)) instead of SGLang's
 #endif
@@ -215,8 +221,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
-    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf, float scale,
-    float lower_bound, int L, long long stride_qkv, long long stride_a, long long stride_b, long long stride_slot) {
+    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf,
+    const float* __restrict__ gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -282,9 +289,18 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     // G_t = G_{h-1} + g_t of this lane's 4 columns: every row needs it (q and k times e^{G_t} before the dots), so
     // it is loaded for all rows beside the tile (and kept for the fold's per-column decay)
     const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_ * K_;
+#if GT_PRE
+    // or as the pre launch made it for its coefficients (gts [B, HV, K]): no gate inputs, no G_{h-1} load behind h
+    // here, at the price of the wait for the pre launch before the dots (the fold loads G_{h-1} itself)
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const float4 G_t4 = *reinterpret_cast<const float4*>(gts + (static_cast<long long>(n) * HV_ + hv) * K_ + 4 * lane);
+#else
     float4 G_last4, G_t4;
     kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
           lower_bound, lane, G_last4, G_t4);
+#endif
 #else
     // a row that writes its checkpoint this step (1 in L): what its fold needs besides the tile and the keys,
     // loaded now beside the tile, so that the fold's only round trips are the tile's re-read and the keys
@@ -430,6 +446,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         float* w = wsm + (warp * RPW + r) * BC_ + j0;  // (positions CAP .. BC - 1, if any, are never read)
 #if IS_KDA
         // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice
+#if GT_PRE
+        const float4 G_last4 = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
         const float4 G_f4 = tok ? G_t4 : G_last4;
         const float4 eG = exp4(G_f4, 1.0f), eh = exp4(G_f4, 0.5f);
 #pragma unroll

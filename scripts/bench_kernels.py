@@ -961,7 +961,8 @@ def main():
                     for name in _cm.CUDA_CONFIGS:
                         if name in ("r16w4", "g16w4", "g8w2_m10", "g8w2_late",  # (timed slower in runs 2158-2249)
                                     "g8w4_m8", "g8w2_m16", "g8w1_m32", "g8w8_m4", "g8w4_m8_late", "g8w1_m32_late",
-                                    "g8w2_m16_late"):  # (a bf16 checkpoint's shapes: --variants cuda16)
+                                    "g8w2_m16_late",  # (a bf16 checkpoint's shapes: --variants cuda16)
+                                    "g8w4_m7_late", "g8w2_m14_late", *_cm.KDA_ONLY):  # (KDA's: --variants cudakda)
                             continue
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", server_like=True,
                                                             v3_opts=dict(main_impl="cuda", cuda_config=name))
@@ -1042,7 +1043,7 @@ def main():
                     from replayssm_sglang.kernels import cuda_main as _cm
 
                     kk = dict(kda_keys="predecayed", server_like=True)
-                    names = ("g8w4", "g8w2", "g8w8") if sdt == "float32" else _cm.CUDA_KDA_BF16_CONFIGS
+                    names = _cm.CUDA_KDA_FP32_CONFIGS if sdt == "float32" else _cm.CUDA_KDA_BF16_CONFIGS
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **kk)
                     for name in names:
                         arms[f"v3_sl_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", **kk,

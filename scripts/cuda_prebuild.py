@@ -31,7 +31,7 @@ def combos():
 
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
-    server = [(cfg, pdl, 0, F32) for cfg in cm.CUDA_CONFIGS.values() for pdl in (True, False)]
+    server = [(cfg, pdl, 0, F32) for n, cfg in cm.CUDA_CONFIGS.items() for pdl in (True, False) if n not in cm.KDA_ONLY]
     server += [(cm.CUDA_CONFIGS[n], True, d, F32) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
     server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
     server = [(*x, F32) for x in server]
@@ -40,15 +40,15 @@ def combos():
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
-    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in ("g8w4", "g8w2", "g8w8")]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.CUDA_KDA_FP32_CONFIGS]
     server += [(cm.CUDA_DEFAULT, True, d, r, F32, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
     server += [(cm.CUDA_DEFAULT, False, 0, F32, F32, "kda")]
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
+        rpw, nw, lr, mb, late, gt = (*cfg, 0, 0)[:6]
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
-                              late_coef=late, diag_stream=diag,
+                              late_coef=late, gt_pre=gt, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
@@ -67,9 +67,10 @@ def combos():
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
     for c, sdt, rec, qkv, ri, lb, _ in CUDA_MAIN_KDA_CASES:
-        rpw, nw, lr, mb, late = (*cm.CUDA_CONFIGS.get(c, c), 0)[:5]
+        rpw, nw, lr, mb, late, gt = (*cm.CUDA_CONFIGS.get(c, c), 0, 0)[:6]
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
-        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=False,
+        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt,
+                              has_h_rows=False,
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",

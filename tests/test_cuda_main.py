@@ -46,6 +46,36 @@ def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, kda_keys, wh
         _launch(kind, state_dtype, read_dtype, kda_keys)
 
 
+def test_kda_g_t_from_the_pre_launch(monkeypatch):
+    """KDA's gt_pre shapes: the pre launch (Triton, here under the interpreter) hands the CUDA main launch G_t per
+    column, G_{h-1} + g_t, in a [B, HV, K] scratch; GDN refuses the shape."""
+    from replayssm_sglang.kernels import decode_v3
+
+    got = []
+    real_why = cuda_main.unavailable_reason
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: got.append(kw))  # (the CUDA kernel needs a GPU)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    B, H, HV, K, V, L = 3, 2, 2, 128, 128, 16
+    lay = ringmod.RingLayout.for_layer("kda", L=L, H=H, HV=HV, K=K, V=V)
+    ring = lay.allocate(B, kda_keys="predecayed")
+    g = torch.Generator().manual_seed(4)
+    h = torch.tensor([0, 5, 9], dtype=torch.int32)
+    ring.h.copy_(h)
+    ring.g.copy_(-torch.rand(ring.g.shape, generator=g) * 3)
+    x = R.random_decode_inputs("kda", B, H, HV, K, V, generator=g)
+    slot = torch.arange(B, dtype=torch.int32)
+    replay_decode("kda", *x, torch.zeros(B, HV, V, K), ring, slot, L=L, impl="v3",
+                  v3_opts={"main_impl": "cuda", "cuda_config": "g8w4_gp"})
+    assert len(got) == 1 and got[0]["config"][5] == 1
+    g_t = R.gate("kda", x[1], x[4], x[3], HV=HV, K=K).reshape(B, HV, K)
+    for n in range(B):
+        g_last = ring.g[n, :, int(h[n]) - 1].reshape(HV, K) if h[n] > 0 else torch.zeros(HV, K)
+        torch.testing.assert_close(got[0]["gts"][n].double(), g_last.double() + g_t[n], rtol=1e-5, atol=1e-5)
+    gdn_ring = ringmod.RingLayout.for_layer("gdn", L=L, H=1, HV=HV, K=K, V=V).allocate(1)
+    assert "KDA's" in real_why("gdn", torch.zeros(1, HV, V, K), gdn_ring, None, K, V,
+                               *cuda_main.CUDA_CONFIGS["g8w4_gp"])
+
+
 def test_kda_refusals():
     """KDA takes the registers shapes only (the shared-memory form is GDN's), and a lower bound (KDA's safe gate)
     where GDN refuses one."""
@@ -95,11 +125,12 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=torch.float32, kind="gdn"):
-    *late, rec = late_and_rec
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn"):
+    *late_gt, rec = late_gt_rec
+    late, gt = (*late_gt, 0, 0)[:2]
     H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
     return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=(late or [0])[0],
+                             min_blocks=min_blocks, late_coef=late, gt_pre=gt,
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
@@ -109,7 +140,8 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_and_rec, state_dtype=t
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS]
+@pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS
+                                                   if n not in cuda_main.KDA_ONLY]
                          + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS]
                          + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
                             if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)
@@ -126,8 +158,9 @@ def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
 
 
 def test_smem_fits_an_sm():
-    for cfg in cuda_main.CUDA_CONFIGS.values():
-        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32)) <= 227 * 1024
+    for name, cfg in cuda_main.CUDA_CONFIGS.items():
+        kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
+        assert cuda_main.smem_bytes(_server_defs(*cfg, torch.float32, kind=kind)) <= 227 * 1024
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
@@ -155,7 +188,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (5 - len(cuda_main.CUDA_DEFAULT))
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (6 - len(cuda_main.CUDA_DEFAULT))
     # a bf16 checkpoint takes its own default shape
     calls.clear()
     H, HV, K, V = 1, 2, 128, 128
@@ -164,7 +197,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     replay_decode("gdn", *x, torch.zeros(2, HV, V, K, dtype=torch.bfloat16), ring, torch.arange(2, dtype=torch.int32),
                   L=16, impl="v3")
     want = cuda_main.CUDA_DEFAULT_BF16
-    assert len(calls) == 1 and calls[0]["config"] == want + (0,) * (5 - len(want))
+    assert len(calls) == 1 and calls[0]["config"] == want + (0,) * (6 - len(want))
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()

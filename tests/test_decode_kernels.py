@@ -1442,13 +1442,16 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
 # bf16 checkpoints; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16 records,
-# KDA's safe gate (a lower bound), and heads rebased (PREDECAYED_MIN_G -10: rows cross it within 26 steps)
+# KDA's safe gate (a lower bound), heads rebased (PREDECAYED_MIN_G -10: rows cross it within 26 steps), and the
+# shapes that take G_t from the pre launch (_gp)
 CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, None),
                        ("g8w4", "float32", "float32", "float32", False, None, -10.0),
                        ("g8w2", "float32", "bfloat16", "float32", True, -5.0, None),
                        ("g8w4_m7_late", "bfloat16", "float32", "bfloat16", True, None, None),
                        ("g8w2_m14_late", "bfloat16", "bfloat16", "float32", False, None, -10.0),
-                       ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
+                       ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None),
+                       ("g8w4_gp", "float32", "float32", "bfloat16", True, None, -10.0),
+                       ("g8w4_m7_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
 
 
 @pytest.mark.gpu
