@@ -57,20 +57,22 @@ CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
-# KDA (predecayed keys): fp32 takes GDN's default (80 registers, no spills, like GDN's); a bf16 checkpoint the
-# 72-register shape (not yet timed against the others: the benchmark's --variants cudakda times them)
+# KDA (predecayed keys): the shapes the benchmark times (--variants cudakda), and the defaults: G_t per column from
+# the pre launch (gt_pre), fp32 g8w4_gp (186.8 us at B = 256 against g8w4's 196.5; Triton's 186.3), bf16 g8w4_m7_gp
+# (72 registers, no spill: 147.7 against g8w4_m7_late's 153.8; H200, the server's arguments, kernels-20261203-1113)
 CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", "g8w4_m8_gp")
-CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")  # (the fp32 shapes the benchmark times for KDA)
+CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 # the shapes that are KDA's only (G_t from the pre launch)
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_late"]
+CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
 
 
 def default_config(state_dtype: torch.dtype, kind: str = "gdn") -> tuple:
     """The block shape a launch takes when none is asked, by the kind and the checkpoint's element type."""
-    if state_dtype == torch.bfloat16:
-        return CUDA_DEFAULT_KDA_BF16 if kind == "kda" else CUDA_DEFAULT_BF16
-    return CUDA_DEFAULT
+    if kind == "kda":
+        return CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
+    return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
 
 
 def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):

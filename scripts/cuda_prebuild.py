@@ -41,8 +41,8 @@ def combos():
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.CUDA_KDA_FP32_CONFIGS]
-    server += [(cm.CUDA_DEFAULT, True, d, r, F32, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
-    server += [(cm.CUDA_DEFAULT, False, 0, F32, F32, "kda")]
+    server += [(cm.CUDA_DEFAULT_KDA, True, d, r, F32, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
+    server += [(cm.CUDA_DEFAULT_KDA, False, 0, F32, F32, "kda")]
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
     for cfg, pdl, diag, rec, sdt, kind in server:

@@ -86,6 +86,10 @@ def test_kda_refusals():
     assert "registers" in why(None, cuda_main.CUDA_CONFIGS["r16w4"])
     assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_DEFAULT)
     assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_DEFAULT)
+    # KDA's defaults take G_t from the pre launch (faster on the H200, kernels-20261203-1113); GDN's never do
+    for dt in (torch.float32, torch.bfloat16):
+        assert cuda_main.default_config(dt, "kda")[5] == 1 and len(cuda_main.default_config(dt, "gdn")) < 6
+        assert "needs a CUDA GPU" in why(None, cuda_main.default_config(dt, "kda"))
 
 
 def test_state_dtypes():
