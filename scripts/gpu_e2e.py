@@ -100,8 +100,8 @@ ARMS = {
     # default without speculative decoding, as `ours`)
     "ours_rawkeys": ["--enable-linear-replayssm"],
     "ours_predkeys": ["--enable-linear-replayssm"],
-    # GDN: decode v3's main launch in CUDA (kernels/gdn_main.cu, REPLAYSSM_MAIN_IMPL=cuda; Triton's elsewhere),
-    # window 16 forced as ours_w16
+    # decode v3's main launch in CUDA (kernels/gdn_main.cu, REPLAYSSM_MAIN_IMPL=cuda; GDN, and KDA with predecayed keys
+    # since session 30; Triton's elsewhere), window 16 forced as ours_w16
     "ours_w16_cu": ["--enable-linear-replayssm"],
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
