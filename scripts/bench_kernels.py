@@ -1066,9 +1066,8 @@ def main():
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prerows" in variants and B >= 128:
                     # the pre launch with 2-8 batch rows per program (pre_rows), beside the CUDA and Triton main
-                    # launches: with one row per program the pre grid (B x key heads one-warp programs) may fill every
-                    # SM's 32 block slots, so that no main block starts beside it until its programs exit (session 30;
-                    # pre_rows was timed with Triton's main launch only, in session 4)
+                    # launches: does a smaller pre grid, leaving SM block slots and registers free, let the main
+                    # launch overlap it? (session 30, run 1113: no; 2 rows level with 1, 4 and 8 slower)
                     kk = dict(kda_keys="predecayed" if kind == "kda" else "raw", server_like=True)
                     arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **kk)
                     arms["v3_sl_cu"] = arm_ours(c, torch.float32, impl="v3", **kk, v3_opts=dict(main_impl="cuda"))
