@@ -2,7 +2,7 @@
 // checkpoint and no read copy, written in CUDA for sm_90 (kernels/cuda_main.py builds and launches it;
 // decode_v3.launch(main_impl="cuda") picks it).
 //
-// It computes exactly what decode_v3's Triton main launch (_main_tile, fp32 state, no read copy, GDN) computes,
+// It computes exactly what decode_v3's Triton main launch (_main_tile, no read copy) computes,
 // for one (row, value head, V-tile) per block, and takes the pre launch's coefficients (coef, scal) the same way:
 //   Cq = C q~ e^{G_t}, Ck = C k~ e^{G_t}                     (C the [V, K] checkpoint tile, q~ = scale q/|q|,
 //                                                              k~ = k/|k|, e^{G_t} from scal)
@@ -13,7 +13,8 @@
 // column, so there is no scalar e^{G_t}: each lane makes e^{G_t} of its 4 columns (G_t = G_{h-1} + g_t, SGLang's KDA
 // gate) and multiplies its q and k by it before the tile's dots; the fold decays the tile by e^{G_f} per column and
 // every record key by the same e^{G_f} (applied in two halves, e^{G_f/2} twice, as the Triton launches do), with no
-// per-record weight; the pre launch's overflow flags (ovf) turn a pre-fold into a flush or rebase one head.
+// per-record weight; the pre launch's overflow flags (ovf) turn a pre-fold into a flush or rebase one head. With
+// GT_PRE (the "_gp" shapes, KDA's defaults) G_t comes from the pre launch's scratch (gts) instead, after the wait.
 // What differs is how the tile moves and where the fold runs. LOAD_REG = 1 (the default shapes, "g*"): each lane
 // loads its 16 bytes of each of the warp's 8 rows straight into registers, all in flight at once, and every load
 // that does not need the tile (records, value, beta, the pre launch's coefficients, a folding row's G and gate
