@@ -216,6 +216,37 @@ __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* 
                       G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
 }
 
+// what the main launch takes from the pre launch for one (row, value head), this lane's share: the records'
+// coefficients c_j, d_j at positions j0 .. j0 + JPL - 1, GDN's e^{G_t} (1 for KDA, whose e^{G_t} is per column, on q
+// and k), <k~, q~>, and KDA's overflow flags (the row's, this head's). With PDL it first waits for the pre launch;
+// LATE_COEF places the call before or after the tile's dots.
+struct PreOut {
+    float cq[JPL], ck[JPL], e_t, kq;
+    int ov_row, ov_head;
+};
+__device__ __forceinline__ PreOut load_pre(const float* __restrict__ coef, const float* __restrict__ scal,
+                                           const int* __restrict__ ovf, long long nh, long long rrow, int hv, int j0) {
+#if USE_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
+#endif
+    PreOut p;
+    const float* pc = coef + nh * 2 * BC_;
+#pragma unroll
+    for (int t = 0; t < JPL; t += 4) {
+        *reinterpret_cast<float4*>(p.cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
+        *reinterpret_cast<float4*>(p.ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
+    }
+    p.e_t = IS_KDA ? 1.0f : scal[nh * 2];
+    p.kq = scal[nh * 2 + 1];
+#if IS_KDA
+    p.ov_row = ovf[rrow * (HV_ + 1) + HV_];
+    p.ov_head = ovf[rrow * (HV_ + 1) + hv];
+#else
+    p.ov_row = p.ov_head = 0;
+#endif
+    return p;
+}
+
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
@@ -342,21 +373,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if !LATE_COEF
     // the pre launch's coefficients, loaded before the tile's dots: their round trip overlaps the tile's (with
     // PDL, a block of the first wave waits here for the pre launch, its tile already in flight)
-#if USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    const float* pc = coef + nh * 2 * BC_;
-    float cq[JPL], ck[JPL];
-#pragma unroll
-    for (int t = 0; t < JPL; t += 4) {
-        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
-        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
-    }
-    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
-    const float kq = scal[nh * 2 + 1];
-#if IS_KDA
-    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
-#endif
+    const PreOut pre = load_pre(coef, scal, ovf, nh, rrow, hv, j0);
 #endif
 
     // C q and C k over the warp's rows (raw q, k; the norms scale the sums)
@@ -380,22 +397,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float Ck = reduce_scatter<RPW>(ak, lane) * s_k;
 
 #if LATE_COEF
-#if USE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
+    const PreOut pre = load_pre(coef, scal, ovf, nh, rrow, hv, j0);
 #endif
-    const float* pc = coef + nh * 2 * BC_;
-    float cq[JPL], ck[JPL];
-#pragma unroll
-    for (int t = 0; t < JPL; t += 4) {
-        *reinterpret_cast<float4*>(cq + t) = *reinterpret_cast<const float4*>(pc + j0 + t);
-        *reinterpret_cast<float4*>(ck + t) = *reinterpret_cast<const float4*>(pc + BC_ + j0 + t);
-    }
-    const float e_t = IS_KDA ? 1.0f : scal[nh * 2];  // (KDA's e^{G_t} is per column, on q and k above)
-    const float kq = scal[nh * 2 + 1];
-#if IS_KDA
-    const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];  // the pre launch's flags
-#endif
-#endif
+    const float* cq = pre.cq;
+    const float* ck = pre.ck;
+    const float e_t = pre.e_t, kq = pre.kq;
 #if DIAG_STREAM == 1
     if (lane < RPW) from_f(out + nh * V_ + v, Cq + Ck * e_t + kq);
     return;
@@ -404,9 +410,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float beta = 1.0f / (1.0f + __expf(-b_val));
     // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
     // appends, such a head is rebased: folded through this token like a flush, this head alone
-    flush = flush || ov_row != 0;
-    prefold = prefold && ov_row == 0;
-    const bool rebase = ov_head != 0 && !flush && !prefold;
+    flush = flush || pre.ov_row != 0;
+    prefold = prefold && pre.ov_row == 0;
+    const bool rebase = pre.ov_head != 0 && !flush && !prefold;
 #else
     const float beta = round_as(1.0f / (1.0f + __expf(-b_val)), static_cast<B_T*>(nullptr));
     Cq *= e_t;
