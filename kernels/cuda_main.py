@@ -1,7 +1,8 @@
 """Decode v3's main launch for GDN, and for KDA with predecayed key records, with an fp32 or bf16 checkpoint, in CUDA
-(``gdn_main.cu``; opt-in:
-``decode_v3.launch(main_impl="cuda")`` or ``REPLAYSSM_MAIN_IMPL=cuda`` in the environment; docs/design.md
-"Session 26").
+(``gdn_main.cu``; docs/design.md "Session 26"). Since session 31 the default wherever it can run: a launch that names
+no main launch takes it when ``unavailable_reason`` has nothing against it, nvcc or a cubin cache is there and its
+kernel builds and loads (``load_failure``), else Triton's; ``REPLAYSSM_MAIN_IMPL=triton`` in the environment keeps
+Triton's everywhere, ``decode_v3.launch(main_impl="cuda")`` demands this one.
 
 The kernel source is compiled for sm_90 with nvcc into a cubin, once per set of compile-time parameters (shapes,
 block shape, optional arguments, element types), and cached (``REPLAYSSM_CUBIN_DIR``, default
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -81,10 +83,20 @@ def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):
     return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype, kind)
 
 
+MAIN_IMPLS = ("auto", "cuda", "triton")
+
+
 def env_main_impl() -> str:
-    """REPLAYSSM_MAIN_IMPL (how a server prefers a main launch), stripped and lower-cased; "" when unset.
-    decode_v3.launch refuses values other than "triton" and "cuda"."""
-    return os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower()
+    """REPLAYSSM_MAIN_IMPL (how a server prefers a main launch), stripped and lower-cased; "auto" when unset or empty.
+    "auto" and "cuda": the CUDA main launch wherever it can run (unavailable_reason) and a kernel can be had (nvcc or
+    cached cubins, and the kernel built and loaded), Triton's elsewhere; "triton": Triton's always. decode_v3.launch
+    refuses other values."""
+    return os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() or "auto"
+
+
+def prefers_cuda() -> bool:
+    """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
+    return env_main_impl() != "triton"
 
 _CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float16: "__half",
            torch.int32: "int", torch.int64: "long long", torch.bool: "bool", torch.uint8: "unsigned char",
@@ -177,12 +189,14 @@ def build(defs: dict, arch: str = ARCH) -> Path:
                            "or `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-runtime`), or a "
                            f"cubin cache in REPLAYSSM_CUBIN_DIR ({cache_dir()})")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as td:
+    # compiled into a temporary file beside the cache entry and renamed into place (one filesystem: atomic), so that
+    # processes building the same kernel at once (tensor-parallel ranks) never load a partly written cubin
+    with tempfile.TemporaryDirectory(dir=path.parent) as td:
         tmp = str(Path(td) / "k.cubin")
         r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, tmp), capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
-        shutil.move(tmp, path)
+        os.replace(tmp, path)
     return path
 
 
@@ -316,15 +330,69 @@ def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     return _obtainable()
 
 
+def preference_note(kind, state, ring, K, V) -> str:
+    """Which main launch a decode step of this layer takes by the environment's preference, for the server's log:
+    "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
+    if not prefers_cuda():
+        return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
+    why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind))
+    if why:
+        return f"Triton (the CUDA one: {why})"
+    if not _obtainable():
+        return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
+    return f"CUDA (kernels/gdn_main.cu; REPLAYSSM_MAIN_IMPL=triton for Triton's; nvcc {find_nvcc() or 'none, cubins'})"
+
+
 _OBTAINABLE: dict = {}
 
 
 def _obtainable() -> bool:
-    """nvcc or a cache holding cubins exists (looked up once per process and setting: launches call usable())."""
+    """nvcc or a cache holding cubins exists (looked up once per process and setting: launches call usable()), and no
+    build has failed in this process (load_failure)."""
     key = (os.environ.get("REPLAYSSM_NVCC"), os.environ.get("REPLAYSSM_CUBIN_DIR"))
     if key not in _OBTAINABLE:
         _OBTAINABLE[key] = find_nvcc() is not None or any(cache_dir().glob("gdn_main-*.cubin"))
     return _OBTAINABLE[key]
+
+
+def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
+                   V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None) -> dict:
+    """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre = (*(config or default_config(state.dtype, kind)), 0, 0)[:6]
+    return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
+                   late_coef=late_coef, gt_pre=gt_pre,
+                   diag_stream=diag_stream, has_h_rows=h_rows is not None,
+                   has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
+                   x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
+                   dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
+                   slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
+                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
+                   kind=kind, lower_bound=lower_bound is not None)
+
+
+_FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
+
+
+def load_failure(defs: dict, device: torch.device) -> str | None:
+    """Builds (or finds in the cache) and loads the kernel of ``defs`` on ``device``: None where that worked, else
+    why not (an nvcc error, a cubin this driver cannot load), logged once as a warning. A launch that only prefers
+    the CUDA main launch (no main_impl asked) then runs Triton's instead of failing the server's step."""
+    key = (tuple(sorted(defs.items())), device.index)
+    if key not in _FAILED:
+        try:
+            function(defs, device)
+            _FAILED[key] = None
+        except (RuntimeError, OSError) as e:
+            why = " ".join(str(e).split())[-400:] or type(e).__name__  # (nvcc's stderr tail, on one line)
+            _FAILED[key] = why
+            # one build failing says the toolchain or the driver is not fit: every later preference (usable(), so the
+            # small-batch policy too) takes Triton's main launch without trying again
+            _OBTAINABLE[(os.environ.get("REPLAYSSM_NVCC"), os.environ.get("REPLAYSSM_CUBIN_DIR"))] = False
+            logging.getLogger(__name__).warning(
+                "ReplaySSM: the CUDA main launch (kernels/gdn_main.cu) could not be built or loaded (%s); this "
+                "launch runs Triton's main launch instead. REPLAYSSM_MAIN_IMPL=triton chooses Triton's without "
+                "trying; REPLAYSSM_NVCC names the nvcc to build with.", why)
+    return _FAILED[key]
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
@@ -340,15 +408,10 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
-    defs = defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, gt_pre=gt_pre,
-                   diag_stream=diag_stream, has_h_rows=h_rows is not None,
-                   has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
-                   x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
-                   dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
-                   slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
-                   ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
-                   kind=kind, lower_bound=lower_bound is not None)
+    defs = launch_defines(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
+                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=H, HV=HV,
+                          V=V, cap=cap, BC=BC, pdl=pdl, config=config, diag_stream=diag_stream, kind=kind,
+                          lower_bound=lower_bound)
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     f = function(defs, state.device)

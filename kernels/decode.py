@@ -404,13 +404,14 @@ CONFIGS: dict[tuple[str, int], tuple[int, int, int]] = {}
 
 def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) -> bool:
     """The buffered launch of this call would run the CUDA main launch by the environment's preference
-    (REPLAYSSM_MAIN_IMPL=cuda, decode_v3.launch's rule: where cuda_main can run it, in its default shape), so the
-    small-batch policy may use the CUDA kernel's thresholds. A caller's own v3_opts keep the plain thresholds."""
+    (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; decode_v3.launch's rule: where cuda_main can run it, in its default
+    shape), so the small-batch policy may use the CUDA kernel's thresholds. A caller's own v3_opts keep the plain
+    thresholds."""
     if impl not in ("auto", "v3") or v3_opts or ring.rc is not None:
         return False
     from replayssm_sglang.kernels import cuda_main
 
-    if cuda_main.env_main_impl() != "cuda":
+    if not cuda_main.prefers_cuda():
         return False
     return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype, kind))
 

@@ -1046,10 +1046,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     slot's key records being [HK, CAP, K]); "rows": the key heads of one row together, its records read in order.
     The main launch's "rows" order gained most where its per-row data is largest (KDA, session 23), which is what
     this tries for the pre launch.
-    main_impl (None: the environment's REPLAYSSM_MAIN_IMPL where this launch can take it, else V3_TUNED's, else
-    "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, fp32 or bf16 state, no read
-    copy, K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows outermost). Asked for by the caller
-    where it cannot run, the launch says why; the environment's preference falls back to Triton there.
+    main_impl (None: the environment's REPLAYSSM_MAIN_IMPL, default "auto": "cuda" where this launch can take it,
+    else "triton"): "cuda" runs the main launch as kernels/gdn_main.cu (cuda_main.py: GDN, and KDA with predecayed
+    keys, fp32 or bf16 state, no read copy, K = 128, sm_90, nvcc or a cubin cache; the same arithmetic in fp32, rows
+    outermost). Asked for by the caller where it cannot run, the launch says why; the environment's preference falls
+    back to Triton there, and where the kernel does not build or load (cuda_main.load_failure: warned once).
+    REPLAYSSM_MAIN_IMPL=triton keeps Triton's main launch everywhere.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
     to load the coefficients after the dots[, 1 (KDA) to take G_t per column from the pre launch]]]]), or a name of
     cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
@@ -1093,7 +1095,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip() if self_pre is None else ""
     if env_sp not in ("", "0", "1"):
         raise ValueError(f"REPLAYSSM_SELF_PRE must be 0 or 1, got {env_sp!r}")
-    env_cuda = main_impl is None and cuda_main.env_main_impl() == "cuda"
+    env_cuda = main_impl is None and cuda_main.env_main_impl() == "cuda"  # (asked by name; "auto" yields to self_pre)
     sp_why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
               "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
               "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
@@ -1135,12 +1137,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     hr = h_rows if h_rows is not None else slot_idx
     ri = ring_idx if ring_idx is not None else slot_idx
     lb = float(lower_bound if lower_bound is not None else 0.0)
-    # the main launch's implementation: the caller's, else the environment's preference (REPLAYSSM_MAIN_IMPL=cuda: the
-    # CUDA main launch wherever it can run, Triton's elsewhere; how a server opts in), else V3_TUNED's
+    # the main launch's implementation: the caller's, else the environment's preference (REPLAYSSM_MAIN_IMPL, default
+    # "auto": the CUDA main launch wherever it can run and its kernel builds and loads, Triton's elsewhere; "triton":
+    # Triton's always)
     env_impl = cuda_main.env_main_impl() if main_impl is None else ""
-    if env_impl not in ("", "triton", "cuda"):
-        raise ValueError(f"REPLAYSSM_MAIN_IMPL must be 'triton' or 'cuda', got {env_impl!r}")
-    impl_main = main_impl if main_impl is not None else (env_impl or tuned.get("main_impl", "triton"))
+    if env_impl and env_impl not in cuda_main.MAIN_IMPLS:
+        raise ValueError(f"REPLAYSSM_MAIN_IMPL must be one of {list(cuda_main.MAIN_IMPLS)}, got {env_impl!r}")
+    impl_main = main_impl if main_impl is not None else ("triton" if env_impl == "triton" else "cuda")
     if impl_main not in ("triton", "cuda"):
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
     if self_pre:
@@ -1158,6 +1161,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
+        if main_impl is None and cuda_main.load_failure(cuda_main.launch_defines(
+                mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
+                h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
+                BC=BC, pdl=pdl, config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0),
+                kind=kind, lower_bound=lower_bound), state.device):
+            impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:

@@ -103,6 +103,9 @@ ARMS = {
     # decode v3's main launch in CUDA (kernels/gdn_main.cu, REPLAYSSM_MAIN_IMPL=cuda; GDN, and KDA with predecayed keys
     # since session 30; Triton's elsewhere), window 16 forced as ours_w16
     "ours_w16_cu": ["--enable-linear-replayssm"],
+    # ours with Triton's main launch (REPLAYSSM_MAIN_IMPL=triton): the default before session 31, which made the CUDA
+    # main launch the default wherever it can run (`ours` then takes it)
+    "ours_triton": ["--enable-linear-replayssm"],
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
     # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
@@ -123,6 +126,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},
            "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
+           "ours_triton": {"REPLAYSSM_MAIN_IMPL": "triton"},
            "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"}}

@@ -8,6 +8,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Decode v3's main launch is CUDA's by default where it can run (kernels/cuda_main.py; never on a CPU). The tests name
+# the launch they check: Triton's unless a test asks for main_impl="cuda" (tests/test_cuda_main.py, the
+# test_gpu_real_shapes_cuda_main* cases), so on a GPU the Triton cases keep checking Triton's kernels; the tests of
+# the default preference itself set or unset REPLAYSSM_MAIN_IMPL.
+os.environ.setdefault("REPLAYSSM_MAIN_IMPL", "triton")
 
 _CASE_KEYS = {"kind", "B", "H", "HV", "K", "V", "L", "T", "state_dtype", "seed"}
 

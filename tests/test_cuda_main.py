@@ -168,12 +168,14 @@ def test_smem_fits_an_sm():
 
 
 def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
-    """REPLAYSSM_MAIN_IMPL=cuda (how a server opts in) takes the CUDA path only where it can run: here (no GPU) the
-    Triton launch runs and gives the same output as without the preference; a bad value is refused."""
+    """The environment's preference (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda": the server's default) takes the
+    CUDA path only where it can run: here (no GPU) the Triton launch runs and gives the same output as with
+    REPLAYSSM_MAIN_IMPL=triton; a bad value is refused."""
     from replayssm_sglang.kernels import decode_v3
 
     calls = []
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, dev: None)  # (the kernel "loads": no GPU here)
 
     def run():
         H, HV, K, V = 1, 2, 128, 128
@@ -184,15 +186,25 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
         x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=g)
         return replay_decode("gdn", *x, state, ring, torch.arange(2, dtype=torch.int32), L=16, impl="v3"), state
 
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
     o_ref, s_ref = run()
-    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
-    o, s = run()
-    assert calls == [] and torch.equal(o, o_ref) and torch.equal(s, s_ref)
-    # where it could run, the preference takes it (the availability check pretended true: no GPU here)
+    for pref in ("cuda", "auto", None):
+        if pref is None:
+            monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")
+        else:
+            monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", pref)
+        o, s = run()
+        assert calls == [] and torch.equal(o, o_ref) and torch.equal(s, s_ref), pref
+    # where it could run, the preference takes it (the availability check pretended true: no GPU here), unset too
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
     assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (6 - len(cuda_main.CUDA_DEFAULT))
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")  # Triton's, even where the CUDA one could run
+    calls.clear()
+    run()
+    assert calls == []
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
     # a bf16 checkpoint takes its own default shape
     calls.clear()
     H, HV, K, V = 1, 2, 128, 128
@@ -206,6 +218,57 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()
     assert decode_v3.cuda_main is cuda_main
+
+
+def test_preference_falls_back_where_the_kernel_does_not_build(monkeypatch, caplog):
+    """Where the CUDA main launch could run but its kernel does not build or load (a broken nvcc, a driver too old for
+    the cubin), a launch that only prefers it runs Triton's main launch, with the same output, warns once naming the
+    reason and REPLAYSSM_MAIN_IMPL=triton, and later launches (and the small-batch policy: usable()) stop trying. A
+    caller who asks for main_impl="cuda" gets the error."""
+    import logging
+
+    monkeypatch.setattr(cuda_main, "_FAILED", {})
+    monkeypatch.setattr(cuda_main, "_OBTAINABLE", {})
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)  # (no GPU here: pretend it could run)
+    monkeypatch.setattr(cuda_main, "find_nvcc", lambda: "/nonexistent/nvcc")
+    tried = []
+
+    def broken(defs, device):
+        tried.append(defs)
+        raise RuntimeError("nvcc failed on gdn_main.cu:\nptxas fatal: unsupported GPU architecture")
+
+    monkeypatch.setattr(cuda_main, "function", broken)
+    calls = []
+    real_launch = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(kw))
+    H, HV, K, V = 1, 2, 128, 128
+    g = torch.Generator().manual_seed(4)
+    x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=g)
+    state0 = torch.randn(2, HV, V, K, generator=g) * 0.1
+
+    def run(**v3_opts):
+        ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2)
+        state = state0.clone()
+        o = replay_decode("gdn", *x, state, ring, torch.arange(2, dtype=torch.int32), L=16, impl="v3",
+                          v3_opts=v3_opts)
+        return o, state
+
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
+    o_ref, s_ref = run()
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")
+    assert cuda_main.usable("gdn", state0, None, None, K, V, cuda_main.CUDA_DEFAULT)
+    with caplog.at_level(logging.WARNING, logger=cuda_main.__name__):
+        o, s = run()
+        o2, _ = run()
+    assert calls == [] and len(tried) == 1
+    assert torch.equal(o, o_ref) and torch.equal(s, s_ref) and torch.equal(o2, o_ref)
+    warned = [r.getMessage() for r in caplog.records if "could not be built or loaded" in r.getMessage()]
+    assert len(warned) == 1 and "nvcc failed" in warned[0] and "unsupported GPU architecture" in warned[0]
+    assert "REPLAYSSM_MAIN_IMPL=triton" in warned[0]
+    assert not cuda_main.usable("gdn", state0, None, None, K, V, cuda_main.CUDA_DEFAULT)
+    monkeypatch.setattr(cuda_main, "launch", real_launch)
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        run(main_impl="cuda")  # asked for by name: no fallback
 
 
 def test_driver_structs_match_the_cuda_abi():
@@ -243,3 +306,32 @@ def test_diag_parts_split_the_step_by_launch(monkeypatch, parts, want):
     assert (ran["pre"], ran["main"], ran["post"]) == want
     with pytest.raises(ValueError, match="'\\+'-joined launches"):
         _launch(_diag_parts="pre+fold")
+
+
+def test_preference_note_for_the_server_log(monkeypatch):
+    """The server logs which main launch its layers take (pool.main_launch_note): Triton's where the CUDA one cannot run
+    (with why) or is declined, the CUDA one where it can."""
+    from replayssm_sglang.sglang_hooks import pool as poolmod
+
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    ring = lay.allocate(2)
+    state = torch.zeros(2, 2, 128, 128)
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
+    assert cuda_main.preference_note("gdn", state, ring, 128, 128) == "Triton (the CUDA one: it needs a CUDA GPU)"
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
+    assert cuda_main.preference_note("gdn", state, ring, 128, 128).startswith("CUDA (kernels/gdn_main.cu")
+    monkeypatch.setattr(cuda_main, "_obtainable", lambda: False)
+    assert "needs nvcc or cached cubins" in cuda_main.preference_note("gdn", state, ring, 128, 128)
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
+    assert cuda_main.preference_note("gdn", state, ring, 128, 128) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
+
+    class FakePool:
+        layout = lay
+
+        def ring(self, i):
+            return ring
+
+    assert poolmod.main_launch_note(FakePool(), state[None]) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
+    monkeypatch.setattr(cuda_main, "preference_note", lambda *a: 1 / 0)
+    assert poolmod.main_launch_note(FakePool(), state[None]).startswith("unknown (ZeroDivisionError")

@@ -1173,7 +1173,8 @@ def test_policy_windows(monkeypatch):
 def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     """Where the buffered launch would run the CUDA main launch, GDN's bf16 state takes its thresholds (buffered above
     B = 64); everything else keeps the plain ones. replay_decode(L="auto") asks for them only when the environment
-    prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL=cuda) and cuda_main can run the launch."""
+    prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; not "triton") and cuda_main can run
+    the launch."""
     from replayssm_sglang import policy
     from replayssm_sglang.kernels import cuda_main, decode
 
@@ -1199,9 +1200,11 @@ def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
         decode.replay_decode("gdn", *x, state, ring, torch.arange(2, dtype=torch.int32), L="auto", **kw)
         return seen.pop()
 
-    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
-    assert run() is False  # no preference
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
+    assert run() is False  # Triton's main launch asked for
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
+    assert run() is True  # the default preference
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
     assert run() is True
     assert run(impl="v3", v3_opts=dict(main_impl="triton")) is False  # a caller's own options: the plain thresholds

@@ -596,7 +596,19 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
     _log.info("ReplaySSM ring: %s, %d linear layers x %d request rows, L=%d, records %s, read copy %s%s, %.2f GB",
               lay.kind.upper(), layers, int(req_rows), lay.L, str(pool.k.dtype).replace("torch.", ""),
               pool.read_dtype, f", KDA keys {pool.kda_keys}" if lay.kind == "kda" else "", pool.nbytes() / 1e9)
+    _log.info("ReplaySSM decode main launch (the buffered window): %s", main_launch_note(pool, temporal))
     return pool
+
+
+def main_launch_note(pool: "ReplayPool", temporal: torch.Tensor) -> str:
+    """The decode step's main launch this pool's layers take (kernels/cuda_main.py's preference_note)."""
+    from replayssm_sglang.kernels import cuda_main
+
+    lay = pool.layout
+    try:
+        return cuda_main.preference_note(lay.kind, temporal[0], pool.ring(0), lay.K, lay.V)
+    except Exception as e:  # (a note for the log: never a reason to fail the allocation)
+        return f"unknown ({type(e).__name__}: {e})"
 
 
 def of(obj: Any) -> ReplayPool | None:
