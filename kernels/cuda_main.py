@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -189,6 +190,9 @@ def build(defs: dict, arch: str = ARCH) -> Path:
                            "or `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-runtime`), or a "
                            f"cubin cache in REPLAYSSM_CUBIN_DIR ({cache_dir()})")
     path.parent.mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger(__name__)
+    log.info("ReplaySSM: compiling the CUDA main launch for one shape with %s (once: cached in %s)", nvcc, path.parent)
+    t0 = time.monotonic()
     # compiled into a temporary file beside the cache entry and renamed into place (one filesystem: atomic), so that
     # processes building the same kernel at once (tensor-parallel ranks) never load a partly written cubin
     with tempfile.TemporaryDirectory(dir=path.parent) as td:
@@ -197,6 +201,7 @@ def build(defs: dict, arch: str = ARCH) -> Path:
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
         os.replace(tmp, path)
+    log.info("ReplaySSM: the CUDA main launch compiled in %.1f s (%s)", time.monotonic() - t0, path.name)
     return path
 
 

@@ -395,6 +395,47 @@ def check_flags(st, *, probe: bool = False, target: str | None = None) -> list[C
     return out
 
 
+def _cuda_main_toolchain() -> dict[str, Any]:
+    """What the CUDA main launch would build with: nvcc (path or None), the cubin cache and how many cubins it holds,
+    REPLAYSSM_MAIN_IMPL as the launches read it."""
+    from replayssm_sglang.kernels import cuda_main
+
+    d = cuda_main.cache_dir()
+    return {"nvcc": cuda_main.find_nvcc(), "cache": str(d),
+            "cubins": len(list(d.glob("gdn_main-*.cubin"))) if d.is_dir() else 0,
+            "impl": cuda_main.env_main_impl(), "impls": cuda_main.MAIN_IMPLS}
+
+
+def check_main_launch(info: dict[str, Any] | None = None, tc: dict[str, Any] | None = None) -> list[Check]:
+    """Which main launch the buffered decode step takes here (kernels/cuda_main.py): the CUDA one (the default where
+    it can run) or Triton's, and what to do to get the CUDA one where it is missing."""
+    info = _torch_info() if info is None else info
+    try:
+        tc = _cuda_main_toolchain() if tc is None else tc
+    except Exception as e:  # noqa: BLE001
+        return [Check("main-launch", WARN, f"the CUDA main launch's module does not import: {type(e).__name__}: {e}",
+                      "reinstall replayssm-sglang (pip install -e . in the checkout)")]
+    if tc["impl"] not in tc["impls"]:
+        return [Check("main-launch", FAIL, f"REPLAYSSM_MAIN_IMPL={tc['impl']!r}: the decode launch refuses it",
+                      f"set REPLAYSSM_MAIN_IMPL to one of {', '.join(tc['impls'])} (or unset it: auto)")]
+    if tc["impl"] == "triton":
+        return [Check("main-launch", INFO, "decode main launch: Triton's (REPLAYSSM_MAIN_IMPL=triton)")]
+    caps = [tuple(c) for _, c in info.get("devices", [])] if info.get("available") else []
+    if not caps or max(caps) < (9, 0):
+        why = "no CUDA GPU here" if not caps else "it needs sm_90 or newer"
+        return [Check("main-launch", INFO, f"decode main launch: Triton's (the CUDA one: {why})")]
+    if tc["nvcc"]:
+        return [Check("main-launch", OK, f"decode main launch: CUDA (kernels/gdn_main.cu) where a layer can take it, "
+                      f"built at first use by {tc['nvcc']}, cached in {tc['cache']} ({tc['cubins']} cubins now)")]
+    if tc["cubins"]:
+        return [Check("main-launch", OK, f"decode main launch: CUDA from cached cubins only ({tc['cubins']} in "
+                      f"{tc['cache']}; no nvcc: a shape not cached falls back to Triton's)")]
+    return [Check("main-launch", WARN, "decode main launch: Triton's, because neither nvcc nor cached cubins are "
+                  "here (the CUDA one is faster on the H200: docs/usage.md)",
+                  "install nvcc (the CUDA toolkit, or `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt "
+                  "nvidia-cuda-runtime`) or name it with REPLAYSSM_NVCC; REPLAYSSM_MAIN_IMPL=triton silences this")]
+
+
 def collect(target: str | None = None, *, probe: bool = False) -> list[Check]:
     checks = check_python()
     try:
@@ -406,7 +447,9 @@ def collect(target: str | None = None, *, probe: bool = False) -> list[Check]:
     sg, st = check_sglang(target, engine)
     checks += sg
     checks += check_kernels()
-    checks += check_gpu()
+    info = _torch_info()
+    checks += check_gpu(info)
+    checks += check_main_launch(info)
     checks += check_flags(st, probe=probe, target=target)
     return checks
 

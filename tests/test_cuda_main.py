@@ -335,3 +335,25 @@ def test_preference_note_for_the_server_log(monkeypatch):
     assert poolmod.main_launch_note(FakePool(), state[None]) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
     monkeypatch.setattr(cuda_main, "preference_note", lambda *a: 1 / 0)
     assert poolmod.main_launch_note(FakePool(), state[None]).startswith("unknown (ZeroDivisionError")
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+def test_build_caches_one_cubin_and_says_so(monkeypatch, tmp_path, caplog):
+    """A server's first launch of a shape compiles it (logged, with the time it took: a pause users can see) into the
+    cache, renamed into place whole (no temporary file left beside it); the next build of that shape is the cached
+    file, with no compile."""
+    import logging
+
+    monkeypatch.setenv("REPLAYSSM_CUBIN_DIR", str(tmp_path))
+    defs = _server_defs(*cuda_main.CUDA_DEFAULT, torch.float32)
+    with caplog.at_level(logging.INFO, logger=cuda_main.__name__):
+        p = cuda_main.build(defs)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("compiling the CUDA main launch" in m and str(tmp_path) in m for m in msgs), msgs
+    assert any("compiled in" in m and p.name in m for m in msgs), msgs
+    assert p.parent == tmp_path and p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x7fELF"
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]  # (the temporary directory is gone)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=cuda_main.__name__):
+        assert cuda_main.build(defs) == p
+    assert not caplog.records

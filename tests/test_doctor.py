@@ -279,3 +279,45 @@ def test_real_engine_on_the_installed_sglang(monkeypatch):
     assert any(state in s.detail for state in D._STATE_ADVICE), s.detail
     assert by_name(checks, "sglang").detail.startswith("SGLang ")
     assert_actionable(checks)
+
+
+H200 = {"torch": "2.x", "cuda_build": "13.0", "available": True, "devices": [("NVIDIA H200", (9, 0))]}
+A100 = {"torch": "2.x", "cuda_build": "13.0", "available": True, "devices": [("NVIDIA A100", (8, 0))]}
+NOGPU = {"torch": "2.x", "cuda_build": None, "available": False, "devices": []}
+
+
+def _tc(**kw):
+    tc = {"nvcc": "/usr/local/cuda/bin/nvcc", "cache": "/c", "cubins": 0, "impl": "auto",
+          "impls": ("auto", "cuda", "triton")}
+    tc.update(kw)
+    return tc
+
+
+@pytest.mark.parametrize("info,tc,status,text", [
+    (H200, _tc(), D.OK, "CUDA (kernels/gdn_main.cu)"),
+    (H200, _tc(impl="cuda"), D.OK, "built at first use by /usr/local/cuda/bin/nvcc"),
+    (H200, _tc(nvcc=None, cubins=3), D.OK, "cached cubins only (3 in /c"),
+    (H200, _tc(nvcc=None), D.WARN, "neither nvcc nor cached cubins"),
+    (H200, _tc(impl="triton"), D.INFO, "Triton's (REPLAYSSM_MAIN_IMPL=triton)"),
+    (H200, _tc(impl="fast"), D.FAIL, "'fast'"),
+    (A100, _tc(), D.INFO, "needs sm_90"),
+    (NOGPU, _tc(), D.INFO, "no CUDA GPU"),
+])
+def test_main_launch(info, tc, status, text):
+    """doctor says which decode main launch the server will take (the CUDA one, the default where it can run, or
+    Triton's) and, where the CUDA one is missing only for want of nvcc, how to get it."""
+    checks = D.check_main_launch(info, tc)
+    c = by_name(checks, "main-launch")
+    assert c.status == status and text in c.detail + (c.action or "")
+    assert_actionable(checks)
+
+
+def test_main_launch_reads_the_real_toolchain(monkeypatch, tmp_path):
+    monkeypatch.setenv("REPLAYSSM_CUBIN_DIR", str(tmp_path))
+    monkeypatch.setenv("REPLAYSSM_NVCC", str(tmp_path / "no-nvcc"))
+    (tmp_path / "gdn_main-0123.cubin").write_bytes(b"x")
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
+    tc = D._cuda_main_toolchain()
+    assert tc["nvcc"] is None and tc["cubins"] == 1 and tc["cache"] == str(tmp_path) and tc["impl"] == "auto"
+    c = by_name(D.check_main_launch(H200), "main-launch")
+    assert c.status == D.OK and "cached cubins only (1 in" in c.detail
