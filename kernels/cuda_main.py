@@ -205,8 +205,8 @@ def build(defs: dict, arch: str = ARCH) -> Path:
     return path
 
 
-def resources(defs: dict, arch: str = ARCH) -> dict:
-    """ptxas's report for this build: registers, spill stores / loads (bytes), static shared memory."""
+def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> dict:
+    """ptxas's report for kernel ``name`` of this build: registers, spill stores / loads and stack frame (bytes)."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("resources() needs nvcc")
@@ -216,11 +216,18 @@ def resources(defs: dict, arch: str = ARCH) -> dict:
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
     txt = r.stdout + r.stderr
-    reg = re.search(r"Used (\d+) registers", txt)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", txt)
+    # the build may hold two kernels: the report's section of this one (up to the next entry function)
+    m = re.search(rf"Compiling entry function '{re.escape(name)}'(.*?)(?=Compiling entry function|\Z)", txt, re.S)
+    if m is None:
+        raise RuntimeError(f"ptxas reported no kernel {name!r} for this build")
+    sec = m.group(1)
+    reg = re.search(r"Used (\d+) registers", sec)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", sec)
+    stack = re.search(r"(\d+) bytes stack frame", sec)
     return {"registers": int(reg.group(1)) if reg else None,
             "spill_stores": int(spill.group(1)) if spill else None,
-            "spill_loads": int(spill.group(2)) if spill else None}
+            "spill_loads": int(spill.group(2)) if spill else None,
+            "stack": int(stack.group(1)) if stack else None}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,10 +268,22 @@ def _check(rc: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: CUDA error {rc} ({(msg.value or b'?').decode()})")
 
 
-def function(defs: dict, device: torch.device):
-    """The loaded kernel of this build on ``device`` (built and loaded once per process)."""
+def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
+    """The loaded kernel ``name`` of this build on ``device`` (built and loaded once per process; the build holds the
+    main launch, replay_gdn_main, and for GDN the pre launch, replay_gdn_pre)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     key = (tuple(sorted(defs.items())), idx)
+    if name != "replay_gdn_main":
+        mod = _functions.get(key, (None,))[0]
+        if mod is None:
+            function(defs, device)  # (loads the module)
+            mod = _functions[key][0]
+        fkey = (key, name)
+        if fkey not in _functions:
+            f = ctypes.c_void_p()
+            _check(_cuda().cuModuleGetFunction(ctypes.byref(f), mod, name.encode()), f"cuModuleGetFunction({name})")
+            _functions[fkey] = (mod, f)
+        return _functions[fkey][1]
     fn = _functions.get(key)
     if fn is None:
         data = build(defs).read_bytes()
@@ -398,6 +417,48 @@ def load_failure(defs: dict, device: torch.device) -> str | None:
                 "launch runs Triton's main launch instead. REPLAYSSM_MAIN_IMPL=triton chooses Triton's without "
                 "trying; REPLAYSSM_NVCC names the nvcc to build with.", why)
     return _FAILED[key]
+
+
+PRE_MAX_CAP = 16  # the CUDA pre launch holds a row's 2 x 16 record dots in one warp's lanes
+
+
+def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
+    """Why the CUDA pre launch (gdn_main.cu's replay_gdn_pre, opt-in: decode_v3.launch(pre_impl="cuda")) cannot run
+    this launch (None: it can)."""
+    if kind != "gdn":
+        return "it is written for GDN only (KDA's pre launch stays Triton's)"
+    if ring.rc is not None:
+        return "it has no read copy"
+    if K != 128:
+        return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
+    if ring.layout.cap > PRE_MAX_CAP or BC > PRE_MAX_CAP:
+        return f"it needs a ring capacity of at most {PRE_MAX_CAP} (one warp holds a row's 2 x 16 record dots)"
+    if pre_rows != 1:
+        return "it runs one row per block (pre_rows 1)"
+    dev = state.device
+    if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "it needs a CUDA GPU"
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        return "it needs sm_90 or newer"
+    return None
+
+
+def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
+               lower_bound, L, H, B) -> None:
+    """One GDN pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it
+    feeds: the same module), writing what decode_v3's Triton pre launch writes (coef, scal, the token's record)."""
+    if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
+        raise ValueError("the CUDA pre launch needs contiguous records and scratch")
+    f = function(defs, mixed_qkv.device, "replay_gdn_pre")
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
+    args = [ptr(mixed_qkv), ptr(a2), ptr(A_log), ptr(dt_bias), ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows),
+            ptr(slot_idx), ptr(forced), ptr(ring_idx), ptr(coef), ptr(scal), ctypes.c_float(scale),
+            ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
+            ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
+    cfg = _LaunchConfig(H, B, 1, 32, 1, 1, 0, ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
+                        None, 0)
+    _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx(replay_gdn_pre)")
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,

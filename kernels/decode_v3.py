@@ -992,7 +992,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
-           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None):
+           tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
+           pre_impl=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1057,6 +1058,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
+    pre_impl (None: "triton"; opt-in, session 31, not yet run on a GPU): "cuda" runs the pre launch as gdn_main.cu's
+    replay_gdn_pre (cuda_main.pre_unavailable_reason: GDN, no read copy, K = 128, a ring capacity of at most 16,
+    pre_rows 1, sm_90): the same outputs as Triton's, one warp per (row, key head) at most 64 registers (one wave of
+    the grid), every load that does not need h issued before h arrives. With Triton's main launch it is built from the
+    default CUDA shape's parameters.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
     not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's
     records with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's
@@ -1167,6 +1173,23 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 BC=BC, pdl=pdl, config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0),
                 kind=kind, lower_bound=lower_bound), state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
+    pre_impl = pre_impl or "triton"
+    if pre_impl not in ("triton", "cuda"):
+        raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
+    pre_defs = None
+    if pre_impl == "cuda":
+        why = ("self_pre has no pre launch" if self_pre else
+               cuda_main.pre_unavailable_reason(kind, state, ring, K, BC, pre_rows))
+        if why:
+            raise ValueError(f"pre_impl='cuda' cannot run this launch: {why} (pre_impl='triton' can)")
+        # the build of the main launch it feeds where that is CUDA's (one module), else of the default CUDA shape
+        main_cfg = cuda_cfg if impl_main == "cuda" else cuda_main.default_config(state.dtype, kind)
+        pre_defs = cuda_main.launch_defines(
+            mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
+            h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
+            BC=BC, pdl=pdl, config=main_cfg,
+            diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0) if impl_main == "cuda" else 0, kind=kind,
+            lower_bound=lower_bound)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:
@@ -1213,7 +1236,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                                 BB=triton.next_power_of_2(B), HAS_FORCED=forced is not None,
                                 HAS_H_ROWS=h_rows is not None, HAS_RING_IDX=ring_idx is not None, HAS_RC=has_rc,
                                 num_warps=4)
-    if run_pre:
+    if run_pre and pre_defs is not None:
+        cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
+                             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
+                             scale=float(scale), lower_bound=lower_bound, L=L, H=lay.H, B=B)
+    elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,

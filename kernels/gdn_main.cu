@@ -533,3 +533,127 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     }
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
 }
+
+// (GDN with a ring capacity of at most 16: a row's 2 x 16 record dots are one value per lane of a warp)
+#if !IS_KDA && CAP_ <= 16 && BC_ <= 16
+#ifndef PRE_MINB
+#define PRE_MINB 32  // __launch_bounds__'s minimum one-warp blocks per SM for the pre launch (32: 64 registers)
+#endif
+// The pre launch of decode v3 for GDN, in CUDA (opt-in: decode_v3.launch(pre_impl="cuda"); docs/design.md
+// "Session 31, second part"). It computes what decode_v3._pre_row computes for one (row, key head), one warp per
+// block, grid (H, B) (a row's key heads dispatched together), lane l on K columns [4l, 4l + 4):
+//   q~ = scale q / |q|, k~ = k / |k|, <k~, q~>; the record dots <k_j, q~>, <k_j, k~> for j < h (a reduce-scatter
+//   leaves dot (lane mod 16) of q~ (lanes 0-15) or k~ (lanes 16-31) in each lane); for each value head of the key
+//   head: G_t = G_{h-1} + g_t, the coefficients c_j = <k_j, q~> e^{G_t - G_j}, d_j = <k_j, k~> e^{G_t - G_j}
+//   (coef), e^{G_t} and <k~, q~> (scal), and on a row that appends, G_t into the ring; then the token's key k~.
+// Padded rows write nothing. With USE_PDL it lets the main launch (its programmatic dependent) start at once.
+// one step of a warp's reduce-scatter: lanes with bit S set keep values S .. 2S - 1 (moved to 0 .. S - 1), the others
+// values 0 .. S - 1, each adding its partner's (lane ^ S) copy of them
+template <int S>
+__device__ __forceinline__ void rs_half(float (&v)[32], int lane) {
+    const bool upper = (lane & S) != 0;
+#pragma unroll
+    for (int i = 0; i < S; ++i) {
+        const float lo = v[i], hi = v[i + S];
+        v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, S);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
+    const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const ALOG_T* __restrict__ A_log,
+    const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
+    const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
+    const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
+    float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a) {
+#if USE_PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    const int lane = threadIdx.x;
+    const int i_h = blockIdx.x, n = blockIdx.y;
+    long long slot = static_cast<long long>(slot_idx[n]);
+    long long rrow = slot;
+#if HAS_RING_IDX
+    rrow = static_cast<long long>(ring_idx[n]);
+    if (rrow < 0) slot = -1;
+    if (slot < 0) rrow = -1;
+#endif
+    if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
+#if HAS_H_ROWS
+    const int h_old = h_rows[n];
+#else
+    const int h_old = ring_h[rrow];
+#endif
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+    float4 q = load4(px + i_h * K_ + 4 * lane);
+    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+    const bool prefold = h_old >= L;
+    const int h_eff = prefold ? 0 : h_old;
+    const bool flush = (h_eff + 1 >= L) || is_forced;
+    const bool append = !flush && !prefold;
+
+    // q~, k~ as _pre_row makes them (a division by the norm, then the scale)
+    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+    q = make_float4(q.x / nq * scale, q.y / nq * scale, q.z / nq * scale, q.w / nq * scale);
+    k = make_float4(k.x / nk, k.y / nk, k.z / nk, k.w / nk);
+    const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+
+    // this lane's parts of the 2 x 16 record dots (positions past h and past CAP: zero)
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        v[j] = 0.0f;
+        v[16 + j] = 0.0f;
+        if (j < CAP_) {
+            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            // (a select, not a product: a stale record past h may hold anything, NaN included)
+            v[j] = j < h_old ? r.x * q.x + r.y * q.y + r.z * q.z + r.w * q.w : 0.0f;
+            v[16 + j] = j < h_old ? r.x * k.x + r.y * k.y + r.z * k.z + r.w * k.w : 0.0f;
+        }
+    }
+    // reduce-scatter over the warp (31 shuffles): lane l ends with the sum of value l, i.e. <k_l, q~> (l < 16) or
+    // <k_{l - 16}, k~>. (One step per halving, each with a compile-time count: written as reduce_scatter's loop over
+    // s, nvcc kept the 32 values in local memory.)
+    rs_half<16>(v, lane);
+    rs_half<8>(v, lane);
+    rs_half<4>(v, lane);
+    rs_half<2>(v, lane);
+    rs_half<1>(v, lane);
+    const float dot = v[0];
+    const int j = lane & 15;
+    const bool valid = j < h_old && j < CAP_;
+
+    constexpr int R = HV_ / H_;  // value heads per key head
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int hv = i_h * R + r;
+        float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+        const float rg = valid ? base_g[j] : 0.0f;
+        const float g_prev = __shfl_sync(0xffffffffu, rg, h_old > 0 ? h_old - 1 : 0);  // G_{h-1}: lane h - 1's
+        const float G_last = h_old > 0 ? g_prev : 0.0f;
+        const float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        const float G_t = G_last + gate_of(x, __expf(to_f(A_log[hv])), lower_bound);
+        const float w = valid ? __expf(G_t - rg) : 0.0f;
+        float* pc = coef + (static_cast<long long>(n) * HV_ + hv) * 2 * BC_;
+        if (j < BC_) pc[(lane < 16 ? 0 : BC_) + j] = dot * w;
+        if (lane == 0) {
+            scal[(static_cast<long long>(n) * HV_ + hv) * 2] = __expf(G_t);
+            scal[(static_cast<long long>(n) * HV_ + hv) * 2 + 1] = kq;
+            if (append) base_g[h_eff] = G_t;
+        }
+    }
+    if (append) {
+        KR_T* dst = ring_k + ((rrow * H_ + i_h) * CAP_ + h_eff) * K_ + 4 * lane;
+        from_f(dst, k.x);
+        from_f(dst + 1, k.y);
+        from_f(dst + 2, k.z);
+        from_f(dst + 3, k.w);
+    }
+}
+#endif

@@ -49,6 +49,11 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cudakda, KDA, fp32 or bf16 state, B >= 128) the server's launch (predecayed keys) with
               KDA's main launch in CUDA (gdn_main.cu's IS_KDA), in its state's shapes; _r16, _nopdl, _main, _pre,
               _premain, _stream, _nofold as above; with --variants cudakda,curr the shapes and v3_sl round-robin
+  v3_sl[_cu]_cpre (--variants cudapre, GDN, fp32 or bf16 state, B >= 128) the server's launch with the pre launch in
+              CUDA (gdn_main.cu's replay_gdn_pre, decode_v3 pre_impl "cuda"; session 31), beside the CUDA main launch
+              (v3_sl_cu_cpre, against v3_sl_cu with Triton's pre) and Triton's (v3_sl_cpre, against v3_sl);
+              _cpre_pre / _pre the two pre launches alone, _cpre_premain / _premain with the main launch; with
+              --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin
   v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
               N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
@@ -1067,6 +1072,31 @@ def main():
                         per = round_robin(c, rr, f"{kind} {sdt} cuda")
                         meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                     for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "cudapre" in variants and kind == "gdn" and B >= 128:
+                    # the pre launch in CUDA (session 31): does a one-wave pre launch (64 registers, the loads that
+                    # do not need h issued before it) shorten the step, where the pre launch's ~13 us (11 exposed)
+                    # is what stands between GDN fp32 and 1.65x? Beside both main launches, with the step split
+                    srv = dict(server_like=True)
+                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **srv)
+                    arms["v3_sl_cpre"] = arm_ours(c, torch.float32, impl="v3", **srv, v3_opts=dict(pre_impl="cuda"))
+                    arms["v3_sl_cu"] = arm_ours(c, torch.float32, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
+                    arms["v3_sl_cu_cpre"] = arm_ours(c, torch.float32, impl="v3", **srv,
+                                                     v3_opts=dict(main_impl="cuda", pre_impl="cuda"))
+                    for dg in ("pre", "pre+main"):
+                        arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
+                            c, torch.float32, impl="v3", **srv, v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                        arms[f"v3_sl_cu_cpre_{dg.replace('+', '')}"] = arm_ours(
+                            c, torch.float32, impl="v3", **srv,
+                            v3_opts=dict(main_impl="cuda", pre_impl="cuda", _diag_parts=dg))
+                    arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", **srv,
+                                                     v3_opts=dict(main_impl="cuda", _diag_parts="main"))
+                    arms["v3_sl_cu_again"] = arms["v3_sl_cu"]  # timed again last: the drift over the run
+                    if "curr" in variants:  # the two pre launches before the CUDA main launch, round-robin, medians
+                        per = round_robin(c, {"v3_sl_cu_rr": arms["v3_sl_cu"], "v3_sl_cu_cpre_rr": arms["v3_sl_cu_cpre"]},
+                                          f"{kind} {sdt} cuda pre")
+                        meta.setdefault("cpre_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                   for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prerows" in variants and B >= 128:
                     # the pre launch with 2-8 batch rows per program (pre_rows), beside the CUDA and Triton main

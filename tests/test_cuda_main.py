@@ -357,3 +357,36 @@ def test_build_caches_one_cubin_and_says_so(monkeypatch, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger=cuda_main.__name__):
         assert cuda_main.build(defs) == p
     assert not caplog.records
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("rec,state_dtype,h_rows", [(torch.float32, torch.float32, False),
+                                                    (torch.bfloat16, torch.float32, True),
+                                                    (torch.float32, torch.bfloat16, False)])
+def test_pre_launch_compiles_in_one_wave_without_spills(rec, state_dtype, h_rows):
+    """GDN's CUDA pre launch (replay_gdn_pre, in the same build as the main launch it feeds): at most 64 registers,
+    so 32 one-warp blocks fit an SM and the server's 4,096 (row, key head) items at B = 256 are one wave on the H200;
+    no spills and no local memory (its 32 record dots stay in registers through the reduce-scatter). KDA's builds
+    hold no pre launch (its pre launch stays Triton's)."""
+    cfg = cuda_main.CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else cuda_main.CUDA_DEFAULT
+    defs = dict(_server_defs(*cfg, rec, state_dtype=state_dtype), HAS_H_ROWS=int(h_rows))
+    res = cuda_main.resources(defs, name="replay_gdn_pre")
+    assert res["registers"] <= 64 and res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack"] == 0, res
+    assert cuda_main.resources(defs)["registers"] is not None  # (the main launch beside it: its own tests above)
+    with pytest.raises(RuntimeError, match="no kernel 'replay_gdn_pre'"):
+        cuda_main.resources(_server_defs(*cuda_main.CUDA_DEFAULT_KDA, torch.float32, kind="kda"), name="replay_gdn_pre")
+
+
+def test_pre_launch_refusals():
+    """Where the CUDA pre launch cannot run, the reason names what it needs."""
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    ring = lay.allocate(2)
+    st = torch.zeros(2, 2, 128, 128)
+    why = cuda_main.pre_unavailable_reason
+    assert "GDN only" in why("kda", st, ring, 128, 16)
+    assert "K = 128" in why("gdn", st, ring, 64, 16)
+    assert "pre_rows 1" in why("gdn", st, ring, 128, 16, pre_rows=2)
+    assert "at most 16" in why("gdn", st, ringmod.RingLayout.for_layer("gdn", L=32, H=1, HV=2, K=128,
+                                                                      V=128).allocate(2), 128, 32)
+    assert "read copy" in why("gdn", st, lay.allocate(2, read_dtype="bf16"), 128, 16)
+    assert why("gdn", st, ring, 128, 16) == "it needs a CUDA GPU"

@@ -1432,6 +1432,81 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     return st
 
 
+# the pre launch in CUDA (gdn_main.cu's replay_gdn_pre, decode_v3 pre_impl="cuda"; session 31): beside the CUDA main
+# launch in its fp32 and bf16-state defaults and beside Triton's; the server's arguments (fp32 records, bf16 inputs,
+# the ring keyed by its own rows), bf16 records with fp32 inputs, a caller-owned h
+CUDA_PRE_CASES = [("cuda", "float32", "float32", "bfloat16", True, False),
+                  ("cuda", "float32", "bfloat16", "float32", False, True),
+                  ("triton", "float32", "float32", "bfloat16", True, False),
+                  ("cuda", "bfloat16", "float32", "bfloat16", True, False),
+                  ("triton", "bfloat16", "bfloat16", "float32", False, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("main_impl,state_dtype,rec_dtype,qkv_dtype,ring_idx,h_rows", CUDA_PRE_CASES, ids=str)
+def test_gpu_real_shapes_cuda_pre(main_impl, state_dtype, rec_dtype, qkv_dtype, ring_idx, h_rows, monkeypatch):
+    """The CUDA pre launch at the real head sizes (H = 16, HV = 32), against float64 over 26 steps (window switching,
+    forced flushes, pre-folds, staggered cursors), every step's pre launch the CUDA one."""
+    from replayssm_sglang.kernels import cuda_main
+
+    calls = []
+    real = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: calls.append(1) or real(**kw))
+    hz = _real_harness("gdn", state_dtype=DTYPES[state_dtype], rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
+                       seed=17, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
+                       v3_opts=dict(main_impl=main_impl, pre_impl="cuda"))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+    assert len(calls) == 26, "every step's pre launch must be the CUDA one"
+
+
+def test_cuda_pre_plumbing(monkeypatch):
+    """pre_impl="cuda" (CPU: the CUDA pre launch stood in for by Triton's, with the same arguments) takes the launch's
+    arguments as the CUDA build needs them and writes what Triton's pre launch writes: the outputs and ring equal the
+    all-Triton path bit for bit; refusals name why and the fix."""
+    from replayssm_sglang.kernels import cuda_main, decode_v3
+
+    seen = []
+
+    def stand_in(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
+                 lower_bound, L, H, B):
+        seen.append(defs)
+        lay = ring.layout
+        decode_v3.replay_decode_v3_pre_kernel[(B, lay.HK)](
+            mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, h_rows if h_rows is not None else slot_idx,
+            slot_idx, forced if forced is not None else slot_idx, ring_idx if ring_idx is not None else slot_idx,
+            coef, scal, scale, 0.0, L, mixed_qkv.stride(0), a2.stride(0), B, BC=coef.shape[-1], num_warps=1,
+            num_stages=1, H=lay.H, HV=lay.HV, HK=lay.HK, GK=1, K=lay.K, CAP=lay.cap, BK=lay.K, IS_KDA=False,
+            HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None, USE_LOWER_BOUND=False,
+            HAS_RING_IDX=ring_idx is not None)
+
+    monkeypatch.setattr(cuda_main, "pre_launch", stand_in)
+    monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a, **kw: None)
+
+    def run(**v3_opts):
+        hz = Harness("gdn", B=3, H=1, HV=2, K=128, V=16, L=4, seed=91, windows=(4, 4, 2, 4), impl="v3",
+                     v3_opts=v3_opts, ring_idx=True)
+        hz.run(6)
+        return hz
+
+    a = run()
+    b = run(pre_impl="cuda")
+    assert len(seen) == 6 and seen[0]["HAS_RING_IDX"] == 1 and seen[0]["H_"] == 1 and seen[0]["CAP_"] == 4
+    for x, y in [(a.state, b.state)] + [(getattr(a.ring, n), getattr(b.ring, n)) for n in ("u", "k", "g", "h")]:
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)  # (the harness poisons unused positions)
+    monkeypatch.undo()
+    H, HV, K, V = 1, 2, 128, 16
+    x = R.random_decode_inputs("gdn", 1, H, HV, K, V, generator=torch.Generator().manual_seed(0))
+    ring = ringmod.RingLayout.for_layer("gdn", L=4, H=H, HV=HV, K=K, V=V).allocate(1)
+    go = lambda **o: replay_decode("gdn", *x, torch.zeros(1, HV, V, K), ring, torch.zeros(1, dtype=torch.int32),  # noqa
+                                   L=4, impl="v3", v3_opts=o)
+    with pytest.raises(ValueError, match="pre_impl must be"):
+        go(pre_impl="ptx")
+    with pytest.raises(ValueError, match="pre_impl='cuda' cannot run this launch: it needs a CUDA GPU"):
+        go(pre_impl="cuda")
+
+
 # the CUDA main launch with a bf16 checkpoint (ST_T, 8-byte loads and rounded stores): each shape of
 # cuda_main.CUDA_BF16_CONFIGS; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16
 # records with fp32 inputs, a caller-owned h
