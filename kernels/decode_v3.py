@@ -1061,8 +1061,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_impl (None: "triton"; opt-in, session 31, not yet run on a GPU): "cuda" runs the pre launch as gdn_main.cu's
     replay_gdn_pre (cuda_main.pre_unavailable_reason: GDN, no read copy, K = 128, a ring capacity of at most 16,
     pre_rows 1, sm_90): the same outputs as Triton's, one warp per (row, key head) at most 64 registers (one wave of
-    the grid), every load that does not need h issued before h arrives. With Triton's main launch it is built from the
-    default CUDA shape's parameters.
+    the grid at B = 256), q and k loaded beside h and the h key records all at once. With Triton's main launch it is
+    built from the default CUDA shape's parameters.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
     not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's
     records with q~ and k~ beside its tile's K chunks and appends the token's key and G_t itself (_main_tile's
