@@ -216,6 +216,20 @@ __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* 
                       G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
 }
 
+// batch row n's state slot and ring row (decode._slot_row): the ring row is ring_idx[n] where the launch has one (rings
+// keyed by request row), else the slot; a row with either index < 0 is padding, both then -1
+__device__ __forceinline__ void slot_and_ring_row(const SLOT_T* __restrict__ slot_idx,
+                                                  const RIDX_T* __restrict__ ring_idx, int n, long long& slot,
+                                                  long long& rrow) {
+    slot = static_cast<long long>(slot_idx[n]);
+    rrow = slot;
+#if HAS_RING_IDX
+    rrow = static_cast<long long>(ring_idx[n]);
+    if (rrow < 0) slot = -1;
+    if (slot < 0) rrow = -1;
+#endif
+}
+
 // what the main launch takes from the pre launch for one (row, value head), this lane's share: the records'
 // coefficients c_j, d_j at positions j0 .. j0 + JPL - 1, GDN's e^{G_t} (1 for KDA, whose e^{G_t} is per column, on q
 // and k), <k~, q~>, and KDA's overflow flags (the row's, this head's). With PDL it first waits for the pre launch;
@@ -273,13 +287,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const int i_hk = IS_KDA ? hv : i_h;                           // the key head of the records: KDA's per value head
     const int wrow0 = i_v * VT + warp * RPW;                      // the warp's first V-row
 
-    long long slot = static_cast<long long>(slot_idx[n]);
-    long long rrow = slot;
-#if HAS_RING_IDX
-    rrow = static_cast<long long>(ring_idx[n]);
-    if (rrow < 0) slot = -1;
-    if (slot < 0) rrow = -1;
-#endif
+    long long slot, rrow;
+    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     const int r = lane & (RPW - 1);  // the row this lane owns after the reduction
     const int v = wrow0 + r;
     if (slot < 0) {  // a padded row: zero output, nothing touched (the whole block takes this branch)
@@ -570,13 +579,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
 #endif
     const int lane = threadIdx.x;
     const int i_h = blockIdx.x, n = blockIdx.y;
-    long long slot = static_cast<long long>(slot_idx[n]);
-    long long rrow = slot;
-#if HAS_RING_IDX
-    rrow = static_cast<long long>(ring_idx[n]);
-    if (rrow < 0) slot = -1;
-    if (slot < 0) rrow = -1;
-#endif
+    long long slot, rrow;
+    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
 #if HAS_H_ROWS
     const int h_old = h_rows[n];
