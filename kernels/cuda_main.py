@@ -462,22 +462,25 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
-           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None):
+           scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None,
+           defs=None):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
     config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre]]) (None: default_config(state.dtype,
-    kind)); diag_stream: the benchmark's diagnostic."""
+    kind)); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
+    them already (decode_v3.launch makes them once per step)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre = (*(config or default_config(state.dtype, kind)), 0, 0)[:6]
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
-    defs = launch_defines(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
-                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=H, HV=HV,
-                          V=V, cap=cap, BC=BC, pdl=pdl, config=config, diag_stream=diag_stream, kind=kind,
-                          lower_bound=lower_bound)
+    if defs is None:
+        defs = launch_defines(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
+                              ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=H,
+                              HV=HV, V=V, cap=cap, BC=BC, pdl=pdl, config=config, diag_stream=diag_stream, kind=kind,
+                              lower_bound=lower_bound)
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     f = function(defs, state.device)

@@ -1158,6 +1158,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
+    diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
+
+    def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
+        return cuda_main.launch_defines(
+            mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
+            h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
+            BC=BC, pdl=pdl, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound)
+
+    main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
         if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 6:
             cuda_cfg = (*cuda_cfg, 0, 0, 0, 0)[:6]
@@ -1167,12 +1176,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
-        if main_impl is None and cuda_main.load_failure(cuda_main.launch_defines(
-                mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
-                h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
-                BC=BC, pdl=pdl, config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0),
-                kind=kind, lower_bound=lower_bound), state.device):
+        main_defs = cuda_defines(cuda_cfg, diag_stream)
+        if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
+            main_defs = None
     pre_impl = pre_impl or "triton"
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
@@ -1183,13 +1190,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         if why:
             raise ValueError(f"pre_impl='cuda' cannot run this launch: {why} (pre_impl='triton' can)")
         # the build of the main launch it feeds where that is CUDA's (one module), else of the default CUDA shape
-        main_cfg = cuda_cfg if impl_main == "cuda" else cuda_main.default_config(state.dtype, kind)
-        pre_defs = cuda_main.launch_defines(
-            mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
-            h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
-            BC=BC, pdl=pdl, config=main_cfg,
-            diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0) if impl_main == "cuda" else 0, kind=kind,
-            lower_bound=lower_bound)
+        pre_defs = main_defs if main_defs is not None else cuda_defines(
+            cuda_main.default_config(state.dtype, kind), 0)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:
@@ -1253,8 +1255,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
-                         config=cuda_cfg, diag_stream={"stream": 1, "nofold": 2}.get(_diag_parts, 0), kind=kind,
-                         lower_bound=lower_bound, gts=gts)
+                         config=cuda_cfg, diag_stream=diag_stream, kind=kind, lower_bound=lower_bound, gts=gts,
+                         defs=main_defs)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](
