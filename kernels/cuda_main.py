@@ -95,6 +95,16 @@ def env_main_impl() -> str:
     return os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() or "auto"
 
 
+PRE_IMPLS = ("triton", "cuda")
+
+
+def env_pre_impl() -> str:
+    """REPLAYSSM_PRE_IMPL (the pre launch a server prefers; GDN only), stripped and lower-cased; "triton" when unset or
+    empty. "cuda" (opt-in): gdn_main.cu's replay_gdn_pre wherever it can run (pre_unavailable_reason) and its kernel
+    builds and loads, Triton's elsewhere. decode_v3.launch refuses other values."""
+    return os.environ.get("REPLAYSSM_PRE_IMPL", "").strip().lower() or "triton"
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"
@@ -365,6 +375,19 @@ def preference_note(kind, state, ring, K, V) -> str:
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
     return f"CUDA (kernels/gdn_main.cu; REPLAYSSM_MAIN_IMPL=triton for Triton's; nvcc {find_nvcc() or 'none, cubins'})"
+
+
+def pre_preference_note(kind, state, ring, K, BC) -> str | None:
+    """Where REPLAYSSM_PRE_IMPL=cuda asks for the CUDA pre launch, which pre launch a decode step of this layer takes,
+    for the server's log: "CUDA (...)" or "Triton (why)"; None where the environment leaves Triton's (the default)."""
+    if env_pre_impl() != "cuda":
+        return None
+    why = pre_unavailable_reason(kind, state, ring, K, BC)
+    if why:
+        return f"Triton (the CUDA one: {why})"
+    if not _obtainable():
+        return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
+    return "CUDA (kernels/gdn_main.cu replay_gdn_pre; REPLAYSSM_PRE_IMPL=cuda)"
 
 
 _OBTAINABLE: dict = {}

@@ -1058,7 +1058,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
-    pre_impl (None: "triton"; opt-in, session 31, not yet run on a GPU): "cuda" runs the pre launch as gdn_main.cu's
+    pre_impl (None: the environment's REPLAYSSM_PRE_IMPL where this launch can take it, else "triton"; opt-in, session
+    31): "cuda" runs the pre launch as gdn_main.cu's
     replay_gdn_pre (cuda_main.pre_unavailable_reason: GDN, no read copy, K = 128, a ring capacity of at most 16,
     pre_rows 1, sm_90): the same outputs as Triton's, one warp per (row, key head) at most 64 registers (one wave of
     the grid at B = 256), q and k loaded beside h and the h key records all at once. With Triton's main launch it is
@@ -1180,18 +1181,28 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
             main_defs = None
-    pre_impl = pre_impl or "triton"
+    # the pre launch's implementation: the caller's, else the environment's (REPLAYSSM_PRE_IMPL, default "triton";
+    # "cuda" an opt-in that applies where the CUDA pre launch can run and its kernel builds and loads)
+    env_pre = cuda_main.env_pre_impl() if pre_impl is None else ""
+    if env_pre and env_pre not in cuda_main.PRE_IMPLS:
+        raise ValueError(f"REPLAYSSM_PRE_IMPL must be one of {list(cuda_main.PRE_IMPLS)}, got {env_pre!r}")
+    pre_impl = pre_impl or env_pre
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
     pre_defs = None
     if pre_impl == "cuda":
         why = ("self_pre has no pre launch" if self_pre else
                cuda_main.pre_unavailable_reason(kind, state, ring, K, BC, pre_rows))
-        if why:
+        if why and env_pre:
+            pre_impl = "triton"  # (a preference, not a demand: this launch cannot take the CUDA pre launch)
+        elif why:
             raise ValueError(f"pre_impl='cuda' cannot run this launch: {why} (pre_impl='triton' can)")
-        # the build of the main launch it feeds where that is CUDA's (one module), else of the default CUDA shape
-        pre_defs = main_defs if main_defs is not None else cuda_defines(
-            cuda_main.default_config(state.dtype, kind), 0)
+        else:
+            # the build of the main launch it feeds where that is CUDA's (one module), else of the default CUDA shape
+            pre_defs = main_defs if main_defs is not None else cuda_defines(
+                cuda_main.default_config(state.dtype, kind), 0)
+            if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
+                pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:

@@ -333,6 +333,17 @@ def test_preference_note_for_the_server_log(monkeypatch):
             return ring
 
     assert poolmod.main_launch_note(FakePool(), state[None]) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
+    # the pre launch, named only where REPLAYSSM_PRE_IMPL asks for the CUDA one
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "cuda")
+    assert poolmod.main_launch_note(FakePool(), state[None]) == (
+        "Triton (REPLAYSSM_MAIN_IMPL=triton); pre launch: Triton (the CUDA one: it needs a CUDA GPU)")
+    monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a: None)
+    assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16) == (
+        "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)")
+    monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
+    assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("CUDA (kernels/gdn_main.cu")
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")
+    assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16) is None
     monkeypatch.setattr(cuda_main, "preference_note", lambda *a: 1 / 0)
     assert poolmod.main_launch_note(FakePool(), state[None]).startswith("unknown (ZeroDivisionError")
 

@@ -1507,6 +1507,39 @@ def test_cuda_pre_plumbing(monkeypatch):
         go(pre_impl="cuda")
 
 
+def test_cuda_pre_environment_opt_in(monkeypatch):
+    """REPLAYSSM_PRE_IMPL=cuda (the server's opt-in) takes the CUDA pre launch where it can run, and Triton's, without
+    an error, where it cannot (here: no GPU) or where its kernel does not build; unset leaves Triton's; a wrong value
+    is refused with the accepted ones named."""
+    from replayssm_sglang.kernels import cuda_main
+
+    H, HV, K, V = 1, 2, 128, 16
+    x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=torch.Generator().manual_seed(3))
+    ran = []
+
+    def go():
+        ring = ringmod.RingLayout.for_layer("gdn", L=4, H=H, HV=HV, K=K, V=V).allocate(2)
+        return replay_decode("gdn", *x, torch.zeros(2, HV, V, K), ring, torch.arange(2, dtype=torch.int32), L=4,
+                             impl="v3")
+
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: ran.append(kw["defs"]))
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL", raising=False)
+    go()
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", " CUDA ")
+    ref = go()  # (no GPU: the preference does not apply, Triton's pre launch runs)
+    assert ran == []
+    monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a, **kw: None)
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, dev: "nvcc: not found")
+    torch.testing.assert_close(go(), ref, rtol=0, atol=0)  # (the kernel did not build: Triton's again)
+    assert ran == []
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, dev: None)
+    go()
+    assert len(ran) == 1 and ran[0]["CAP_"] == 4, "where it can run, the environment's opt-in must take it"
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "ptx")
+    with pytest.raises(ValueError, match=r"REPLAYSSM_PRE_IMPL must be one of \['triton', 'cuda'\], got 'ptx'"):
+        go()
+
+
 # the CUDA main launch with a bf16 checkpoint (ST_T, 8-byte loads and rounded stores): each shape of
 # cuda_main.CUDA_BF16_CONFIGS; the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), bf16
 # records with fp32 inputs, a caller-owned h
