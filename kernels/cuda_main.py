@@ -95,14 +95,16 @@ def env_main_impl() -> str:
     return os.environ.get("REPLAYSSM_MAIN_IMPL", "").strip().lower() or "auto"
 
 
-PRE_IMPLS = ("triton", "cuda")
+PRE_IMPLS = ("auto", "cuda", "triton")
 
 
 def env_pre_impl() -> str:
-    """REPLAYSSM_PRE_IMPL (the pre launch a server prefers; GDN only), stripped and lower-cased; "triton" when unset or
-    empty. "cuda" (opt-in): gdn_main.cu's replay_gdn_pre wherever it can run (pre_unavailable_reason) and its kernel
-    builds and loads, Triton's elsewhere. decode_v3.launch refuses other values."""
-    return os.environ.get("REPLAYSSM_PRE_IMPL", "").strip().lower() or "triton"
+    """REPLAYSSM_PRE_IMPL (the pre launch a server prefers; GDN only), stripped and lower-cased; "auto" when unset or
+    empty. "auto": gdn_main.cu's replay_gdn_pre wherever the step's main launch is the CUDA one (they share a module)
+    and the pre launch can run (pre_unavailable_reason), Triton's elsewhere; "cuda": the CUDA pre launch wherever it
+    can run and its kernel builds and loads, beside Triton's main launch too; "triton": Triton's always.
+    decode_v3.launch refuses other values."""
+    return os.environ.get("REPLAYSSM_PRE_IMPL", "").strip().lower() or "auto"
 
 
 def prefers_cuda() -> bool:
@@ -377,17 +379,21 @@ def preference_note(kind, state, ring, K, V) -> str:
     return f"CUDA (kernels/gdn_main.cu; REPLAYSSM_MAIN_IMPL=triton for Triton's; nvcc {find_nvcc() or 'none, cubins'})"
 
 
-def pre_preference_note(kind, state, ring, K, BC) -> str | None:
-    """Where REPLAYSSM_PRE_IMPL=cuda asks for the CUDA pre launch, which pre launch a decode step of this layer takes,
-    for the server's log: "CUDA (...)" or "Triton (why)"; None where the environment leaves Triton's (the default)."""
-    if env_pre_impl() != "cuda":
-        return None
+def pre_preference_note(kind, state, ring, K, BC) -> str:
+    """Which pre launch a decode step of this layer takes by the environment's preference (REPLAYSSM_PRE_IMPL), for
+    the server's log: "CUDA (...)" or "Triton (why)"."""
+    impl = env_pre_impl()
+    if impl == "triton":
+        return "Triton (REPLAYSSM_PRE_IMPL=triton)"
     why = pre_unavailable_reason(kind, state, ring, K, BC)
     if why:
         return f"Triton (the CUDA one: {why})"
+    if impl == "auto" and (not prefers_cuda() or unavailable_reason(kind, state, ring, None, K, ring.layout.V,
+                                                                    *default_config(state.dtype, kind))):
+        return "Triton (beside Triton's main launch; REPLAYSSM_PRE_IMPL=cuda takes the CUDA one there too)"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
-    return "CUDA (kernels/gdn_main.cu replay_gdn_pre; REPLAYSSM_PRE_IMPL=cuda)"
+    return f"CUDA (kernels/gdn_main.cu replay_gdn_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)"
 
 
 _OBTAINABLE: dict = {}
@@ -436,9 +442,9 @@ def load_failure(defs: dict, device: torch.device) -> str | None:
             # small-batch policy too) takes Triton's main launch without trying again
             _OBTAINABLE[(os.environ.get("REPLAYSSM_NVCC"), os.environ.get("REPLAYSSM_CUBIN_DIR"))] = False
             logging.getLogger(__name__).warning(
-                "ReplaySSM: the CUDA main launch (kernels/gdn_main.cu) could not be built or loaded (%s); this "
-                "launch runs Triton's main launch instead. REPLAYSSM_MAIN_IMPL=triton chooses Triton's without "
-                "trying; REPLAYSSM_NVCC names the nvcc to build with.", why)
+                "ReplaySSM: the CUDA decode kernels (kernels/gdn_main.cu) could not be built or loaded (%s); this "
+                "launch runs Triton's kernels instead. REPLAYSSM_MAIN_IMPL=triton (and REPLAYSSM_PRE_IMPL=triton) "
+                "choose Triton's without trying; REPLAYSSM_NVCC names the nvcc to build with.", why)
     return _FAILED[key]
 
 

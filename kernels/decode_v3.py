@@ -1058,8 +1058,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
-    pre_impl (None: the environment's REPLAYSSM_PRE_IMPL where this launch can take it, else "triton"; opt-in, session
-    31): "cuda" runs the pre launch as gdn_main.cu's
+    pre_impl (None: the environment's preference, REPLAYSSM_PRE_IMPL (cuda_main.env_pre_impl; default "auto": "cuda"
+    where the main launch is the CUDA one and this launch can take it, since session 32), else "triton"): "cuda" runs the pre launch as gdn_main.cu's
     replay_gdn_pre (cuda_main.pre_unavailable_reason: GDN, no read copy, K = 128, a ring capacity of at most 16,
     pre_rows 1, sm_90): the same outputs as Triton's, one warp per (row, key head) at most 64 registers (one wave of
     the grid at B = 256), q and k loaded beside h and the h key records all at once. With Triton's main launch it is
@@ -1181,12 +1181,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
             main_defs = None
-    # the pre launch's implementation: the caller's, else the environment's (REPLAYSSM_PRE_IMPL, default "triton";
-    # "cuda" an opt-in that applies where the CUDA pre launch can run and its kernel builds and loads)
+    # the pre launch's implementation: the caller's, else the environment's preference (REPLAYSSM_PRE_IMPL, default
+    # "auto": the CUDA pre launch where the main launch is the CUDA one and the pre launch can run; "cuda": wherever it
+    # can run and its kernel builds and loads; "triton": Triton's always). A preference never fails a launch.
     env_pre = cuda_main.env_pre_impl() if pre_impl is None else ""
     if env_pre and env_pre not in cuda_main.PRE_IMPLS:
         raise ValueError(f"REPLAYSSM_PRE_IMPL must be one of {list(cuda_main.PRE_IMPLS)}, got {env_pre!r}")
-    pre_impl = pre_impl or env_pre
+    if pre_impl is None:
+        pre_impl = "cuda" if env_pre == "cuda" or (env_pre == "auto" and main_defs is not None) else "triton"
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
     pre_defs = None
@@ -1198,7 +1200,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         elif why:
             raise ValueError(f"pre_impl='cuda' cannot run this launch: {why} (pre_impl='triton' can)")
         else:
-            # the build of the main launch it feeds where that is CUDA's (one module), else of the default CUDA shape
+            # the build of the main launch it feeds where that is CUDA's (one module, loaded above), else of the
+            # default CUDA shape
             pre_defs = main_defs if main_defs is not None else cuda_defines(
                 cuda_main.default_config(state.dtype, kind), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):

@@ -397,13 +397,14 @@ def check_flags(st, *, probe: bool = False, target: str | None = None) -> list[C
 
 def _cuda_main_toolchain() -> dict[str, Any]:
     """What the CUDA main launch would build with: nvcc (path or None), the cubin cache and how many cubins it holds,
-    REPLAYSSM_MAIN_IMPL as the launches read it."""
+    REPLAYSSM_MAIN_IMPL and REPLAYSSM_PRE_IMPL as the launches read them."""
     from replayssm_sglang.kernels import cuda_main
 
     d = cuda_main.cache_dir()
     return {"nvcc": cuda_main.find_nvcc(), "cache": str(d),
             "cubins": len(list(d.glob("gdn_main-*.cubin"))) if d.is_dir() else 0,
-            "impl": cuda_main.env_main_impl(), "impls": cuda_main.MAIN_IMPLS}
+            "impl": cuda_main.env_main_impl(), "impls": cuda_main.MAIN_IMPLS,
+            "pre_impl": cuda_main.env_pre_impl(), "pre_impls": cuda_main.PRE_IMPLS}
 
 
 def check_main_launch(info: dict[str, Any] | None = None, tc: dict[str, Any] | None = None) -> list[Check]:
@@ -415,6 +416,10 @@ def check_main_launch(info: dict[str, Any] | None = None, tc: dict[str, Any] | N
     except Exception as e:  # noqa: BLE001
         return [Check("main-launch", WARN, f"the CUDA main launch's module does not import: {type(e).__name__}: {e}",
                       "reinstall replayssm-sglang (pip install -e . in the checkout)")]
+    pre = tc.get("pre_impl", "auto")
+    if pre not in tc.get("pre_impls", (pre,)):
+        return [Check("main-launch", FAIL, f"REPLAYSSM_PRE_IMPL={pre!r}: the decode launch refuses it",
+                      f"set REPLAYSSM_PRE_IMPL to one of {', '.join(tc['pre_impls'])} (or unset it: auto)")]
     if tc["impl"] not in tc["impls"]:
         return [Check("main-launch", FAIL, f"REPLAYSSM_MAIN_IMPL={tc['impl']!r}: the decode launch refuses it",
                       f"set REPLAYSSM_MAIN_IMPL to one of {', '.join(tc['impls'])} (or unset it: auto)")]

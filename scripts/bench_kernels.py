@@ -96,6 +96,7 @@ import torch
 # Each arm names its main launch: the CUDA arms pass main_impl="cuda", every other v3 arm is Triton's launch (as the
 # arms were named and timed before session 31), not the server's default preference for the CUDA one.
 os.environ.setdefault("REPLAYSSM_MAIN_IMPL", "triton")
+os.environ.setdefault("REPLAYSSM_PRE_IMPL", "triton")  # (the pre launch too: the _cpre arms ask for CUDA's by name)
 
 KIND_SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -106,8 +106,10 @@ ARMS = {
     # ours with Triton's main launch (REPLAYSSM_MAIN_IMPL=triton): the default before session 31, which made the CUDA
     # main launch the default wherever it can run (`ours` then takes it)
     "ours_triton": ["--enable-linear-replayssm"],
-    # ours with GDN's pre launch in CUDA too (REPLAYSSM_PRE_IMPL=cuda, opt-in since session 32; KDA keeps Triton's)
+    # ours with GDN's pre launch in CUDA (REPLAYSSM_PRE_IMPL=cuda; KDA keeps Triton's): session 32's measure before it
+    # became the default beside the CUDA main launch (`ours` takes it since); ours_tritonpre keeps Triton's pre launch
     "ours_cudapre": ["--enable-linear-replayssm"],
+    "ours_tritonpre": ["--enable-linear-replayssm"],
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
     # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
@@ -130,6 +132,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_w16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_triton": {"REPLAYSSM_MAIN_IMPL": "triton"},
            "ours_cudapre": {"REPLAYSSM_PRE_IMPL": "cuda"},
+           "ours_tritonpre": {"REPLAYSSM_PRE_IMPL": "triton"},
            "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"}}

@@ -13,6 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # test_gpu_real_shapes_cuda_main* cases), so on a GPU the Triton cases keep checking Triton's kernels; the tests of
 # the default preference itself set or unset REPLAYSSM_MAIN_IMPL.
 os.environ.setdefault("REPLAYSSM_MAIN_IMPL", "triton")
+# the pre launch likewise (REPLAYSSM_PRE_IMPL, default "auto": GDN's CUDA pre launch beside the CUDA main launch, since
+# session 32): Triton's unless a test asks for pre_impl="cuda" or sets the preference itself
+os.environ.setdefault("REPLAYSSM_PRE_IMPL", "triton")
 
 _CASE_KEYS = {"kind", "B", "H", "HV", "K", "V", "L", "T", "state_dtype", "seed"}
 

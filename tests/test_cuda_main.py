@@ -332,18 +332,26 @@ def test_preference_note_for_the_server_log(monkeypatch):
         def ring(self, i):
             return ring
 
-    assert poolmod.main_launch_note(FakePool(), state[None]) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    # the pre launch, named only where REPLAYSSM_PRE_IMPL asks for the CUDA one
+    # the pre launch (REPLAYSSM_PRE_IMPL: auto by default; conftest names Triton's for the tests)
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "triton")
+    assert poolmod.main_launch_note(FakePool(), state[None]) == (
+        "Triton (REPLAYSSM_MAIN_IMPL=triton); pre launch: Triton (REPLAYSSM_PRE_IMPL=triton)")
     monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "cuda")
     assert poolmod.main_launch_note(FakePool(), state[None]) == (
         "Triton (REPLAYSSM_MAIN_IMPL=triton); pre launch: Triton (the CUDA one: it needs a CUDA GPU)")
+    assert cuda_main.pre_preference_note("kda", state, ring, 128, 16).startswith("Triton (the CUDA one: it is written "
+                                                                                 "for GDN only")
     monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a: None)
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16) == (
         "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)")
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("CUDA (kernels/gdn_main.cu")
-    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")
-    assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16) is None
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")  # auto: the CUDA pre launch only beside the CUDA main launch
+    assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("Triton (beside Triton's main launch")
+    monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")  # (the main launch's unavailable_reason stood in for above: CUDA's)
+    assert poolmod.main_launch_note(FakePool(), state[None]) == (
+        f"{cuda_main.preference_note('gdn', state, ring, 128, 128)}; pre launch: CUDA (kernels/gdn_main.cu "
+        "replay_gdn_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)")
     monkeypatch.setattr(cuda_main, "preference_note", lambda *a: 1 / 0)
     assert poolmod.main_launch_note(FakePool(), state[None]).startswith("unknown (ZeroDivisionError")
 

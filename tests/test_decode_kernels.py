@@ -1507,24 +1507,23 @@ def test_cuda_pre_plumbing(monkeypatch):
         go(pre_impl="cuda")
 
 
-def test_cuda_pre_environment_opt_in(monkeypatch):
-    """REPLAYSSM_PRE_IMPL=cuda (the server's opt-in) takes the CUDA pre launch where it can run, and Triton's, without
-    an error, where it cannot (here: no GPU) or where its kernel does not build; unset leaves Triton's; a wrong value
-    is refused with the accepted ones named."""
+def test_cuda_pre_environment_preference(monkeypatch):
+    """REPLAYSSM_PRE_IMPL (the server's preference): "auto" (the default) takes the CUDA pre launch beside the CUDA main
+    launch and Triton's beside Triton's; "cuda" takes it beside either; where it cannot run (here: no GPU) or its kernel
+    does not build, Triton's runs without an error; "triton" never takes it; a wrong value is refused with the accepted
+    ones named."""
     from replayssm_sglang.kernels import cuda_main
 
     H, HV, K, V = 1, 2, 128, 16
     x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=torch.Generator().manual_seed(3))
     ran = []
 
-    def go():
+    def go(**v3_opts):
         ring = ringmod.RingLayout.for_layer("gdn", L=4, H=H, HV=HV, K=K, V=V).allocate(2)
         return replay_decode("gdn", *x, torch.zeros(2, HV, V, K), ring, torch.arange(2, dtype=torch.int32), L=4,
-                             impl="v3")
+                             impl="v3", v3_opts=v3_opts)
 
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: ran.append(kw["defs"]))
-    monkeypatch.delenv("REPLAYSSM_PRE_IMPL", raising=False)
-    go()
     monkeypatch.setenv("REPLAYSSM_PRE_IMPL", " CUDA ")
     ref = go()  # (no GPU: the preference does not apply, Triton's pre launch runs)
     assert ran == []
@@ -1534,9 +1533,24 @@ def test_cuda_pre_environment_opt_in(monkeypatch):
     assert ran == []
     monkeypatch.setattr(cuda_main, "load_failure", lambda defs, dev: None)
     go()
-    assert len(ran) == 1 and ran[0]["CAP_"] == 4, "where it can run, the environment's opt-in must take it"
+    assert len(ran) == 1 and ran[0]["CAP_"] == 4, "where it can run, REPLAYSSM_PRE_IMPL=cuda must take it"
+    # auto: only beside the CUDA main launch (stood in for: no GPU here), with that launch's own build
+    mains = []
+    monkeypatch.setattr(cuda_main, "launch", lambda **kw: mains.append(kw["defs"]))
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    for env in ("", "auto"):
+        monkeypatch.setenv("REPLAYSSM_PRE_IMPL", env)
+        ran.clear()
+        go()
+        assert ran == [], "auto: Triton's pre launch beside Triton's main launch"
+        go(main_impl="cuda")
+        assert len(ran) == 1 and ran[0] is mains[-1], "auto: the CUDA pre launch beside the CUDA main launch"
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "triton")
+    ran.clear()
+    go(main_impl="cuda")
+    assert ran == [] and len(mains) == 3
     monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "ptx")
-    with pytest.raises(ValueError, match=r"REPLAYSSM_PRE_IMPL must be one of \['triton', 'cuda'\], got 'ptx'"):
+    with pytest.raises(ValueError, match=r"REPLAYSSM_PRE_IMPL must be one of \['auto', 'cuda', 'triton'\], got 'ptx'"):
         go()
 
 

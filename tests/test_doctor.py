@@ -288,7 +288,7 @@ NOGPU = {"torch": "2.x", "cuda_build": None, "available": False, "devices": []}
 
 def _tc(**kw):
     tc = {"nvcc": "/usr/local/cuda/bin/nvcc", "cache": "/c", "cubins": 0, "impl": "auto",
-          "impls": ("auto", "cuda", "triton")}
+          "impls": ("auto", "cuda", "triton"), "pre_impl": "auto", "pre_impls": ("auto", "cuda", "triton")}
     tc.update(kw)
     return tc
 
@@ -300,6 +300,8 @@ def _tc(**kw):
     (H200, _tc(nvcc=None), D.WARN, "neither nvcc nor cached cubins"),
     (H200, _tc(impl="triton"), D.INFO, "Triton's (REPLAYSSM_MAIN_IMPL=triton)"),
     (H200, _tc(impl="fast"), D.FAIL, "'fast'"),
+    (H200, _tc(pre_impl="ptx"), D.FAIL, "REPLAYSSM_PRE_IMPL='ptx'"),
+    (H200, _tc(pre_impl="triton"), D.OK, "CUDA (kernels/gdn_main.cu)"),
     (A100, _tc(), D.INFO, "needs sm_90"),
     (NOGPU, _tc(), D.INFO, "no CUDA GPU"),
 ])
@@ -318,6 +320,8 @@ def test_main_launch_reads_the_real_toolchain(monkeypatch, tmp_path):
     (tmp_path / "gdn_main-0123.cubin").write_bytes(b"x")
     monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
     tc = D._cuda_main_toolchain()
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL", raising=False)
     assert tc["nvcc"] is None and tc["cubins"] == 1 and tc["cache"] == str(tmp_path) and tc["impl"] == "auto"
+    assert D._cuda_main_toolchain()["pre_impl"] == "auto"
     c = by_name(D.check_main_launch(H200), "main-launch")
     assert c.status == D.OK and "cached cubins only (1 in" in c.detail
