@@ -96,13 +96,17 @@ def env_main_impl() -> str:
 
 
 PRE_IMPLS = ("auto", "cuda", "triton")
+# the kinds whose CUDA pre launch "auto" takes beside the CUDA main launch: those measured faster on the H200 (GDN,
+# session 32); KDA's (replay_kda_pre) is taken only where asked for (REPLAYSSM_PRE_IMPL=cuda, pre_impl="cuda")
+PRE_AUTO_KINDS = ("gdn",)
 
 
 def env_pre_impl() -> str:
     """REPLAYSSM_PRE_IMPL (the pre launch a server prefers; GDN only), stripped and lower-cased; "auto" when unset or
-    empty. "auto": gdn_main.cu's replay_gdn_pre wherever the step's main launch is the CUDA one (they share a module)
-    and the pre launch can run (pre_unavailable_reason), Triton's elsewhere; "cuda": the CUDA pre launch wherever it
-    can run and its kernel builds and loads, beside Triton's main launch too; "triton": Triton's always.
+    empty. "auto": the CUDA pre launch for the kinds of PRE_AUTO_KINDS (GDN: gdn_main.cu's replay_gdn_pre) wherever
+    the step's main launch is the CUDA one (they share a module) and the pre launch can run (pre_unavailable_reason),
+    Triton's elsewhere; "cuda": the CUDA pre launch (KDA's too) wherever it can run and its kernel builds and loads,
+    beside Triton's main launch too; "triton": Triton's always.
     decode_v3.launch refuses other values."""
     return os.environ.get("REPLAYSSM_PRE_IMPL", "").strip().lower() or "auto"
 
@@ -388,12 +392,14 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     why = pre_unavailable_reason(kind, state, ring, K, BC)
     if why:
         return f"Triton (the CUDA one: {why})"
+    if impl == "auto" and kind not in PRE_AUTO_KINDS:
+        return "Triton (its CUDA one is opt-in: REPLAYSSM_PRE_IMPL=cuda)"
     if impl == "auto" and (not prefers_cuda() or unavailable_reason(kind, state, ring, None, K, ring.layout.V,
                                                                     *default_config(state.dtype, kind))):
         return "Triton (beside Triton's main launch; REPLAYSSM_PRE_IMPL=cuda takes the CUDA one there too)"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
-    return f"CUDA (kernels/gdn_main.cu replay_gdn_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)"
+    return f"CUDA (kernels/gdn_main.cu replay_{kind}_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)"
 
 
 _OBTAINABLE: dict = {}
@@ -452,10 +458,12 @@ PRE_MAX_CAP = 16  # the CUDA pre launch holds a row's 2 x 16 record dots in one 
 
 
 def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
-    """Why the CUDA pre launch (gdn_main.cu's replay_gdn_pre, opt-in: decode_v3.launch(pre_impl="cuda")) cannot run
-    this launch (None: it can)."""
-    if kind != "gdn":
-        return "it is written for GDN only (KDA's pre launch stays Triton's)"
+    """Why the CUDA pre launch (gdn_main.cu's replay_gdn_pre for GDN, replay_kda_pre for KDA with predecayed key
+    records; decode_v3.launch(pre_impl="cuda")) cannot run this launch (None: it can)."""
+    if kind == "kda" and not ring.predecayed:
+        return "it is written for KDA's predecayed key records (KDA_KEYS / ring.kda_keys 'predecayed')"
+    if kind not in ("gdn", "kda"):
+        return f"it is written for GDN and KDA, not {kind!r}"
     if ring.rc is not None:
         return "it has no read copy"
     if K != 128:
@@ -472,22 +480,37 @@ def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
     return None
 
 
+def pre_name(defs: dict) -> str:
+    """The pre launch's kernel in the build ``defs``: replay_kda_pre (KDA) or replay_gdn_pre."""
+    return "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
+
+
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, H, B) -> None:
-    """One GDN pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it
-    feeds: the same module), writing what decode_v3's Triton pre launch writes (coef, scal, the token's record)."""
+               lower_bound, L, H, B, gts=None, min_g=0.0) -> None:
+    """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
+    same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
+    per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
+    Grid (key heads, B): H for GDN, HV for KDA (one key head per value head)."""
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
-    f = function(defs, mixed_qkv.device, "replay_gdn_pre")
+    name = pre_name(defs)
+    f = function(defs, mixed_qkv.device, name)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
-    args = [ptr(mixed_qkv), ptr(a2), ptr(A_log), ptr(dt_bias), ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows),
-            ptr(slot_idx), ptr(forced), ptr(ring_idx), ptr(coef), ptr(scal), ctypes.c_float(scale),
-            ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
-            ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
+    lb = ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0)
+    head = [ptr(mixed_qkv), ptr(a2), ptr(A_log), ptr(dt_bias), ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows),
+            ptr(slot_idx), ptr(forced), ptr(ring_idx), ptr(coef), ptr(scal)]
+    if defs["IS_KDA"]:
+        if gts is not None and not gts.is_contiguous():
+            raise ValueError("the CUDA pre launch needs a contiguous gts")
+        args = head + [ptr(gts), ptr(ring.ovf), ctypes.c_float(scale), lb, ctypes.c_float(min_g)]
+    else:
+        args = head + [ctypes.c_float(scale), lb]
+    args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
-    cfg = _LaunchConfig(H, B, 1, 32, 1, 1, 0, ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
-                        None, 0)
-    _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx(replay_gdn_pre)")
+    heads = defs["HV_"] if defs["IS_KDA"] else H
+    cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
+                        ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), None, 0)
+    _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,

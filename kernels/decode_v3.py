@@ -1059,10 +1059,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     pre_impl (None: the environment's preference, REPLAYSSM_PRE_IMPL (cuda_main.env_pre_impl; default "auto": "cuda"
-    where the main launch is the CUDA one and this launch can take it, since session 32), else "triton"): "cuda" runs the pre launch as gdn_main.cu's
-    replay_gdn_pre (cuda_main.pre_unavailable_reason: GDN, no read copy, K = 128, a ring capacity of at most 16,
-    pre_rows 1, sm_90): the same outputs as Triton's, one warp per (row, key head) at most 64 registers (one wave of
-    the grid at B = 256), q and k loaded beside h and the h key records all at once. With Triton's main launch it is
+    for GDN where the main launch is the CUDA one and this launch can take it, since session 32), else "triton"):
+    "cuda" runs the pre launch as gdn_main.cu's replay_gdn_pre, or replay_kda_pre for KDA with predecayed keys
+    (cuda_main.pre_unavailable_reason: no read copy, K = 128, a ring capacity of at most 16, pre_rows 1, sm_90): the
+    same outputs as Triton's, one warp per (row, key head) at most 64 registers for GDN (one wave of the grid at
+    B = 256), 72 for KDA, q and k loaded beside h and the h key records all at once. With Triton's main launch it is
     built from the default CUDA shape's parameters.
     self_pre (None: the environment's REPLAYSSM_SELF_PRE=1 where this launch can take it and REPLAYSSM_MAIN_IMPL does
     not ask for CUDA, else V3_TUNED's, off; opt-in, session 28): no pre launch. Each main program dots its key head's
@@ -1188,7 +1189,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if env_pre and env_pre not in cuda_main.PRE_IMPLS:
         raise ValueError(f"REPLAYSSM_PRE_IMPL must be one of {list(cuda_main.PRE_IMPLS)}, got {env_pre!r}")
     if pre_impl is None:
-        pre_impl = "cuda" if env_pre == "cuda" or (env_pre == "auto" and main_defs is not None) else "triton"
+        pre_impl = "cuda" if env_pre == "cuda" or (env_pre == "auto" and main_defs is not None
+                                                   and kind in cuda_main.PRE_AUTO_KINDS) else "triton"
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
     pre_defs = None
@@ -1255,7 +1257,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if run_pre and pre_defs is not None:
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
-                             scale=float(scale), lower_bound=lower_bound, L=L, H=lay.H, B=B)
+                             scale=float(scale), lower_bound=lower_bound, L=L, H=lay.H, B=B, gts=gts,
+                             min_g=PREDECAYED_MIN_G)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,

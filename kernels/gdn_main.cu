@@ -543,19 +543,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
 }
 
-// (GDN with a ring capacity of at most 16: a row's 2 x 16 record dots are one value per lane of a warp)
-#if !IS_KDA && CAP_ <= 16 && BC_ <= 16
+// The pre launches (a ring capacity of at most 16: a row's 2 x 16 record dots are one value per lane of a warp)
+#if CAP_ <= 16 && BC_ <= 16
 #ifndef PRE_MINB
-#define PRE_MINB 32  // __launch_bounds__'s minimum one-warp blocks per SM for the pre launch (32: 64 registers)
+// __launch_bounds__'s minimum one-warp blocks per SM for the pre launch: GDN 32 (64 registers: B = 256's 4,096 items in
+// one wave on the H200), KDA 28 (72 registers: at 64 its 16 fp32 record loads in flight spill 36 bytes, ptxas sm_90)
+#define PRE_MINB (IS_KDA ? 28 : 32)
 #endif
-// The pre launch of decode v3 for GDN, in CUDA (opt-in: decode_v3.launch(pre_impl="cuda"); docs/design.md
-// "Session 31, second part"). It computes what decode_v3._pre_row computes for one (row, key head), one warp per
-// block, grid (H, B) (a row's key heads dispatched together), lane l on K columns [4l, 4l + 4):
-//   q~ = scale q / |q|, k~ = k / |k|, <k~, q~>; the record dots <k_j, q~>, <k_j, k~> for j < h (a reduce-scatter
-//   leaves dot (lane mod 16) of q~ (lanes 0-15) or k~ (lanes 16-31) in each lane); for each value head of the key
-//   head: G_t = G_{h-1} + g_t, the coefficients c_j = <k_j, q~> e^{G_t - G_j}, d_j = <k_j, k~> e^{G_t - G_j}
-//   (coef), e^{G_t} and <k~, q~> (scal), and on a row that appends, G_t into the ring; then the token's key k~.
-// Padded rows write nothing. With USE_PDL it lets the main launch (its programmatic dependent) start at once.
 // one step of a warp's reduce-scatter: lanes with bit S set keep values S .. 2S - 1 (moved to 0 .. S - 1), the others
 // values 0 .. S - 1, each adding its partner's (lane ^ S) copy of them
 template <int S>
@@ -567,7 +561,64 @@ __device__ __forceinline__ void rs_half(float (&v)[32], int lane) {
         v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, S);
     }
 }
+// the whole reduce-scatter (31 shuffles): lane l ends with the warp's sum of value l in v[0]. (One step per halving,
+// each with a compile-time count: written as reduce_scatter's loop over s, nvcc kept the 32 values in local memory.)
+__device__ __forceinline__ float rs_32(float (&v)[32], int lane) {
+    rs_half<16>(v, lane);
+    rs_half<8>(v, lane);
+    rs_half<4>(v, lane);
+    rs_half<2>(v, lane);
+    rs_half<1>(v, lane);
+    return v[0];
+}
 
+// what a pre launch's (row, head) does this step (decode._decode_rule_rc without a read copy): h, a pre-fold, a flush,
+// an append of the token's record at h_eff
+struct PreRule {
+    int h_old, h_eff;
+    bool prefold, flush, append;
+};
+__device__ __forceinline__ PreRule pre_rule(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+                                            const FORCED_T* __restrict__ forced, int n, long long rrow, int L) {
+    PreRule r;
+#if HAS_H_ROWS
+    r.h_old = h_rows[n];
+#else
+    r.h_old = ring_h[rrow];
+#endif
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    r.prefold = r.h_old >= L;
+    r.h_eff = r.prefold ? 0 : r.h_old;
+    r.flush = (r.h_eff + 1 >= L) || is_forced;
+    r.append = !r.flush && !r.prefold;
+    return r;
+}
+
+// q~ = scale q / |q| and k~ = k / |k| of this lane's 4 columns, as _pre_row makes them (a division by the norm, then
+// the scale), and <k~, q~>
+__device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
+    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+    q = make_float4(q.x / nq * scale, q.y / nq * scale, q.z / nq * scale, q.w / nq * scale);
+    k = make_float4(k.x / nk, k.y / nk, k.z / nk, k.w / nk);
+    return warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+}
+#endif
+
+#if !IS_KDA && CAP_ <= 16 && BC_ <= 16
+// The pre launch of decode v3 for GDN, in CUDA (decode_v3.launch(pre_impl="cuda"), the default beside the CUDA main
+// launch since session 32; docs/design.md "Session 31, second part"). It computes what decode_v3._pre_row computes
+// for one (row, key head), one warp per block, grid (H, B) (a row's key heads dispatched together), lane l on K
+// columns [4l, 4l + 4):
+//   q~ = scale q / |q|, k~ = k / |k|, <k~, q~>; the record dots <k_j, q~>, <k_j, k~> for j < h (a reduce-scatter
+//   leaves dot (lane mod 16) of q~ (lanes 0-15) or k~ (lanes 16-31) in each lane); for each value head of the key
+//   head: G_t = G_{h-1} + g_t, the coefficients c_j = <k_j, q~> e^{G_t - G_j}, d_j = <k_j, k~> e^{G_t - G_j}
+//   (coef), e^{G_t} and <k~, q~> (scal), and on a row that appends, G_t into the ring; then the token's key k~.
+// Padded rows write nothing. With USE_PDL it lets the main launch (its programmatic dependent) start at once.
 extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const ALOG_T* __restrict__ A_log,
     const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
@@ -582,31 +633,14 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     long long slot, rrow;
     slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
-#if HAS_H_ROWS
-    const int h_old = h_rows[n];
-#else
-    const int h_old = ring_h[rrow];
-#endif
-#if HAS_FORCED
-    const bool is_forced = forced[n] != 0;
-#else
-    const bool is_forced = false;
-#endif
+    const PreRule rule = pre_rule(ring_h, h_rows, forced, n, rrow, L);
+    const int h_old = rule.h_old, h_eff = rule.h_eff;
+    const bool append = rule.append;
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     float4 q = load4(px + i_h * K_ + 4 * lane);
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-    const bool prefold = h_old >= L;
-    const int h_eff = prefold ? 0 : h_old;
-    const bool flush = (h_eff + 1 >= L) || is_forced;
-    const bool append = !flush && !prefold;
-
-    // q~, k~ as _pre_row makes them (a division by the norm, then the scale)
-    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
-    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
-    q = make_float4(q.x / nq * scale, q.y / nq * scale, q.z / nq * scale, q.w / nq * scale);
-    k = make_float4(k.x / nk, k.y / nk, k.z / nk, k.w / nk);
-    const float kq = warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
+    const float kq = pre_qk(q, k, scale);
 
     // this lane's parts of the 2 x 16 record dots (positions past h and past CAP: zero)
     float v[32];
@@ -621,15 +655,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
             v[16 + j] = j < h_old ? r.x * k.x + r.y * k.y + r.z * k.z + r.w * k.w : 0.0f;
         }
     }
-    // reduce-scatter over the warp (31 shuffles): lane l ends with the sum of value l, i.e. <k_l, q~> (l < 16) or
-    // <k_{l - 16}, k~>. (One step per halving, each with a compile-time count: written as reduce_scatter's loop over
-    // s, nvcc kept the 32 values in local memory.)
-    rs_half<16>(v, lane);
-    rs_half<8>(v, lane);
-    rs_half<4>(v, lane);
-    rs_half<2>(v, lane);
-    rs_half<1>(v, lane);
-    const float dot = v[0];
+    // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
+    const float dot = rs_32(v, lane);
     const int j = lane & 15;
     const bool valid = j < h_old && j < CAP_;
 
@@ -659,5 +686,99 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
         from_f(dst + 2, k.z);
         from_f(dst + 3, k.w);
     }
+}
+#endif
+
+#if IS_KDA && CAP_ <= 16 && BC_ <= 16
+__device__ __forceinline__ float warp_min(float x) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) x = fminf(x, __shfl_xor_sync(0xffffffffu, x, s));
+    return x;
+}
+
+// The pre launch of decode v3 for KDA with predecayed key records (records k_j e^{-G_j}), in CUDA
+// (decode_v3.launch(pre_impl="cuda"); the default beside KDA's CUDA main launch once measured, docs/design.md
+// "Session 32"). It computes what decode_v3._pre_row computes for KDA (PRED) for one (row, value head) (KDA's key
+// heads are its value heads), one warp per block, grid (HV, B), lane l on K columns [4l, 4l + 4):
+//   q~, k~ of the value head's query head, <k~, q~> (scal); G_t = G_{h-1} + g_t per column (SGLang's KDA gate), into
+//   gts where the main launch takes it from there (gt_pre shapes; gts null otherwise);
+//   the coefficients c_j = <k_j e^{-G_j}, q~ e^{G_t}>, d_j = <k_j e^{-G_j}, k~ e^{G_t}> for j < h (coef), e^{G_t}
+//   applied in two halves as (r e^{G_t/2}) e^{G_t/2}, so a weight e^{G_t - G_j} survives where e^{G_t} would
+//   underflow; a head whose G_t falls below min_g in any column raises its overflow flag (ovf[ring row, head] on a
+//   row that appends: rebased, its record appended as zeros with G = 0) or the row's (ovf[ring row, HV] on a row that
+//   pre-folds: it flushes); on a row that appends, the token's record k~ e^{-max(G_t, min_g)} and G_t.
+// Padded rows write nothing. With USE_PDL it lets the main launch (its programmatic dependent) start at once.
+extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
+    const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const ALOG_T* __restrict__ A_log,
+    const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
+    const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
+    const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
+    float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
+    float min_g, int L, long long stride_qkv, long long stride_a) {
+#if USE_PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    const int lane = threadIdx.x;
+    const int hv = blockIdx.x, n = blockIdx.y;
+    const int i_h = hv / (HV_ / H_);  // the value head's query head
+    long long slot, rrow;
+    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
+    if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
+    const PreRule rule = pre_rule(ring_h, h_rows, forced, n, rrow, L);
+    const int h_old = rule.h_old;
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+    float4 q = load4(px + i_h * K_ + 4 * lane);
+    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    float* base_g = ring_g + (rrow * HV_ + hv) * CAP_ * K_;
+    float4 G_last, G_t;
+    kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
+          lower_bound, lane, G_last, G_t);
+    const float kq = pre_qk(q, k, scale);
+    const long long nh = static_cast<long long>(n) * HV_ + hv;
+    if (gts != nullptr) *reinterpret_cast<float4*>(gts + nh * K_ + 4 * lane) = G_t;
+
+    // the overflow test and the token's record first (position h_eff is past every record the dots read), so that
+    // k and G_t are dead before the dots
+    const bool rb = warp_min(fminf(fminf(G_t.x, G_t.y), fminf(G_t.z, G_t.w))) < min_g;
+    if (lane == 0) {
+        scal[nh * 2 + 1] = kq;
+        if (rb && rule.prefold) ovf[rrow * (HV_ + 1) + HV_] = 1;  // the row flushes (any head may write the same 1)
+        if (rb && rule.append) ovf[rrow * (HV_ + 1) + hv] = 1;    // this head is rebased
+    }
+    KR_T* base_k = ring_k + ((rrow * HV_ + hv) * CAP_) * K_ + 4 * lane;
+    if (rule.append) {
+        const float4 kr = rb ? make_float4(0.f, 0.f, 0.f, 0.f)
+                             : make_float4(k.x * __expf(-fmaxf(G_t.x, min_g)), k.y * __expf(-fmaxf(G_t.y, min_g)),
+                                           k.z * __expf(-fmaxf(G_t.z, min_g)), k.w * __expf(-fmaxf(G_t.w, min_g)));
+        KR_T* dst = base_k + rule.h_eff * K_;
+        from_f(dst, kr.x);
+        from_f(dst + 1, kr.y);
+        from_f(dst + 2, kr.z);
+        from_f(dst + 3, kr.w);
+        // (as stored: a rebased head's G restarts at its new checkpoint)
+        *reinterpret_cast<float4*>(base_g + rule.h_eff * K_) = rb ? make_float4(0.f, 0.f, 0.f, 0.f) : G_t;
+    }
+
+    // this lane's parts of the 2 x 16 record dots with q~ e^{G_t} and k~ e^{G_t}, e^{G_t} in two halves
+    const float4 e = exp4(G_t, 0.5f);
+    const float4 qh = mul4(q, e), kh = mul4(k, e);
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        v[j] = 0.0f;
+        v[16 + j] = 0.0f;
+        if (j < CAP_) {
+            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            // (a select, not a product: a stale record past h may hold anything, NaN included)
+            v[j] = j < h_old ? (r.x * qh.x) * e.x + (r.y * qh.y) * e.y + (r.z * qh.z) * e.z + (r.w * qh.w) * e.w
+                             : 0.0f;
+            v[16 + j] = j < h_old ? (r.x * kh.x) * e.x + (r.y * kh.y) * e.y + (r.z * kh.z) * e.z + (r.w * kh.w) * e.w
+                                  : 0.0f;
+        }
+    }
+    // lane l: c_l (l < 16) or d_{l - 16}; past h (and past CAP) zero, as Triton's masked sums
+    const float dot = rs_32(v, lane);
+    const int j = lane & 15;
+    if (j < BC_) coef[nh * 2 * BC_ + (lane < 16 ? 0 : BC_) + j] = dot;
 }
 #endif

@@ -339,14 +339,17 @@ def test_preference_note_for_the_server_log(monkeypatch):
     monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "cuda")
     assert poolmod.main_launch_note(FakePool(), state[None]) == (
         "Triton (REPLAYSSM_MAIN_IMPL=triton); pre launch: Triton (the CUDA one: it needs a CUDA GPU)")
-    assert cuda_main.pre_preference_note("kda", state, ring, 128, 16).startswith("Triton (the CUDA one: it is written "
-                                                                                 "for GDN only")
+    kring = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(2)
+    assert cuda_main.pre_preference_note("kda", state, kring, 128, 16).startswith(
+        "Triton (the CUDA one: it is written for KDA's predecayed key records")
     monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a: None)
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16) == (
         "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)")
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("CUDA (kernels/gdn_main.cu")
-    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")  # auto: the CUDA pre launch only beside the CUDA main launch
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")  # auto: the CUDA pre launch only beside the CUDA main launch, GDN's only
+    assert cuda_main.pre_preference_note("kda", state, kring, 128, 16) == (
+        "Triton (its CUDA one is opt-in: REPLAYSSM_PRE_IMPL=cuda)")
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("Triton (beside Triton's main launch")
     monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")  # (the main launch's unavailable_reason stood in for above: CUDA's)
     assert poolmod.main_launch_note(FakePool(), state[None]) == (
@@ -385,15 +388,19 @@ def test_build_caches_one_cubin_and_says_so(monkeypatch, tmp_path, caplog):
 def test_pre_launch_compiles_in_one_wave_without_spills(rec, state_dtype, h_rows):
     """GDN's CUDA pre launch (replay_gdn_pre, in the same build as the main launch it feeds): at most 64 registers,
     so 32 one-warp blocks fit an SM and the server's 4,096 (row, key head) items at B = 256 are one wave on the H200;
-    no spills and no local memory (its 32 record dots stay in registers through the reduce-scatter). KDA's builds
-    hold no pre launch (its pre launch stays Triton's)."""
+    no spills and no local memory (its 32 record dots stay in registers through the reduce-scatter). KDA's builds hold
+    replay_kda_pre instead: at most 72 registers (28 blocks per SM), no spills, no local memory."""
     cfg = cuda_main.CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else cuda_main.CUDA_DEFAULT
     defs = dict(_server_defs(*cfg, rec, state_dtype=state_dtype), HAS_H_ROWS=int(h_rows))
     res = cuda_main.resources(defs, name="replay_gdn_pre")
     assert res["registers"] <= 64 and res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack"] == 0, res
     assert cuda_main.resources(defs)["registers"] is not None  # (the main launch beside it: its own tests above)
+    kda = _server_defs(*cuda_main.default_config(state_dtype, "kda"), rec, state_dtype=state_dtype, kind="kda")
     with pytest.raises(RuntimeError, match="no kernel 'replay_gdn_pre'"):
-        cuda_main.resources(_server_defs(*cuda_main.CUDA_DEFAULT_KDA, torch.float32, kind="kda"), name="replay_gdn_pre")
+        cuda_main.resources(kda, name="replay_gdn_pre")
+    if not h_rows:  # (KDA's predecayed keys take no caller-owned h)
+        res = cuda_main.resources(kda, name=cuda_main.pre_name(kda))
+        assert res["registers"] <= 72 and res["spill_stores"] == res["spill_loads"] == res["stack"] == 0, res
 
 
 def test_pre_launch_refusals():
@@ -402,7 +409,9 @@ def test_pre_launch_refusals():
     ring = lay.allocate(2)
     st = torch.zeros(2, 2, 128, 128)
     why = cuda_main.pre_unavailable_reason
-    assert "GDN only" in why("kda", st, ring, 128, 16)
+    kda_lay = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128)
+    assert "predecayed key records" in why("kda", st, kda_lay.allocate(2), 128, 16)
+    assert why("kda", st, kda_lay.allocate(2, kda_keys="predecayed"), 128, 16) == "it needs a CUDA GPU"
     assert "K = 128" in why("gdn", st, ring, 64, 16)
     assert "pre_rows 1" in why("gdn", st, ring, 128, 16, pre_rows=2)
     assert "at most 16" in why("gdn", st, ringmod.RingLayout.for_layer("gdn", L=32, H=1, HV=2, K=128,

@@ -1461,38 +1461,84 @@ def test_gpu_real_shapes_cuda_pre(main_impl, state_dtype, rec_dtype, qkv_dtype, 
     assert len(calls) == 26, "every step's pre launch must be the CUDA one"
 
 
-def test_cuda_pre_plumbing(monkeypatch):
+# KDA's pre launch in CUDA (gdn_main.cu's replay_kda_pre, predecayed keys; session 32): beside the CUDA main launch
+# with G_t handed over (gt_pre, the server's default shapes) and without (gts null), beside Triton's; heads rebased
+# (min_g raised); a lower bound; the server's arguments and bf16 records
+CUDA_PRE_KDA_CASES = [("g8w4_gp", "float32", "float32", "bfloat16", True, None, None),
+                      ("g8w4_gp", "float32", "float32", "bfloat16", True, None, -10.0),
+                      ("g8w4", "float32", "bfloat16", "float32", False, -5.0, None),
+                      (None, "float32", "float32", "bfloat16", True, None, -10.0),
+                      ("g8w4_m7_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg,state_dtype,rec_dtype,qkv_dtype,ring_idx,lower_bound,min_g", CUDA_PRE_KDA_CASES, ids=str)
+def test_gpu_real_shapes_cuda_pre_kda(cfg, state_dtype, rec_dtype, qkv_dtype, ring_idx, lower_bound, min_g,
+                                      monkeypatch):
+    """KDA's CUDA pre launch at the real head sizes (H = HV = 32), against float64 over 26 steps (window switching,
+    forced flushes, pre-folds, staggered cursors; with min_g set, heads rebased), every step's pre launch the CUDA
+    one; cfg None: beside Triton's main launch."""
+    from replayssm_sglang.kernels import cuda_main, decode_v3
+
+    if min_g is not None:
+        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", min_g)
+    calls = []
+    real = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: calls.append(1) or real(**kw))
+    opts = dict(main_impl="cuda", cuda_config=cfg) if cfg else dict(main_impl="triton")
+    hz = _real_harness("kda", state_dtype=DTYPES[state_dtype], rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
+                       seed=23, impl="v3", ring_idx=ring_idx, kda_keys="predecayed", lower_bound=lower_bound,
+                       v3_opts=dict(opts, pre_impl="cuda"))
+    st = hz.run(26)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
+    assert (st["rebase"] > 0) == (min_g is not None), st
+    assert len(calls) == 26, "every step's pre launch must be the CUDA one"
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_cuda_pre_plumbing(kind, monkeypatch):
     """pre_impl="cuda" (CPU: the CUDA pre launch stood in for by Triton's, with the same arguments) takes the launch's
     arguments as the CUDA build needs them and writes what Triton's pre launch writes: the outputs and ring equal the
-    all-Triton path bit for bit; refusals name why and the fix."""
+    all-Triton path bit for bit (KDA: predecayed keys, heads rebased at a raised min_g); refusals name why and the
+    fix."""
     from replayssm_sglang.kernels import cuda_main, decode_v3
 
     seen = []
 
     def stand_in(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-                 lower_bound, L, H, B):
-        seen.append(defs)
-        lay = ring.layout
+                 lower_bound, L, H, B, gts=None, min_g=0.0):
+        seen.append((defs, min_g))
+        lay, pred = ring.layout, ring.predecayed
         decode_v3.replay_decode_v3_pre_kernel[(B, lay.HK)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, h_rows if h_rows is not None else slot_idx,
             slot_idx, forced if forced is not None else slot_idx, ring_idx if ring_idx is not None else slot_idx,
             coef, scal, scale, 0.0, L, mixed_qkv.stride(0), a2.stride(0), B, BC=coef.shape[-1], num_warps=1,
-            num_stages=1, H=lay.H, HV=lay.HV, HK=lay.HK, GK=1, K=lay.K, CAP=lay.cap, BK=lay.K, IS_KDA=False,
-            HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None, USE_LOWER_BOUND=False,
-            HAS_RING_IDX=ring_idx is not None)
+            num_stages=1, H=lay.H, HV=lay.HV, HK=lay.HK, GK=lay.GK, K=lay.K, CAP=lay.cap, BK=lay.K,
+            IS_KDA=kind == "kda", HAS_FORCED=forced is not None, HAS_H_ROWS=h_rows is not None,
+            USE_LOWER_BOUND=False, HAS_RING_IDX=ring_idx is not None, ovf=ring.ovf if pred else None, min_g=min_g,
+            PRED=pred, gt_out=gts, STORE_GT=gts is not None)
 
     monkeypatch.setattr(cuda_main, "pre_launch", stand_in)
     monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a, **kw: None)
+    if kind == "kda":
+        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -1.5)  # (heads rebased within the 6 steps)
 
     def run(**v3_opts):
-        hz = Harness("gdn", B=3, H=1, HV=2, K=128, V=16, L=4, seed=91, windows=(4, 4, 2, 4), impl="v3",
-                     v3_opts=v3_opts, ring_idx=True)
-        hz.run(6)
-        return hz
+        extra = dict(kda_keys="predecayed") if kind == "kda" else dict(ring_idx=True)
+        hz = Harness(kind, B=3, H=1 if kind == "gdn" else 2, HV=2, K=128, V=16, L=4, seed=91, windows=(4, 4, 2, 4),
+                     impl="v3", v3_opts=v3_opts, **extra)
+        st = hz.run(6)
+        return hz, st
 
-    a = run()
-    b = run(pre_impl="cuda")
-    assert len(seen) == 6 and seen[0]["HAS_RING_IDX"] == 1 and seen[0]["H_"] == 1 and seen[0]["CAP_"] == 4
+    (a, st), (b, _) = run(), run(pre_impl="cuda")
+    defs = seen[0][0]
+    assert len(seen) == 6 and defs["IS_KDA"] == (kind == "kda") and defs["CAP_"] == 4
+    assert cuda_main.pre_name(defs) == f"replay_{kind}_pre"
+    if kind == "kda":
+        assert st["rebase"] > 0 and seen[0][1] == -1.5, "the KDA pre launch must get the rebase threshold"
+    else:
+        assert defs["HAS_RING_IDX"] == 1 and defs["H_"] == 1
     for x, y in [(a.state, b.state)] + [(getattr(a.ring, n), getattr(b.ring, n)) for n in ("u", "k", "g", "h")]:
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)  # (the harness poisons unused positions)
     monkeypatch.undo()
@@ -1549,6 +1595,15 @@ def test_cuda_pre_environment_preference(monkeypatch):
     ran.clear()
     go(main_impl="cuda")
     assert ran == [] and len(mains) == 3
+    # KDA (predecayed keys): its CUDA pre launch only where asked for, not by auto (cuda_main.PRE_AUTO_KINDS)
+    kx = R.random_decode_inputs("kda", 2, 2, 2, K, V, generator=torch.Generator().manual_seed(4))
+    for env, want in (("auto", 0), ("cuda", 1)):
+        monkeypatch.setenv("REPLAYSSM_PRE_IMPL", env)
+        ran.clear()
+        kring = ringmod.RingLayout.for_layer("kda", L=4, H=2, HV=2, K=K, V=V).allocate(2, kda_keys="predecayed")
+        replay_decode("kda", *kx, torch.zeros(2, 2, V, K), kring, torch.arange(2, dtype=torch.int32), L=4, impl="v3",
+                      v3_opts=dict(main_impl="cuda"))
+        assert len(ran) == want and all(d["IS_KDA"] == 1 for d in ran), env
     monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "ptx")
     with pytest.raises(ValueError, match=r"REPLAYSSM_PRE_IMPL must be one of \['auto', 'cuda', 'triton'\], got 'ptx'"):
         go()
