@@ -54,7 +54,8 @@ def combos():
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
                               kind=kind))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
-    from test_decode_kernels import CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES
+    from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_PRE_CASES,
+                                     CUDA_PRE_KDA_CASES)
 
     cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, F32) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
@@ -66,7 +67,19 @@ def combos():
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
-    for c, sdt, rec, qkv, ri, lb, _ in CUDA_MAIN_KDA_CASES:
+    # the CUDA pre launch's cases (test_gpu_real_shapes_cuda_pre[_kda]): the build of the main launch's shape, the
+    # default one where the main launch is Triton's
+    for _, sdt, rec, qkv, ri, hr in CUDA_PRE_CASES:
+        rpw, nw, lr, mb, late = (*cm.default_config(getattr(torch, sdt), "gdn"), 0)[:5]
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr,
+                              has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=getattr(torch, qkv), a_dtype=F32,
+                              b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=getattr(torch, rec),
+                              k_dtype=getattr(torch, rec), slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
+                              state_dtype=getattr(torch, sdt)))
+    kda_cases = list(CUDA_MAIN_KDA_CASES) + [
+        (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
+        for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES]
+    for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
         rpw, nw, lr, mb, late, gt = (*cm.CUDA_CONFIGS.get(c, c), 0, 0)[:6]
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
         out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt,
