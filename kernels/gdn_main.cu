@@ -756,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
         from_f(dst + 2, kr.z);
         from_f(dst + 3, kr.w);
         // (as stored: a rebased head's G restarts at its new checkpoint)
-        *reinterpret_cast<float4*>(base_g + rule.h_eff * K_) = rb ? make_float4(0.f, 0.f, 0.f, 0.f) : G_t;
+        *reinterpret_cast<float4*>(base_g + rule.h_eff * K_ + 4 * lane) = rb ? make_float4(0.f, 0.f, 0.f, 0.f) : G_t;
     }
 
     // this lane's parts of the 2 x 16 record dots with q~ e^{G_t} and k~ e^{G_t}, e^{G_t} in two halves
