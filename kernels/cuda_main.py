@@ -102,7 +102,7 @@ PRE_AUTO_KINDS = ("gdn",)
 
 
 def env_pre_impl() -> str:
-    """REPLAYSSM_PRE_IMPL (the pre launch a server prefers; GDN only), stripped and lower-cased; "auto" when unset or
+    """REPLAYSSM_PRE_IMPL (the pre launch a server prefers), stripped and lower-cased; "auto" when unset or
     empty. "auto": the CUDA pre launch for the kinds of PRE_AUTO_KINDS (GDN: gdn_main.cu's replay_gdn_pre) wherever
     the step's main launch is the CUDA one (they share a module) and the pre launch can run (pre_unavailable_reason),
     Triton's elsewhere; "cuda": the CUDA pre launch (KDA's too) wherever it can run and its kernel builds and loads,

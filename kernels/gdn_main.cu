@@ -1,6 +1,7 @@
 // The main launch of decode v3 for GDN, and for KDA with predecayed key records (IS_KDA), with an fp32 or bf16
 // checkpoint and no read copy, written in CUDA for sm_90 (kernels/cuda_main.py builds and launches it;
-// decode_v3.launch(main_impl="cuda") picks it).
+// decode_v3.launch(main_impl="cuda") picks it). The pre launches that feed it (replay_gdn_pre, replay_kda_pre: one
+// warp per (row, key head), decode_v3.launch(pre_impl="cuda")) are at the end of the file, in the same module.
 //
 // It computes exactly what decode_v3's Triton main launch (_main_tile, no read copy) computes,
 // for one (row, value head, V-tile) per block, and takes the pre launch's coefficients (coef, scal) the same way:

@@ -601,8 +601,8 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
 
 
 def main_launch_note(pool: "ReplayPool", temporal: torch.Tensor) -> str:
-    """The decode step's main launch this pool's layers take (kernels/cuda_main.py's preference_note), and their pre
-    launch where REPLAYSSM_PRE_IMPL asks for the CUDA one (pre_preference_note)."""
+    """The decode step's main and pre launches this pool's layers take (kernels/cuda_main.py's preference_note and
+    pre_preference_note)."""
     from replayssm_sglang.kernels import cuda_main
 
     lay = pool.layout
@@ -610,7 +610,7 @@ def main_launch_note(pool: "ReplayPool", temporal: torch.Tensor) -> str:
         ring0 = pool.ring(0)
         note = cuda_main.preference_note(lay.kind, temporal[0], ring0, lay.K, lay.V)
         pre = cuda_main.pre_preference_note(lay.kind, temporal[0], ring0, lay.K, ring0.layout.cap)
-        return note if pre is None else f"{note}; pre launch: {pre}"
+        return f"{note}; pre launch: {pre}"
     except Exception as e:  # (a note for the log: never a reason to fail the allocation)
         return f"unknown ({type(e).__name__}: {e})"
 
