@@ -41,6 +41,9 @@ ARCH = "sm_90"
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
                 "g8w2_late": (8, 2, 1, 12, 1), "g8w2_m10": (8, 2, 1, 10), "g16w4": (16, 4, 1, 4),
+                # the default's shape waiting for the pre launch after its tile's dots, not before (session 32: with the
+                # CUDA pre launch's one short wave, does a first wave that streams before it waits hide more of it?)
+                "g8w4_late": (8, 4, 1, 6, 1),
                 # for a bf16 checkpoint: 8 rows per warp capped at 64 registers (32 warps per SM; 24-16 bytes of the
                 # fold spilled), in blocks of 1-8 warps, the coefficients loaded before or after the tile's dots
                 # (16 rows per warp, the fp32 shapes' bytes in flight per warp, was slower: 215.6-216.5 us against

@@ -1094,6 +1094,13 @@ def main():
                             v3_opts=dict(main_impl="cuda", pre_impl="cuda", _diag_parts=dg))
                     arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", **srv,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
+                    if kind == "gdn" and sdt == "float32":
+                        # the main launch's coefficients waited for after its tile's dots (late), beside the short
+                        # CUDA pre launch: does the first wave's streaming hide more of it? (session 32)
+                        for shape in ("g8w4_late", "g8w2_late"):
+                            arms[f"v3_sl_cu_cpre_{shape}"] = arm_ours(
+                                c, torch.float32, impl="v3", **srv,
+                                v3_opts=dict(main_impl="cuda", pre_impl="cuda", cuda_config=shape))
                     arms["v3_sl_cu_again"] = arms["v3_sl_cu"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the two pre launches before the CUDA main launch, round-robin, medians
                         per = round_robin(c, {"v3_sl_cu_rr": arms["v3_sl_cu"], "v3_sl_cu_cpre_rr": arms["v3_sl_cu_cpre"]},
