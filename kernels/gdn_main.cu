@@ -608,6 +608,36 @@ __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
     k = make_float4(k.x / nk, k.y / nk, k.z / nk, k.w / nk);
     return warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
 }
+
+// this lane's parts of a row's 2 x 16 record dots, <r_j, qa> in v[j] and <r_j, ka> in v[16 + j] for j < h (positions
+// past h and past CAP: zero), then reduce-scattered: lane l returns dot l. HALVES (KDA): each product is weighted by
+// e twice, (r qa) e with qa = q e (e = e^{G_t / 2}), the Triton launches' order, so that e^{G_t - G_j} survives where
+// e^{G_t} alone would underflow
+template <bool HALVES>
+__device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, int h_old, float4 qa, float4 ka,
+                                             float4 e, int lane) {
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        v[j] = 0.0f;
+        v[16 + j] = 0.0f;
+        if (j < CAP_) {
+            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            // (a select, not a product: a stale record past h may hold anything, NaN included)
+            if (HALVES) {
+                v[j] = j < h_old ? (r.x * qa.x) * e.x + (r.y * qa.y) * e.y + (r.z * qa.z) * e.z + (r.w * qa.w) * e.w
+                                 : 0.0f;
+                v[16 + j] = j < h_old ? (r.x * ka.x) * e.x + (r.y * ka.y) * e.y + (r.z * ka.z) * e.z
+                                            + (r.w * ka.w) * e.w
+                                      : 0.0f;
+            } else {
+                v[j] = j < h_old ? r.x * qa.x + r.y * qa.y + r.z * qa.z + r.w * qa.w : 0.0f;
+                v[16 + j] = j < h_old ? r.x * ka.x + r.y * ka.y + r.z * ka.z + r.w * ka.w : 0.0f;
+            }
+        }
+    }
+    return rs_32(v, lane);
+}
 #endif
 
 #if !IS_KDA && CAP_ <= 16 && BC_ <= 16
@@ -643,21 +673,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
     const float kq = pre_qk(q, k, scale);
 
-    // this lane's parts of the 2 x 16 record dots (positions past h and past CAP: zero)
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        v[j] = 0.0f;
-        v[16 + j] = 0.0f;
-        if (j < CAP_) {
-            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-            // (a select, not a product: a stale record past h may hold anything, NaN included)
-            v[j] = j < h_old ? r.x * q.x + r.y * q.y + r.z * q.z + r.w * q.w : 0.0f;
-            v[16 + j] = j < h_old ? r.x * k.x + r.y * k.y + r.z * k.z + r.w * k.w : 0.0f;
-        }
-    }
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
-    const float dot = rs_32(v, lane);
+    const float dot = record_dots<false>(base_k, h_old, q, k, q, lane);
     const int j = lane & 15;
     const bool valid = j < h_old && j < CAP_;
 
@@ -760,25 +777,11 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
         *reinterpret_cast<float4*>(base_g + rule.h_eff * K_ + 4 * lane) = rb ? make_float4(0.f, 0.f, 0.f, 0.f) : G_t;
     }
 
-    // this lane's parts of the 2 x 16 record dots with q~ e^{G_t} and k~ e^{G_t}, e^{G_t} in two halves
+    // the record dots with q~ e^{G_t} and k~ e^{G_t}, e^{G_t} in two halves
     const float4 e = exp4(G_t, 0.5f);
     const float4 qh = mul4(q, e), kh = mul4(k, e);
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        v[j] = 0.0f;
-        v[16 + j] = 0.0f;
-        if (j < CAP_) {
-            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-            // (a select, not a product: a stale record past h may hold anything, NaN included)
-            v[j] = j < h_old ? (r.x * qh.x) * e.x + (r.y * qh.y) * e.y + (r.z * qh.z) * e.z + (r.w * qh.w) * e.w
-                             : 0.0f;
-            v[16 + j] = j < h_old ? (r.x * kh.x) * e.x + (r.y * kh.y) * e.y + (r.z * kh.z) * e.z + (r.w * kh.w) * e.w
-                                  : 0.0f;
-        }
-    }
     // lane l: c_l (l < 16) or d_{l - 16}; past h (and past CAP) zero, as Triton's masked sums
-    const float dot = rs_32(v, lane);
+    const float dot = record_dots<true>(base_k, h_old, qh, kh, e, lane);
     const int j = lane & 15;
     if (j < BC_) coef[nh * 2 * BC_ + (lane < 16 ? 0 : BC_) + j] = dot;
 }
