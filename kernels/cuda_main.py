@@ -489,11 +489,11 @@ def pre_name(defs: dict) -> str:
 
 
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, H, B, gts=None, min_g=0.0) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
-    Grid (key heads, B): H for GDN, HV for KDA (one key head per value head)."""
+    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head)."""
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
@@ -510,7 +510,7 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         args = head + [ctypes.c_float(scale), lb]
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
-    heads = defs["HV_"] if defs["IS_KDA"] else H
+    heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
                         ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), None, 0)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")

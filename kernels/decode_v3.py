@@ -1257,7 +1257,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if run_pre and pre_defs is not None:
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
-                             scale=float(scale), lower_bound=lower_bound, L=L, H=lay.H, B=B, gts=gts,
+                             scale=float(scale), lower_bound=lower_bound, L=L, B=B, gts=gts,
                              min_g=PREDECAYED_MIN_G)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
