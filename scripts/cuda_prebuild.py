@@ -60,6 +60,10 @@ def combos():
     cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, F32) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
     cases += [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, BF16) for c, r, q, ri, hr in CUDA_MAIN_BF16_CASES]
+    # the CUDA pre launch's cases (test_gpu_real_shapes_cuda_pre[_kda]): the build of the main launch's shape, the
+    # default one (for GDN always: its cases ask for none) where the main launch is Triton's
+    cases += [(cm.default_config(getattr(torch, sdt), "gdn"), r, q, ri, hr, getattr(torch, sdt))
+              for _, sdt, r, q, ri, hr in CUDA_PRE_CASES]
     for cfg, rec, qkv, ri, hr, sdt in cases:
         rpw, nw, lr, mb, late = (*cfg, 0)[:5]
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
@@ -67,15 +71,6 @@ def combos():
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
-    # the CUDA pre launch's cases (test_gpu_real_shapes_cuda_pre[_kda]): the build of the main launch's shape, the
-    # default one where the main launch is Triton's
-    for _, sdt, rec, qkv, ri, hr in CUDA_PRE_CASES:
-        rpw, nw, lr, mb, late = (*cm.default_config(getattr(torch, sdt), "gdn"), 0)[:5]
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr,
-                              has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=getattr(torch, qkv), a_dtype=F32,
-                              b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=getattr(torch, rec),
-                              k_dtype=getattr(torch, rec), slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
-                              state_dtype=getattr(torch, sdt)))
     kda_cases = list(CUDA_MAIN_KDA_CASES) + [
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES]
