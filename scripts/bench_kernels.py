@@ -54,7 +54,9 @@ Arms (per layer kind, state dtype and batch size B):
               32; replay_kda_pre, KDA's predecayed keys, opt-in; decode_v3 pre_impl "cuda"), beside the CUDA main launch
               (v3_sl_cu_cpre, against v3_sl_cu with Triton's pre) and Triton's (v3_sl_cpre, against v3_sl);
               _cpre_pre / _pre the two pre launches alone, _cpre_premain / _premain with the main launch; with
-              --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin
+              --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin. Records as the server's: the
+              state's type (bf16 beside a bf16 state since session 33); fp32 states also v3_sl_cu_cpre_r16 (and
+              _r16_pre): bf16 records, a bound for byte cuts in the records
   v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
               N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
@@ -255,9 +257,18 @@ def arm_upstream(c: Case, aligned=False):
 SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
 
 
-def arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=False, impl="v1", rows=False,
-             records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
-             parts=None, rings_out=None):
+def arm_ours(c: Case, rec_dtype, *args, **kwargs):
+    """One arm of ours (_arm_ours, below), its run tagged with its records' element size (rec_es) for the bytes
+    model: the TB/s column then counts the records the arm moves (before session 33 every arm but the *_r32 /
+    v3_rc_* ones was counted at bf16 records)."""
+    run = _arm_ours(c, rec_dtype, *args, **kwargs)
+    run.rec_es = torch.empty((), dtype=rec_dtype).element_size()
+    return run
+
+
+def _arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=False, impl="v1", rows=False,
+              records="masked", read_dtype="same", v3_opts=None, aligned=False, server_like=False, kda_keys="raw",
+              parts=None, rings_out=None):
     """server_like (v2 / v3): the arguments as the server passes them: the ring keyed by request row (twice as many
     ring rows as batch rows, ring_idx a random int64 subset, as forward_batch.req_pool_indices) and a forced-flush
     mask (int32 zeros, as flush.forced_flush_mask with a track interval); otherwise the ring is keyed by slot and no
@@ -1081,19 +1092,31 @@ def main():
                     # (GDN: 12.8 -> 7.3 us, the step 175.5 -> 171.9 at fp32, run 1602.) Beside both main launches,
                     # with the step split; KDA with the server's predecayed keys
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    arms["v3_sl"] = arm_ours(c, torch.float32, impl="v3", **srv)
-                    arms["v3_sl_cpre"] = arm_ours(c, torch.float32, impl="v3", **srv, v3_opts=dict(pre_impl="cuda"))
-                    arms["v3_sl_cu"] = arm_ours(c, torch.float32, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
-                    arms["v3_sl_cu_cpre"] = arm_ours(c, torch.float32, impl="v3", **srv,
+                    # the server's records: the state's element type (sglang_hooks.pool.record_dtype_for: bf16
+                    # records beside a bf16 state; sessions 29-33 timed the bf16 states with fp32 records here)
+                    rec = DT[sdt]
+                    arms["v3_sl"] = arm_ours(c, rec, impl="v3", **srv)
+                    arms["v3_sl_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(pre_impl="cuda"))
+                    arms["v3_sl_cu"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
+                    arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv,
                                                      v3_opts=dict(main_impl="cuda", pre_impl="cuda"))
                     for dg in ("pre", "pre+main"):
                         arms[f"v3_sl_cu_{dg.replace('+', '')}"] = arm_ours(
-                            c, torch.float32, impl="v3", **srv, v3_opts=dict(main_impl="cuda", _diag_parts=dg))
+                            c, rec, impl="v3", **srv, v3_opts=dict(main_impl="cuda", _diag_parts=dg))
                         arms[f"v3_sl_cu_cpre_{dg.replace('+', '')}"] = arm_ours(
-                            c, torch.float32, impl="v3", **srv,
+                            c, rec, impl="v3", **srv,
                             v3_opts=dict(main_impl="cuda", pre_impl="cuda", _diag_parts=dg))
-                    arms["v3_sl_cu_main"] = arm_ours(c, torch.float32, impl="v3", **srv,
+                    arms["v3_sl_cu_main"] = arm_ours(c, rec, impl="v3", **srv,
                                                      v3_opts=dict(main_impl="cuda", _diag_parts="main"))
+                    if sdt == "float32":
+                        # what fewer record bytes would buy beside both CUDA launches: bf16 records of keys and u
+                        # (not the server's for an fp32 state; a bound for exact byte cuts such as GDN's raw bf16
+                        # keys, design.md "Session 33")
+                        arms["v3_sl_cu_cpre_r16"] = arm_ours(c, torch.bfloat16, impl="v3", **srv,
+                                                             v3_opts=dict(main_impl="cuda", pre_impl="cuda"))
+                        arms["v3_sl_cu_cpre_r16_pre"] = arm_ours(
+                            c, torch.bfloat16, impl="v3", **srv,
+                            v3_opts=dict(main_impl="cuda", pre_impl="cuda", _diag_parts="pre"))
                     if kind == "gdn" and sdt == "float32":
                         # the main launch's coefficients waited for after its tile's dots (late), beside the short
                         # CUDA pre launch: does the first wave's streaming hide more of it? (session 32)
@@ -1168,10 +1191,13 @@ def main():
                 base_name = min((n for n in ("conv", "conv_cuda") if n in res), key=lambda n: res[n])
                 base = res[base_name]
                 line = [f"{kind} {sdt:8s} B={B:4d} NL={c.NL:3d}"]
+                tagged = {n: getattr(r, "rec_es", None) for n, r in arms.items() if r is not None}
                 for name, t in res.items():
-                    rec_es = 4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_", "v3p_r32",
-                                                                          "v3p_rc_")) \
-                        else 2  # *_r16*, v3c_*, v3d_*, upstream: bf16 records
+                    # the arm's own records (arm_ours tags its run; a round-robin arm "<name>_rr" is <name>'s run);
+                    # untagged arms by name: *_r32 / v3_rc_* fp32, the rest (upstream, v3c_*, v3d_*) bf16
+                    rec_es = tagged.get(name) or tagged.get(name[:-3] if name.endswith("_rr") else name) or (
+                        4 if name == "ours_r32" or name.startswith(("v2_r32", "v3_r32", "v3_rc_", "v3p_r32",
+                                                                    "v3p_rc_")) else 2)
                     nbytes = bytes_model(kind, B, sdt, name, rec_es=rec_es)
                     rows.append(dict(kind=kind, state_dtype=sdt, B=B, arm=name, t_us=t * 1e6, bytes=nbytes,
                                      TBps=nbytes / t / 1e12, frac_copy_peak=nbytes / t / meta["copy_peak_Bps"],

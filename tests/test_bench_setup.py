@@ -128,3 +128,17 @@ def test_order_arms_same_decode(kind, kda_keys, monkeypatch):
     # the pre launch's rows outermost (pre_order "rows"): the same coefficients, so the same outputs bit for bit
     out = _decode_outputs(kind, torch.float32, kda_keys=kda_keys, v3_opts=dict(row_order="grid", pre_order="rows"))
     assert torch.equal(out, base), "pre_order"
+
+
+def test_arm_records_tag_the_bytes_model(monkeypatch):
+    """arm_ours tags its run with its records' element size, which the bytes model (the TB/s column) takes: fp32
+    records count twice the record bytes of bf16 ones (before session 33 every v3 arm was counted at bf16)."""
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16)})
+    c = bk.Case("gdn", 6, "float32", torch.device("cpu"), L=4)
+    r32 = bk.arm_ours(c, torch.float32, impl="v3", server_like=True)
+    r16 = bk.arm_ours(c, torch.bfloat16, impl="v3", server_like=True)
+    assert (r32.rec_es, r16.rec_es) == (4, 2)
+    b32, b16 = (bk.bytes_model("gdn", 256, "float32", "v3_sl", rec_es=r.rec_es) for r in (r32, r16))
+    s = bk.KIND_SHAPES["gdn"]
+    per_rec = s["HV"] * s["V"] + s["H"] * s["K"]  # u and k elements of one record
+    assert b32 - b16 == pytest.approx(256 * per_rec * 2 * ((16 - 1) / 2 + 15 / 16))
