@@ -235,6 +235,16 @@ class Server:
         keep = [l for l in lines if "Warning" not in l or "rror" in l]
         return "\n".join(keep[-n:])
 
+    def notes(self, n: int = 40) -> list[str]:
+        """The server log's ReplaySSM lines (which launches its layers take, a first-use compile, fallbacks and
+        warnings), first n, each cut at 400 characters: kept in the result so that a slow arm can be read back
+        without the server log, which does not leave the GPU machine."""
+        try:
+            lines = self.logpath.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [l[:400] for l in lines if NOTE_RE.search(l)][:n]
+
     def generate(self, payload: dict, timeout: float = 300) -> list | dict:
         r = requests.post(self.url + "/generate", json=payload, timeout=timeout)
         r.raise_for_status()
@@ -340,6 +350,7 @@ def diversity(res: list[dict]) -> dict:
 
 # ---------------------------------------------------------------------------------------------- throughput
 
+NOTE_RE = re.compile(r"ReplaySSM")  # our hooks' and kernels' log lines (not the args dump's enable_linear_replayssm)
 GEN_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 CAP_RE = re.compile(r"max_running_requests is capped to (\d+)")
 
@@ -986,6 +997,11 @@ def main() -> None:
                     r["error"] = repr(e)[:500]
                     log(f"{srv.name}: ERROR {e!r}")
                 r["log_tail"] = srv.tail(12)
+                r["replayssm_notes"] = srv.notes()
+                for note in r["replayssm_notes"]:
+                    if "launch" in note:  # which decode launch the server took (the first such line)
+                        log(f"{srv.name}: {note.split('] ', 1)[-1][:300]}")
+                        break
                 srv.stop()
                 save()
                 # NEXTN speculative decoding on the same arm: same greedy tokens required

@@ -53,6 +53,23 @@ def test_log_parsing(tmp_path):
     assert g.CAP_RE.search(s.logpath.read_text()).group(1) == "216"
 
 
+def test_replayssm_notes_kept_from_the_server_log(tmp_path):
+    """Server.notes: our log lines (the launches a server took, compiles, fallbacks), not the args dump that names the
+    flag, so that a slow arm can be read back from the result JSON."""
+    s = g.Server("t", "/x", [], 1, tmp_path, None)
+    assert s.notes() == []  # no log yet
+    s.logpath.write_text(
+        "[t] server_args=ServerArgs(model_path='/m', enable_linear_replayssm=True, " + "x" * 900 + ")\n"
+        "[t] ReplaySSM ring: gdn, 18 linear layers x 512 request rows, L=16, records torch.float32\n"
+        "[t] Decode batch, #running-req: 1, gen throughput (token/s): 500.0\n"
+        "[t] ReplaySSM decode main launch (the buffered window): CUDA (kernels/gdn_main.cu; ...); pre launch: "
+        + "y" * 600 + "\n")
+    notes = s.notes()
+    assert [n[:20] for n in notes] == ["[t] ReplaySSM ring: ", "[t] ReplaySSM decode"]
+    assert len(notes[1]) == 400  # cut
+    assert s.notes(n=1) == notes[:1]
+
+
 class _Fake(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     CACHED = 2048
