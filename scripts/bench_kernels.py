@@ -1035,8 +1035,9 @@ def main():
                                                                  for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "cuda16" in variants and kind == "gdn" and sdt == "bfloat16" and B >= 128:
-                    # a bf16 checkpoint through the CUDA main launch (gdn_main.cu's ST_T, 8-byte loads), as the server
-                    # launches it (fp32 records), in each shape of cuda_main.CUDA_BF16_CONFIGS, beside V3_TUNED's
+                    # a bf16 checkpoint through the CUDA main launch (gdn_main.cu's ST_T, 8-byte loads), with fp32
+                    # records (the server stores bf16 records beside a bf16 state: v3_sl_cu_r16 is its launch; 128.4
+                    # against 127.5 us in run 0808), in each shape of cuda_main.CUDA_BF16_CONFIGS, beside V3_TUNED's
                     # Triton launch (v3_sl); the step split and the streaming floor of the default shape
                     from replayssm_sglang.kernels import cuda_main as _cm
 
@@ -1058,8 +1059,9 @@ def main():
                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "cudakda" in variants and kind == "kda" and B >= 128:
-                    # KDA's main launch in CUDA (gdn_main.cu's IS_KDA: predecayed keys), as the server launches it
-                    # (fp32 records, predecayed keys), fp32 or bf16 checkpoint, in each shape of its state's list,
+                    # KDA's main launch in CUDA (gdn_main.cu's IS_KDA: predecayed keys), with fp32 records (the
+                    # server's beside an fp32 state; beside a bf16 one it stores bf16 records, v3_sl_cu_r16) and
+                    # predecayed keys, fp32 or bf16 checkpoint, in each shape of its state's list,
                     # beside V3_TUNED's Triton launch (v3_sl); the default shape's step split and streaming floor;
                     # with "curr" the Triton launch and the shapes round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm
@@ -1093,7 +1095,7 @@ def main():
                     # with the step split; KDA with the server's predecayed keys
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     # the server's records: the state's element type (sglang_hooks.pool.record_dtype_for: bf16
-                    # records beside a bf16 state; sessions 29-33 timed the bf16 states with fp32 records here)
+                    # records beside a bf16 state; sessions 32-33 timed the bf16 states with fp32 records here)
                     rec = DT[sdt]
                     arms["v3_sl"] = arm_ours(c, rec, impl="v3", **srv)
                     arms["v3_sl_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(pre_impl="cuda"))

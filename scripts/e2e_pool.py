@@ -49,8 +49,8 @@ def pool(results: list[dict], batch: int = 256, merge: dict[str, str] | None = N
             for arm, ad in (md.get("arms") or {}).items():
                 name = merge.get(arm, arm)
                 row = out.setdefault(model, {}).setdefault(name, {
-                    "servers": 0, "prefix_servers": 0, "from_arms": [], "repeats": [], "server_medians": [], "logged": [],
-                    "prefix_hit_warm": [], "prefix_ttft_warm": []})
+                    "servers": 0, "prefix_servers": 0, "from_arms": [], "repeats": [], "server_medians": [],
+                    "logged": [], "prefix_hit_warm": [], "prefix_ttft_warm": []})
                 t = (ad.get("throughput") or {}).get(key)
                 p = ad.get("prefix")
                 if not t and not p:
@@ -98,8 +98,9 @@ def _f(x, spec: str) -> str:
 def markdown(p: dict) -> str:
     L = [f"Pooled at B = {p['batch']}; commit(s) {', '.join(p['commits'])}; {', '.join(p['gpus'])}; against "
          f"`{p['reference']}`.", "",
-         "| model | arm (servers timed / with the prefix task) | harness, all repeats: median (x) | harness, per-server medians: median (x) | "
-         "SGLang's log: median (x) | prefix warm hit rate (points vs ref) | prefix warm mean TTFT s (x ref) |",
+         "| model | arm (servers timed / with the prefix task) | harness, all repeats: median (x) | "
+         "harness, per-server medians: median (x) | SGLang's log: median (x) | "
+         "prefix warm hit rate (points vs ref) | prefix warm mean TTFT s (x ref) |",
          "|---|---|---|---|---|---|---|"]
     for model, arms in p["models"].items():
         for arm, r in arms.items():
