@@ -35,8 +35,10 @@ SRC = Path(__file__).with_name("gdn_main.cu")
 ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
 # registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
-# coefficients loaded after the tile's dots, not before]): the block's V-tile is rows x warps. CUDA_CONFIGS names
-# the ones the benchmark times ("r": shared memory, "g": registers, "_mN" a cap, "_late" the coefficients late);
+# coefficients loaded after the tile's dots, not before[, KDA's G_t from the pre launch[, the eight-lanes-per-row layout
+# (xl)[, V-tiles per block (nch)]]]]; CONFIG_FIELDS): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# the ones the benchmark times ("r": shared memory, "g": registers, "x": xl with "cN" its nch, "_mN" a cap, "_late"
+# the coefficients late);
 # CUDA_DEFAULT is what launch() takes when none is asked.
 CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4": (8, 4, 1, 6), "g8w8": (8, 8, 1, 3), "g8w2": (8, 2, 1, 12),
@@ -55,7 +57,15 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "g8w4_m7_late": (8, 4, 1, 7, 1), "g8w2_m14_late": (8, 2, 1, 14, 1),
                 # KDA with G_t per column from the pre launch (a sixth element, 1): the wait before the dots, no gate
                 # work and no G_{h-1} load behind h in the main launch
-                "g8w4_gp": (8, 4, 1, 6, 0, 1), "g8w4_m7_gp": (8, 4, 1, 7, 0, 1), "g8w4_m8_gp": (8, 4, 1, 8, 0, 1)}
+                "g8w4_gp": (8, 4, 1, 6, 0, 1), "g8w4_m7_gp": (8, 4, 1, 7, 0, 1), "g8w4_m8_gp": (8, 4, 1, 8, 0, 1),
+                # GDN in the eight-lanes-per-row layout (a seventh element, 1: gdn_main.cu's XL; session 34): a row's
+                # dots reduced over 8 lanes, a handful of shuffles per warp instead of ~60; an eighth, the V-tiles a
+                # block walks in turn (NCH: its setup once, the next tile's loads in flight through this one's epilogue)
+                "x8w4c1": (8, 4, 1, 6, 0, 0, 1, 1), "x8w4c2_m5": (8, 4, 1, 5, 0, 0, 1, 2),
+                "x8w4c4_m5": (8, 4, 1, 5, 0, 0, 1, 4), "x8w2c4_m10": (8, 2, 1, 10, 0, 0, 1, 4),
+                "x16w4c1_m5": (16, 4, 1, 5, 0, 0, 1, 1),
+                # for a bf16 checkpoint (16-byte accesses of 8 columns)
+                "x8w4c1_m8": (8, 4, 1, 8, 0, 0, 1, 1), "x8w4c4_m6_late": (8, 4, 1, 6, 1, 0, 1, 4)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
@@ -63,6 +73,9 @@ CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
+# the XL shapes the benchmark times (--variants xl) for an fp32 and a bf16 checkpoint (the fp32 ones run a bf16 one too)
+XL_FP32_CONFIGS = ("x8w4c1", "x8w4c2_m5", "x8w4c4_m5", "x8w2c4_m10", "x16w4c1_m5")
+XL_BF16_CONFIGS = ("x8w4c1_m8", "x8w4c1", "x8w4c4_m6_late", "x16w4c1_m5")
 # KDA (predecayed keys): the shapes the benchmark times (--variants cudakda), and the defaults: G_t per column from
 # the pre launch (gt_pre), fp32 g8w4_gp (186.8 us at B = 256 against g8w4's 196.5; Triton's 186.3), bf16 g8w4_m7_gp
 # (72 registers, no spill: 147.7 against g8w4_m7_late's 153.8; H200, the server's arguments, kernels-20261203-1113)
@@ -72,6 +85,15 @@ CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
+
+
+CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")
+CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1)  # (the first two are required)
+
+
+def full_config(config) -> tuple:
+    """A block shape of 2 to 8 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 8."""
+    return (*config, *CONFIG_DEFAULTS[len(config):])
 
 
 def default_config(state_dtype: torch.dtype, kind: str = "gdn") -> tuple:
@@ -158,7 +180,8 @@ def ctype(dtype: torch.dtype) -> str:
     return _CTYPES[dtype]
 
 
-def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, gt_pre=0, diag_stream=0,
+def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, gt_pre=0, xl=0, nch=1,
+            diag_stream=0,
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
@@ -168,7 +191,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
-            "DIAG_STREAM": int(diag_stream),
+            "DIAG_STREAM": int(diag_stream), "XL": int(xl), "NCH": int(nch),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
             "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
@@ -326,10 +349,21 @@ def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, gt_pre=0) -> str | None:
+                       late_coef=0, gt_pre=0, xl=0, nch=1) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can)."""
     dev = state.device
     cap = ring.layout.cap
+    if xl:
+        if kind != "gdn":
+            return "the eight-lanes-per-row layout (xl) is GDN's"
+        if not load_reg or rpw not in (8, 16):
+            return "the eight-lanes-per-row layout (xl) reads the tile into registers, 8 or 16 rows per warp"
+        if cap % 8:
+            return "the eight-lanes-per-row layout (xl) needs a ring capacity that is a multiple of 8"
+        if V % (rpw * nwarps * nch):
+            return f"its V-tiles ({rpw} x {nwarps} rows, {nch} per block) must divide V = {V}"
+    elif nch != 1:
+        return "a block walks several V-tiles (nch) in the eight-lanes-per-row layout (xl) only"
     if kind not in ("gdn", "kda"):
         return "it is written for GDN and KDA only"
     if kind == "kda" and not ring.predecayed:
@@ -350,7 +384,7 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
     if load_reg and cap % 8:
         return "the tile in registers needs a ring capacity that is a multiple of 8"
-    if rpw not in (8, 16, 32) or cap % (4 * 32 // rpw):
+    if rpw not in (8, 16, 32) or (not xl and cap % (4 * 32 // rpw)):
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):
         return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
@@ -366,7 +400,7 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
 def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
     """The launch can take the CUDA path here and now: it can run (unavailable_reason) and a kernel can be had
     (nvcc to build one, or a cache holding cubins)."""
-    if not (isinstance(config, tuple) and 2 <= len(config) <= 6):
+    if not (isinstance(config, tuple) and 2 <= len(config) <= len(CONFIG_FIELDS)):
         return False
     if unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
         return False
@@ -420,9 +454,10 @@ def _obtainable() -> bool:
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre = (*(config or default_config(state.dtype, kind)), 0, 0)[:6]
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
+                                                                                                       kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, gt_pre=gt_pre,
+                   late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
@@ -522,10 +557,11 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre]]) (None: default_config(state.dtype,
-    kind)); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch]]]]) (CONFIG_FIELDS; None:
+    default_config(state.dtype, kind)); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
     them already (decode_v3.launch makes them once per step)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre = (*(config or default_config(state.dtype, kind)), 0, 0)[:6]
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
+                                                                                                       kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]
@@ -555,6 +591,6 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
         one = ctypes.c_int(1)  # value.programmaticStreamSerializationAllowed
         ctypes.memmove(ctypes.addressof(attrs[0]) + _LaunchAttr.value.offset, ctypes.byref(one), 4)
         n_attrs = 1
-    cfg = _LaunchConfig(V // (rpw * nwarps), HV, B, 32 * nwarps, 1, 1, smem_bytes(defs),
+    cfg = _LaunchConfig(V // (rpw * nwarps * nch), HV, B, 32 * nwarps, 1, 1, smem_bytes(defs),
                         ctypes.c_void_p(torch.cuda.current_stream(state.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx")

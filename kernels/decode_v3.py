@@ -1054,8 +1054,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     back to Triton there, and where the kernel does not build or load (cuda_main.load_failure: warned once).
     REPLAYSSM_MAIN_IMPL=triton keeps Triton's main launch everywhere.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
-    to load the coefficients after the dots[, 1 (KDA) to take G_t per column from the pre launch]]]]), or a name of
-    cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
+    to load the coefficients after the dots[, 1 (KDA) to take G_t per column from the pre launch[, 1 (GDN) for the
+    eight-lanes-per-row layout[, the V-tiles a block walks (with it)]]]]]]), or a name of cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     pre_impl (None: the environment's preference, REPLAYSSM_PRE_IMPL (cuda_main.env_pre_impl; default "auto": "cuda"
@@ -1170,11 +1170,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
-        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= 6:
-            cuda_cfg = (*cuda_cfg, 0, 0, 0, 0)[:6]
-        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == 6):
+        nf = len(cuda_main.CONFIG_FIELDS)
+        if isinstance(cuda_cfg, tuple) and 2 <= len(cuda_cfg) <= nf:
+            cuda_cfg = cuda_main.full_config(cuda_cfg)
+        if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == nf):
             raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"gt_pre]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+                             f"gt_pre[, xl[, nch]]]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")

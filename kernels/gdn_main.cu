@@ -67,6 +67,18 @@
 #ifndef DIAG_STREAM
 #define DIAG_STREAM 0  // benchmark diagnostics, wrong results: 1 stop after the tile dots (output C q~ + C k~),
 #endif             // 2 everything but the fold
+#ifndef XL
+#define XL 0  // 1: the eight-lanes-per-row layout (replay_gdn_main below, "x" shapes): GDN only, the tile in registers
+#endif
+#ifndef NCH
+#define NCH 1  // XL: V-tiles of RPW x NWARPS rows a block walks in turn (its setup paid once, the next tile prefetched)
+#endif
+#if XL && (IS_KDA || !LOAD_REG || (RPW != 8 && RPW != 16) || (CAP_ % 8) != 0)
+#error "XL is GDN's, with the tile in registers, 8 or 16 rows per warp and a ring capacity that is a multiple of 8"
+#endif
+#if !XL && NCH != 1
+#error "NCH is XL's"
+#endif
 #define KB 4       // LOAD_REG's fold: record keys loaded KB at a time (CAP_ a multiple of KB)
 #if LOAD_REG && (CAP_ % KB) != 0
 #error "LOAD_REG needs a ring capacity that is a multiple of KB"
@@ -75,13 +87,13 @@
 #define HK_ (IS_KDA ? HV_ : H_)  // key heads of the ring's key records (KDA: one per value head)
 #define NG (32 / RPW)      // lanes per row after the reduction: each holds JPL of the row's CAP record positions
 #define JPL (CAP_ / NG)
-#if (CAP_ % (4 * NG)) != 0
+#if !XL && (CAP_ % (4 * NG)) != 0
 #error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
 #endif
 static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
 static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
-#if (V_ % VT) != 0
-#error "the V-tile must divide V"
+#if (V_ % (VT * NCH)) != 0
+#error "the V-tile (times NCH) must divide V"
 #endif
 #if RPW != 8 && RPW != 16 && RPW != 32
 #error "RPW must be 8, 16 or 32"
@@ -262,6 +274,7 @@ __device__ __forceinline__ PreOut load_pre(const float* __restrict__ coef, const
     return p;
 }
 
+#if !XL
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
@@ -543,6 +556,348 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     }
     if (!flush && lane < RPW) from_f(base_u + h_eff * V_ + v, u_t);
 }
+
+#endif  // !XL
+
+#if XL
+// ---------------------------------------------------------------------------------------------------------------
+// XL: the main launch for GDN in the eight-lanes-per-row layout (the "x" shapes; session 34). Same arithmetic as the
+// kernel above; what changes is which lane holds what, so that a warp's 8 or 16 rows cost a handful of shuffles
+// instead of ~60 (the layout above reduces each row's dots over all 32 lanes: a 23-shuffle reduce-scatter for each of
+// C q and C k, per 8 rows, plus the q and k norms; the H200 issues one warp shuffle per SM per clock, which at
+// B = 256 is ~30 us of an SM's issue time per layer-step):
+//   lane l: group g = l / 8 owns the warp's rows g RPL .. g RPL + RPL - 1 (RPL = RPW / 4), sub-lane s = l % 8 owns
+//   16 columns of each: NACC accesses of 16 bytes (fp32: 4 columns at 4s + 32t; bf16: 8 columns at 8s + 64t), so
+//   each load instruction reads 4 rows x 8 lanes x 16 contiguous bytes;
+//   record positions j = s JX .. s JX + JX - 1 (JX = CAP / 8) of its rows, and their coefficients;
+//   its per-lane parts P_i = s_q e^{G_t} (C q)_part + sum_j u_ij c_j and Q_i = s_k e^{G_t} (C k)_part + sum_j u_ij d_j
+//   (linear, so one reduction gives both C q~ + sum u c and C k~ + sum u d) are reduce-scattered over the 8 lanes
+//   of the group (2 RPL values: 2 RPL - 1 + ... shuffles), one more shuffle puts each row's Q beside its P, and
+//   the lane of P_i finishes row i: u_t = beta (v - Q_i), o = P_i + u_t <k~, q~>.
+// A block walks NCH V-tiles in turn (its slot, h, flags, q, k, norms and the pre launch's coefficients once), the
+// next tile's loads issued before this tile's reduction and epilogue. The fold (a flush or pre-fold row: the whole
+// block) re-reads the tile from L2, a row of 16 columns per lane at a time, two records' keys per round trip.
+#define RPL (RPW / 4)
+#define JX (CAP_ / 8)
+#define CPA (16 / (int)sizeof(ST_T))  // columns per 16-byte access
+#define NACC (16 / CPA)               // accesses per row per lane
+#define NVAL (2 * RPL)                // P and Q of each of the lane's rows
+#define FR 1                          // rows a lane folds at once (two: more registers, no faster offline)
+
+// the 16 columns of lane s as floats, from NACC 16-byte words of the checkpoint
+__device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16], const float*) {
+#pragma unroll
+    for (int t = 0; t < NACC; ++t) {
+        f[4 * t] = __uint_as_float(w[t].x);
+        f[4 * t + 1] = __uint_as_float(w[t].y);
+        f[4 * t + 2] = __uint_as_float(w[t].z);
+        f[4 * t + 3] = __uint_as_float(w[t].w);
+    }
+}
+__device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16], const __nv_bfloat16*) {
+#pragma unroll
+    for (int t = 0; t < NACC; ++t) {
+        const uint32_t u[4] = {w[t].x, w[t].y, w[t].z, w[t].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[c]));
+            f[8 * t + 2 * c] = p.x;
+            f[8 * t + 2 * c + 1] = p.y;
+        }
+    }
+}
+__device__ __forceinline__ uint4 pack4(const float* f, const float*) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+__device__ __forceinline__ uint4 pack4(const float* f, const __nv_bfloat16*) {  // 8 values, rounded to nearest
+    uint32_t u[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * c], f[2 * c + 1]);
+        u[c] = *reinterpret_cast<uint32_t*>(&p);
+    }
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+// column of element e (0..15) of sub-lane s
+__device__ __forceinline__ int xl_col(int s, int e) { return CPA * s + 8 * CPA * (e / CPA) + (e % CPA); }
+
+// a row's 16 columns of lane s from a [.., K] row of any element type (q, k, key records)
+template <typename T>
+__device__ __forceinline__ void load16(const T* row, int s, float (&f)[16]) {
+#pragma unroll
+    for (int t = 0; t < NACC; ++t) {
+        if constexpr (CPA == 4) {
+            const float4 x = load4(row + CPA * s + 8 * CPA * t);
+            f[4 * t] = x.x, f[4 * t + 1] = x.y, f[4 * t + 2] = x.z, f[4 * t + 3] = x.w;
+        } else {
+            const float4 x = load4(row + CPA * s + 8 * CPA * t), y = load4(row + CPA * s + 8 * CPA * t + 4);
+            f[8 * t] = x.x, f[8 * t + 1] = x.y, f[8 * t + 2] = x.z, f[8 * t + 3] = x.w;
+            f[8 * t + 4] = y.x, f[8 * t + 5] = y.y, f[8 * t + 6] = y.z, f[8 * t + 7] = y.w;
+        }
+    }
+}
+
+// one halving of the 8-lane reduce-scatter: lanes with bit S set keep the upper half of the CNT values (moved down)
+template <int S, int CNT>
+__device__ __forceinline__ void xl_rs_step(float (&v)[NVAL], int lane) {
+    if constexpr (CNT > 1) {
+        const bool upper = (lane & S) != 0;
+#pragma unroll
+        for (int i = 0; i < CNT / 2; ++i) {
+            const float lo = v[i], hi = v[i + CNT / 2];
+            v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, S);
+        }
+    } else {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], S);
+    }
+}
+// the sums over the 8 lanes of a group of NVAL values: value (s / (8 / NVAL)) of the lane's group in v[0]
+__device__ __forceinline__ float xl_reduce(float (&v)[NVAL], int lane) {
+    xl_rs_step<4, NVAL>(v, lane);
+    xl_rs_step<2, (NVAL > 1 ? NVAL / 2 : 1)>(v, lane);
+    xl_rs_step<1, (NVAL > 2 ? NVAL / 4 : 1)>(v, lane);
+    return v[0];
+}
+
+extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
+    const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
+    const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
+    ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
+    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
+    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf,
+    const float* __restrict__ gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    long long stride_b, long long stride_slot) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
+    float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 3, s = lane & 7;
+    const int i_v = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;  // rows outermost: a row's blocks together
+    const int i_h = hv / (HV_ / H_);
+    const int row0 = i_v * VT * NCH;  // the block's first V-row; tile ch: rows row0 + ch VT .. + VT - 1
+    const long long nh = static_cast<long long>(n) * HV_ + hv;
+
+    long long slot, rrow;
+    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
+    if (slot < 0) {  // a padded row: zero output, nothing touched (the whole block takes this branch)
+        for (int r = threadIdx.x; r < VT * NCH; r += NWARPS * 32) from_f(out + nh * V_ + row0 + r, 0.0f);
+        return;
+    }
+    // the lane's first row within a tile, and the row it finishes after the reduction (value index fin = s / (8 /
+    // NVAL): even values are P_i, so lanes with s % (8 / RPL) == 0 finish row fin / 2)
+    const int lrow = warp * RPW + g * RPL;
+    const int fin = s / (8 / NVAL);
+    const bool finisher = (fin & 1) == 0 && (s % (8 / NVAL)) == 0;
+    const int frow = lrow + fin / 2;  // (for the non-finishers: some row of the lane's, loaded harmlessly)
+
+    const ST_T* src = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
+    // the tile's words of this lane: rows lrow + i of tile ch, its NACC accesses
+    uint4 c[RPL][NACC];
+    auto load_tile = [&](int ch) {
+#pragma unroll
+        for (int i = 0; i < RPL; ++i) {
+            const ST_T* rp = src + static_cast<long long>(row0 + ch * VT + lrow + i) * K_ + CPA * s;
+#pragma unroll
+            for (int t = 0; t < NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
+        }
+    };
+    load_tile(0);
+
+#if HAS_H_ROWS
+    const int h_old = h_rows[n];
+#else
+    const int h_old = ring_h[rrow];
+#endif
+    const bool prefold = h_old >= L;
+    const int h_eff = prefold ? 0 : h_old;
+#if HAS_FORCED
+    const bool is_forced = forced[n] != 0;
+#else
+    const bool is_forced = false;
+#endif
+    const bool flush = (h_eff + 1 >= L) || is_forced;
+    const bool fold = (flush || prefold) && DIAG_STREAM == 0;
+    const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+    float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
+    if (fold) {
+        G_last = h_old > 0 ? base_g[h_old - 1] : 0.0f;
+        x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        a_log = to_f(A_log[hv]);
+    }
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+    // q and k of the query head, raw, in shared memory (in registers they would hold 32 of every lane's registers
+    // through the tile's round trips); the norms from the lane's 16 columns and 3 shuffles
+    __shared__ __align__(16) float qk_sm[2 * K_];
+    for (int t = threadIdx.x; t < 2 * K_; t += NWARPS * 32)
+        qk_sm[t] = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
+    __syncthreads();
+    float n_q = 0.0f, n_k = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        const float qe = qk_sm[xl_col(s, e)], ke = qk_sm[K_ + xl_col(s, e)];
+        n_q += qe * qe;
+        n_k += ke * ke;
+    }
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) {  // over the 8 lanes of the group (each group holds all 128 columns)
+        n_q += __shfl_xor_sync(0xffffffffu, n_q, m);
+        n_k += __shfl_xor_sync(0xffffffffu, n_k, m);
+    }
+    const float s_q = scale / sqrtf(n_q + 1e-6f);
+    const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+    const float beta = round_as(1.0f / (1.0f + __expf(-to_f(b[n * stride_b + hv]))), static_cast<B_T*>(nullptr));
+
+    // the lane's records (positions s JX .. s JX + JX - 1 of its rows) and the value of the row it finishes
+    U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
+    const X_T* pv = px + 2 * H_ * K_ + hv * V_;
+    const int j0 = s * JX;
+    float ru[RPL][JX];
+    float x_v;
+    auto load_rows = [&](int ch) {
+        const int v0 = row0 + ch * VT + lrow;
+#pragma unroll
+        for (int i = 0; i < RPL; ++i)
+#pragma unroll
+            for (int t = 0; t < JX; ++t) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
+        x_v = to_f(pv[row0 + ch * VT + frow]);
+    };
+    load_rows(0);
+
+    // the pre launch's coefficients of this (row, value head): positions j0 .., e^{G_t}, <k~, q~>
+    float cq[JX], ck[JX], e_t = 1.0f, kq = 0.0f;
+    auto load_coef = [&]() {
+#if USE_PDL
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        const float* pc = coef + nh * 2 * BC_;
+#pragma unroll
+        for (int t = 0; t < JX; ++t) {
+            cq[t] = pc[j0 + t];
+            ck[t] = pc[BC_ + j0 + t];
+        }
+        e_t = scal[nh * 2];
+        kq = scal[nh * 2 + 1];
+    };
+#if !LATE_COEF
+    load_coef();
+#endif
+
+#pragma unroll
+    for (int ch = 0; ch < NCH; ++ch) {
+        // the tile's dots, this lane's 16 columns of each of its rows
+        float aq[RPL], ak[RPL];
+#pragma unroll
+        for (int i = 0; i < RPL; ++i) {
+            float f[16];
+            unpack16(c[i], f, static_cast<const ST_T*>(nullptr));
+            aq[i] = 0.0f;
+            ak[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                aq[i] += f[e] * qk_sm[xl_col(s, e)];
+                ak[i] += f[e] * qk_sm[K_ + xl_col(s, e)];
+            }
+        }
+#if LATE_COEF
+        if (ch == 0) load_coef();
+#endif
+        const float wq = s_q * e_t, wk = s_k * e_t;
+        float val[NVAL];
+#pragma unroll
+        for (int i = 0; i < RPL; ++i) {
+            float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+            for (int t = 0; t < JX; ++t) {
+                sq += ru[i][t] * cq[t];
+                sk += ru[i][t] * ck[t];
+            }
+            val[2 * i] = aq[i] * wq + sq;
+            val[2 * i + 1] = ak[i] * wk + sk;
+        }
+        const float xv_now = x_v;
+        // the next tile in flight through this tile's reduction and epilogue (a folding block issues it after its fold,
+        // which still reads this tile's records)
+        if (!fold && ch + 1 < NCH) {
+            load_tile(ch + 1);
+            load_rows(ch + 1);
+        }
+        const float P = xl_reduce(val, lane);
+        const float Q = __shfl_down_sync(0xffffffffu, P, 8 / NVAL);  // the Q of the finisher's row
+        const float u_t = beta * (xv_now - Q);
+        const float o = P + u_t * kq;
+        const int vrow = row0 + ch * VT + frow;
+#if DIAG_STREAM == 1
+        if (finisher) from_f(out + nh * V_ + vrow, P + Q);
+        continue;
+#endif
+        if (finisher) {
+            from_f(out + nh * V_ + vrow, o);
+            if (!flush) from_f(base_u + h_eff * V_ + vrow, u_t);
+        }
+        if (fold) {
+            // write the checkpoint: the h_old records (and this token on a flush) folded into the tile
+            const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
+            const float g_t = -expf(a_log) * sp;
+            const float G_f = flush ? G_last + g_t : G_last;
+            const float eG = expf(G_f);
+#pragma unroll
+            for (int i = 0; i < RPL; ++i)
+#pragma unroll
+                for (int t = 0; t < JX; ++t)
+                    wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] * expf(G_f - base_g[j0 + t]) : 0.0f;
+            if (finisher) uasm[frow] = flush ? u_t : 0.0f;
+            __syncwarp();
+            const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
+            ST_T* dst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
+#pragma unroll
+            for (int i0 = 0; i0 < RPL; i0 += FR) {
+                float f[FR][16];
+#pragma unroll
+                for (int i = 0; i < FR; ++i) {
+                    uint4 w[NACC];
+                    const ST_T* rp = src + static_cast<long long>(row0 + ch * VT + lrow + i0 + i) * K_ + CPA * s;
+#pragma unroll
+                    for (int t = 0; t < NACC; ++t) w[t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
+                    unpack16(w, f[i], static_cast<const ST_T*>(nullptr));
+                    const float ua = uasm[lrow + i0 + i];
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) f[i][e] = f[i][e] * eG + ua * (qk_sm[K_ + xl_col(s, e)] * s_k);
+                }
+#pragma unroll 1
+                for (int jb = 0; jb < h_old; jb += 2) {
+                    float k0[16], k1[16];
+                    load16(base_k + jb * K_, s, k0);
+                    const bool two = jb + 1 < h_old;
+                    if (two) load16(base_k + (jb + 1) * K_, s, k1);
+#pragma unroll
+                    for (int i = 0; i < FR; ++i) {
+                        const float w0 = wsm[(lrow + i0 + i) * BC_ + jb];
+                        const float w1 = two ? wsm[(lrow + i0 + i) * BC_ + jb + 1] : 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 16; ++e) f[i][e] += w0 * k0[e] + (two ? w1 * k1[e] : 0.0f);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < FR; ++i) {
+                    ST_T* rp = dst + static_cast<long long>(row0 + ch * VT + lrow + i0 + i) * K_ + CPA * s;
+#pragma unroll
+                    for (int t = 0; t < NACC; ++t)
+                        *reinterpret_cast<uint4*>(rp + 8 * CPA * t) = pack4(f[i] + CPA * t,
+                                                                            static_cast<const ST_T*>(nullptr));
+                }
+            }
+            __syncwarp();  // (wsm and uasm are taken again by the next tile)
+            if (ch + 1 < NCH) {
+                load_tile(ch + 1);
+                load_rows(ch + 1);
+            }
+        }
+    }
+}
+#endif  // XL
 
 // The pre launches (a ring capacity of at most 16: a row's 2 x 16 record dots are one value per lane of a warp)
 #if CAP_ <= 16 && BC_ <= 16

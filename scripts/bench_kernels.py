@@ -57,6 +57,10 @@ Arms (per layer kind, state dtype and batch size B):
               --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin. Records as the server's: the
               state's type (bf16 beside a bf16 state since session 33); fp32 states also v3_sl_cu_cpre_r16 (and
               _r16_pre): bf16 records, a bound for byte cuts in the records
+  v3_sl_cu_cpre_x* (--variants xl, GDN, fp32 or bf16 state, B >= 128) the server's launch with both CUDA launches
+              and the main launch in the eight-lanes-per-row layout (gdn_main.cu's XL) in each shape of
+              cuda_main.XL_FP32_CONFIGS / XL_BF16_CONFIGS, beside the default shape (v3_sl_cu_cpre); _main_x* each
+              main launch alone; with --variants xl,curr the default and the shapes round-robin
   v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
               N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
@@ -1132,6 +1136,29 @@ def main():
                                           f"{kind} {sdt} cuda pre")
                         meta.setdefault("cpre_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "xl" in variants and B >= 128 and kind == "gdn":
+                    # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
+                    # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk
+                    # NCH V-tiles; beside the default shape, both with the CUDA pre launch, the server's records
+                    srv = dict(server_like=True)
+                    rec = DT[sdt]
+                    names = _cm.XL_BF16_CONFIGS if sdt == "bfloat16" else _cm.XL_FP32_CONFIGS
+                    base = dict(main_impl="cuda", pre_impl="cuda")
+                    arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=base)
+                    for name in names:
+                        arms[f"v3_sl_cu_cpre_{name}"] = arm_ours(c, rec, impl="v3", **srv,
+                                                                 v3_opts=dict(base, cuda_config=name))
+                    arms["v3_sl_cu_main"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(base, _diag_parts="main"))
+                    for name in names:
+                        arms[f"v3_sl_cu_main_{name}"] = arm_ours(
+                            c, rec, impl="v3", **srv, v3_opts=dict(base, cuda_config=name, _diag_parts="main"))
+                    arms["v3_sl_cu_cpre_again"] = arms["v3_sl_cu_cpre"]  # timed again last: the drift over the run
+                    if "curr" in variants:  # the default and each XL shape round-robin, medians
+                        per = round_robin(c, {f"{n}_rr": arms[n] for n in ["v3_sl_cu_cpre"]
+                                              + [f"v3_sl_cu_cpre_{x}" for x in names]}, f"{kind} {sdt} xl")
+                        meta.setdefault("xl_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                 for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "prerows" in variants and B >= 128:
                     # the pre launch with 2-8 batch rows per program (pre_rows), beside the CUDA and Triton main

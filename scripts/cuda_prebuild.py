@@ -36,7 +36,8 @@ def combos():
     server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
     server = [(*x, F32) for x in server]
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
-    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16) for n in cm.XL_BF16_CONFIGS]  # (--variants xl: bf16 records)
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
@@ -46,9 +47,9 @@ def combos():
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, lr, mb, late, gt = (*cfg, 0, 0)[:6]
+        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cfg)
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
-                              late_coef=late, gt_pre=gt, diag_stream=diag,
+                              late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
@@ -65,9 +66,10 @@ def combos():
     cases += [(cm.default_config(getattr(torch, sdt), "gdn"), r, q, ri, hr, getattr(torch, sdt))
               for _, sdt, r, q, ri, hr in CUDA_PRE_CASES]
     for cfg, rec, qkv, ri, hr, sdt in cases:
-        rpw, nw, lr, mb, late = (*cfg, 0)[:5]
+        rpw, nw, lr, mb, late, _, xl, nch = cm.full_config(cfg)
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
-        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, has_h_rows=hr, has_forced=True,
+        out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, xl=xl, nch=nch,
+                              has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
                               state_dtype=sdt))
@@ -75,7 +77,7 @@ def combos():
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
-        rpw, nw, lr, mb, late, gt = (*cm.CUDA_CONFIGS.get(c, c), 0, 0)[:6]
+        rpw, nw, lr, mb, late, gt, _, _ = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
         out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt,
                               has_h_rows=False,

@@ -130,11 +130,11 @@ def test_unavailable_reason_on_shapes():
 
 
 def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn"):
-    *late_gt, rec = late_gt_rec
-    late, gt = (*late_gt, 0, 0)[:2]
+    *rest, rec = late_gt_rec
+    late, gt, xl, nch = cuda_main.full_config((rpw, nwarps, load_reg, min_blocks, *rest))[4:]
     H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
     return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late, gt_pre=gt,
+                             min_blocks=min_blocks, late_coef=late, gt_pre=gt, xl=xl, nch=nch,
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
@@ -146,7 +146,7 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=to
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
 @pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS
                                                    if n not in cuda_main.KDA_ONLY]
-                         + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS]
+                         + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS + cuda_main.XL_BF16_CONFIGS]
                          + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
                             if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)
                          + [(n, torch.bfloat16, "kda") for n in cuda_main.CUDA_KDA_BF16_CONFIGS])
@@ -199,7 +199,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.CUDA_DEFAULT + (0,) * (6 - len(cuda_main.CUDA_DEFAULT))
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")  # Triton's, even where the CUDA one could run
     calls.clear()
     run()
@@ -213,7 +213,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     replay_decode("gdn", *x, torch.zeros(2, HV, V, K, dtype=torch.bfloat16), ring, torch.arange(2, dtype=torch.int32),
                   L=16, impl="v3")
     want = cuda_main.CUDA_DEFAULT_BF16
-    assert len(calls) == 1 and calls[0]["config"] == want + (0,) * (6 - len(want))
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(want)
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "fast")
     with pytest.raises(ValueError, match="REPLAYSSM_MAIN_IMPL"):
         run()

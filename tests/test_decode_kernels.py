@@ -1402,7 +1402,11 @@ def test_gpu_real_shapes_predecayed(read_dtype, min_g, monkeypatch):
 CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloat16", "float32", False, False),
                    ("g16w4", "float32", "float32", False, True), ("g8w4", "float32", "bfloat16", True, False),
                    ("g8w2_late", "float32", "bfloat16", True, False), ("r16w4", "float32", "bfloat16", True, False),
-                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False)]
+                   ((32, 4, 0, 0), "float32", "float32", False, True), ((8, 8, 0, 0), "bfloat16", "float32", True, False),
+                   # the eight-lanes-per-row layout (XL, session 34): one V-tile per block, 2 and 4 in turn, 16 rows
+                   ("x8w4c1", "float32", "bfloat16", True, False), ("x8w4c4_m5", "float32", "bfloat16", True, False),
+                   ("x8w4c2_m5", "bfloat16", "bfloat16", True, False), ("x8w2c4_m10", "float32", "float32", False, True),
+                   ("x16w4c1_m5", "bfloat16", "float32", False, True)]
 
 
 @pytest.mark.gpu
@@ -1617,7 +1621,10 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("g8w8_m4", "float32", "bfloat16", True, False),
                         ("g8w1_m32_late", "float32", "bfloat16", True, False),
                         ("g8w4_m8_late", "float32", "bfloat16", False, True),
-                        ("g16w4", "bfloat16", "bfloat16", True, False)]
+                        ("g16w4", "bfloat16", "bfloat16", True, False),
+                        ("x8w4c1_m8", "bfloat16", "bfloat16", True, False),
+                        ("x8w4c4_m6_late", "float32", "bfloat16", True, False),
+                        ("x16w4c1_m5", "bfloat16", "float32", False, True)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
