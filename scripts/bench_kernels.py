@@ -1141,6 +1141,8 @@ def main():
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk
                     # NCH V-tiles; beside the default shape, both with the CUDA pre launch, the server's records
+                    from replayssm_sglang.kernels import cuda_main as _cm
+
                     srv = dict(server_like=True)
                     rec = DT[sdt]
                     names = _cm.XL_BF16_CONFIGS if sdt == "bfloat16" else _cm.XL_FP32_CONFIGS
