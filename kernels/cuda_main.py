@@ -74,8 +74,8 @@ CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
 # the XL shapes the benchmark times (--variants xl) for an fp32 and a bf16 checkpoint (the fp32 ones run a bf16 one too)
-XL_FP32_CONFIGS = ("x8w4c1", "x8w4c2_m5", "x8w4c4_m5", "x8w2c4_m10", "x16w4c1_m5")
-XL_BF16_CONFIGS = ("x8w4c1_m8", "x8w4c1", "x8w4c4_m6_late", "x16w4c1_m5")
+XL_FP32_CONFIGS = ("x8w4c1", "x16w4c1_m5", "x8w4c2_m5", "x8w4c4_m5", "x8w2c4_m10")
+XL_BF16_CONFIGS = ("x8w4c1_m8", "x16w4c1_m5", "x8w4c1", "x8w4c4_m6_late")
 # KDA (predecayed keys): the shapes the benchmark times (--variants cudakda), and the defaults: G_t per column from
 # the pre launch (gt_pre), fp32 g8w4_gp (186.8 us at B = 256 against g8w4's 196.5; Triton's 186.3), bf16 g8w4_m7_gp
 # (72 registers, no spill: 147.7 against g8w4_m7_late's 153.8; H200, the server's arguments, kernels-20261203-1113)

@@ -576,13 +576,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 //   the lane of P_i finishes row i: u_t = beta (v - Q_i), o = P_i + u_t <k~, q~>.
 // A block walks NCH V-tiles in turn (its slot, h, flags, q, k, norms and the pre launch's coefficients once), the
 // next tile's loads issued before this tile's reduction and epilogue. The fold (a flush or pre-fold row: the whole
-// block) re-reads the tile from L2, a row of 16 columns per lane at a time, two records' keys per round trip.
+// block) is the kernel above's: lane l on 4 columns of 8 rows at a time, the tile re-read from L2, KB records' keys
+// per round trip, the decayed records and u_t from shared memory.
 #define RPL (RPW / 4)
 #define JX (CAP_ / 8)
 #define CPA (16 / (int)sizeof(ST_T))  // columns per 16-byte access
 #define NACC (16 / CPA)               // accesses per row per lane
 #define NVAL (2 * RPL)                // P and Q of each of the lane's rows
-#define FR 1                          // rows a lane folds at once (two: more registers, no faster offline)
 
 // the 16 columns of lane s as floats, from NACC 16-byte words of the checkpoint
 __device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16], const float*) {
@@ -728,12 +728,14 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         a_log = to_f(A_log[hv]);
     }
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
-    // q and k of the query head, raw, in shared memory (in registers they would hold 32 of every lane's registers
-    // through the tile's round trips); the norms from the lane's 16 columns and 3 shuffles
-    __shared__ __align__(16) float qk_sm[2 * K_];
-    for (int t = threadIdx.x; t < 2 * K_; t += NWARPS * 32)
-        qk_sm[t] = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
-    __syncthreads();
+    // q and k of the query head, raw, in the warp's slice of shared memory (in registers they would hold 32 of every
+    // lane's registers through the tile's round trips; one slice per warp: no barrier across the block's warps); the
+    // norms from the lane's 16 columns and 3 shuffles
+    __shared__ __align__(16) float qk_all[NWARPS][2 * K_];
+    float* qk_sm = qk_all[warp];
+#pragma unroll
+    for (int t = lane; t < 2 * K_; t += 32) qk_sm[t] = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
+    __syncwarp();
     float n_q = 0.0f, n_k = 0.0f;
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -850,44 +852,51 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                     wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] * expf(G_f - base_g[j0 + t]) : 0.0f;
             if (finisher) uasm[frow] = flush ? u_t : 0.0f;
             __syncwarp();
-            const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
-            ST_T* dst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
+            // the fold itself in the other layout (lane l on columns 4l .. 4l + 3 of every row of the warp, 8 rows at a
+            // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
+            // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
+            const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+            const float4 kn = make_float4(qk_sm[K_ + 4 * lane] * s_k, qk_sm[K_ + 4 * lane + 1] * s_k,
+                                          qk_sm[K_ + 4 * lane + 2] * s_k, qk_sm[K_ + 4 * lane + 3] * s_k);
+            const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
+            const ST_T* fsrc = src + wrow * K_ + 4 * lane;
+            ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
 #pragma unroll
-            for (int i0 = 0; i0 < RPL; i0 += FR) {
-                float f[FR][16];
+            for (int r0 = 0; r0 < RPW; r0 += 8) {
+                float4 cf[8];
 #pragma unroll
-                for (int i = 0; i < FR; ++i) {
-                    uint4 w[NACC];
-                    const ST_T* rp = src + static_cast<long long>(row0 + ch * VT + lrow + i0 + i) * K_ + CPA * s;
+                for (int i = 0; i < 8; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
+                float4 rk[KB];
 #pragma unroll
-                    for (int t = 0; t < NACC; ++t) w[t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
-                    unpack16(w, f[i], static_cast<const ST_T*>(nullptr));
-                    const float ua = uasm[lrow + i0 + i];
+                for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                    for (int e = 0; e < 16; ++e) f[i][e] = f[i][e] * eG + ua * (qk_sm[K_ + xl_col(s, e)] * s_k);
+                for (int i = 0; i < 8; ++i) {
+                    const float ua = uasm[warp * RPW + r0 + i];
+                    cf[i] = make_float4(cf[i].x * eG + ua * kn.x, cf[i].y * eG + ua * kn.y, cf[i].z * eG + ua * kn.z,
+                                        cf[i].w * eG + ua * kn.w);
                 }
 #pragma unroll 1
-                for (int jb = 0; jb < h_old; jb += 2) {
-                    float k0[16], k1[16];
-                    load16(base_k + jb * K_, s, k0);
-                    const bool two = jb + 1 < h_old;
-                    if (two) load16(base_k + (jb + 1) * K_, s, k1);
+                for (int jb = 0; jb < CAP_; jb += KB) {
+                    if (jb >= h_old) break;
+                    if (jb > 0) {
 #pragma unroll
-                    for (int i = 0; i < FR; ++i) {
-                        const float w0 = wsm[(lrow + i0 + i) * BC_ + jb];
-                        const float w1 = two ? wsm[(lrow + i0 + i) * BC_ + jb + 1] : 0.0f;
+                        for (int t = 0; t < KB; ++t)
+                            rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
 #pragma unroll
-                        for (int e = 0; e < 16; ++e) f[i][e] += w0 * k0[e] + (two ? w1 * k1[e] : 0.0f);
+                    for (int t = 0; t < KB; ++t) {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            const float wj = wsm[(warp * RPW + r0 + i) * BC_ + jb + t];  // (0 past h_old)
+                            cf[i].x += wj * rk[t].x;
+                            cf[i].y += wj * rk[t].y;
+                            cf[i].z += wj * rk[t].z;
+                            cf[i].w += wj * rk[t].w;
+                        }
                     }
                 }
 #pragma unroll
-                for (int i = 0; i < FR; ++i) {
-                    ST_T* rp = dst + static_cast<long long>(row0 + ch * VT + lrow + i0 + i) * K_ + CPA * s;
-#pragma unroll
-                    for (int t = 0; t < NACC; ++t)
-                        *reinterpret_cast<uint4*>(rp + 8 * CPA * t) = pack4(f[i] + CPA * t,
-                                                                            static_cast<const ST_T*>(nullptr));
-                }
+                for (int i = 0; i < 8; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
             }
             __syncwarp();  // (wsm and uasm are taken again by the next tile)
             if (ch + 1 < NCH) {

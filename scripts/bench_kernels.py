@@ -1155,6 +1155,13 @@ def main():
                     for name in names:
                         arms[f"v3_sl_cu_main_{name}"] = arm_ours(
                             c, rec, impl="v3", **srv, v3_opts=dict(base, cuda_config=name, _diag_parts="main"))
+                    # where the time goes: the streaming floor (the tile's dots and the output, wrong results) and
+                    # everything but the fold, for the default and the first two XL shapes
+                    for name in (None, *names[:2]):
+                        for dg in ("stream", "nofold"):
+                            arms[f"v3_sl_cu_cpre{'_' + name if name else ''}_{dg}"] = arm_ours(
+                                c, rec, impl="v3", **srv,
+                                v3_opts=dict(base, _diag_parts=dg, **({"cuda_config": name} if name else {})))
                     arms["v3_sl_cu_cpre_again"] = arms["v3_sl_cu_cpre"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the default and each XL shape round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in ["v3_sl_cu_cpre"]
