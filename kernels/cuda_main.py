@@ -71,18 +71,22 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m6": (16, 4, 1, 6, 0, 0, 1, 1), "x16w4c2_m5": (16, 4, 1, 5, 0, 0, 1, 2),
                 "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
-CUDA_DEFAULT = CUDA_CONFIGS["g8w4"]
+# GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp; fp32 164.5 us at B = 256 against g8w4's
+# 171.1 with the CUDA pre launch, kernels-20261203-2008); g8w4 before
+CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
 # the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
 # g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
-CUDA_DEFAULT_BF16 = CUDA_CONFIGS["g8w4_m8_late"]
+CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m5"]  # (since session 34: 114.2 us against g8w4_m8_late's 120.2, run 2008)
 # the XL shapes the benchmark times (--variants xl) for an fp32 and a bf16 checkpoint (the fp32 ones run a bf16 one too)
 # (run kernels-20261203-2008, B = 256, with the CUDA pre launch: fp32 x16w4c1_m5 164.5 us against the default's 171.1,
 # x8w4c1 186.7, x8w4c2_m5 178.1, x8w4c4_m5 175.9, x8w2c4_m10 174.6; bf16 x16w4c1_m5 114.2 against 120.2, x8w4c1_m8
 # 143.9, x8w4c1 154.3, x8w4c4_m6_late 133.1)
 XL_FP32_CONFIGS = ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_late", "x16w2c1_m10", "x16w8c1_m2")
 XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3")
+# the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
+XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3")
 # KDA (predecayed keys): the shapes the benchmark times (--variants cudakda), and the defaults: G_t per column from
 # the pre launch (gt_pre), fp32 g8w4_gp (186.8 us at B = 256 against g8w4's 196.5; Triton's 186.3), bf16 g8w4_m7_gp
 # (72 registers, no spill: 147.7 against g8w4_m7_late's 153.8; H200, the server's arguments, kernels-20261203-1113)

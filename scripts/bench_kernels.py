@@ -1145,7 +1145,9 @@ def main():
 
                     srv = dict(server_like=True)
                     rec = DT[sdt]
-                    names = _cm.XL_BF16_CONFIGS if sdt == "bfloat16" else _cm.XL_FP32_CONFIGS
+                    # (the shapes before XL first: g8w4 / g8w4_m8_late, the defaults until session 34)
+                    names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS if sdt == "bfloat16"
+                             else ("g8w4",) + _cm.XL_FP32_CONFIGS)
                     base = dict(main_impl="cuda", pre_impl="cuda")
                     arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=base)
                     for name in names:
@@ -1157,7 +1159,7 @@ def main():
                             c, rec, impl="v3", **srv, v3_opts=dict(base, cuda_config=name, _diag_parts="main"))
                     # where the time goes: the streaming floor (the tile's dots and the output, wrong results) and
                     # everything but the fold, for the default and the first two XL shapes
-                    for name in (None, *names[:2]):
+                    for name in names[:2]:
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_cpre{'_' + name if name else ''}_{dg}"] = arm_ours(
                                 c, rec, impl="v3", **srv,

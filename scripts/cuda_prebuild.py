@@ -37,14 +37,11 @@ def combos():
     server = [(*x, F32) for x in server]
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS]
-    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16) for n in cm.XL_BF16_CONFIGS]  # (--variants xl: bf16 records)
-    # --variants xl's diagnostics: the defaults and the first two XL shapes of each state type, bf16 records beside a
-    # bf16 state
-    server += [(cfg, True, d, F32, F32) for cfg in (cm.CUDA_DEFAULT, *(cm.CUDA_CONFIGS[n] for n in cm.XL_FP32_CONFIGS[:2]))
-               for d in (1, 2)]
-    server += [(cfg, True, d, BF16, BF16) for cfg in (cm.CUDA_DEFAULT_BF16,
-                                                     *(cm.CUDA_CONFIGS[n] for n in cm.XL_BF16_CONFIGS[:2]))
-               for d in (1, 2)]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16) for n in ("g8w4_m8_late",) + cm.XL_BF16_CONFIGS]  # (xl: bf16 records)
+    # --variants xl's diagnostics: the shapes before XL and GDN's defaults (x16w4c1_m5) of each state type, bf16 records
+    # beside a bf16 state
+    server += [(cm.CUDA_CONFIGS[n], True, d, F32, F32) for n in ("g8w4", "x16w4c1_m5") for d in (1, 2)]
+    server += [(cm.CUDA_CONFIGS[n], True, d, BF16, BF16) for n in ("g8w4_m8_late", "x16w4c1_m5") for d in (1, 2)]
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics

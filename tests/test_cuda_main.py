@@ -84,11 +84,12 @@ def test_kda_refusals():
     st = torch.zeros(1, 2, 128, 128)
     why = lambda lb, cfg: cuda_main.unavailable_reason("kda", st, ring, lb, 128, 128, *cfg)  # noqa: E731
     assert "registers" in why(None, cuda_main.CUDA_CONFIGS["r16w4"])
-    assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_DEFAULT)
-    assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_DEFAULT)
+    assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_CONFIGS["g8w4"])
+    assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_CONFIGS["g8w4"])
+    assert "GDN's" in why(None, cuda_main.CUDA_DEFAULT)  # (GDN's default, the XL layout, is GDN's only)
     # KDA's defaults take G_t from the pre launch (faster on the H200, kernels-20261203-1113); GDN's never do
     for dt in (torch.float32, torch.bfloat16):
-        assert cuda_main.default_config(dt, "kda")[5] == 1 and len(cuda_main.default_config(dt, "gdn")) < 6
+        assert cuda_main.default_config(dt, "kda")[5] == 1 and cuda_main.full_config(cuda_main.default_config(dt, "gdn"))[5] == 0
         assert "needs a CUDA GPU" in why(None, cuda_main.default_config(dt, "kda"))
 
 
@@ -145,7 +146,7 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=to
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
 @pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS
-                                                   if n not in cuda_main.KDA_ONLY]
+                                                   if n not in cuda_main.KDA_ONLY + cuda_main.XL_BF16_ONLY]
                          + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS + cuda_main.XL_BF16_CONFIGS]
                          + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
                             if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)

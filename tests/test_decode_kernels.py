@@ -1406,7 +1406,9 @@ CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloa
                    # the eight-lanes-per-row layout (XL, session 34): one V-tile per block, 2 and 4 in turn, 16 rows
                    ("x8w4c1", "float32", "bfloat16", True, False), ("x8w4c4_m5", "float32", "bfloat16", True, False),
                    ("x8w4c2_m5", "bfloat16", "bfloat16", True, False), ("x8w2c4_m10", "float32", "float32", False, True),
-                   ("x16w4c1_m5", "bfloat16", "float32", False, True)]
+                   ("x16w4c1_m5", "bfloat16", "float32", False, True), ("x16w4c1_m4", "float32", "bfloat16", True, False),
+                   ("x16w4c1_m5_late", "float32", "bfloat16", True, False),
+                   ("x16w2c1_m10", "float32", "float32", False, True), ("x16w8c1_m2", "float32", "bfloat16", True, False)]
 
 
 @pytest.mark.gpu
@@ -1624,7 +1626,12 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("g16w4", "bfloat16", "bfloat16", True, False),
                         ("x8w4c1_m8", "bfloat16", "bfloat16", True, False),
                         ("x8w4c4_m6_late", "float32", "bfloat16", True, False),
-                        ("x16w4c1_m5", "bfloat16", "float32", False, True)]
+                        ("x16w4c1_m5", "bfloat16", "float32", False, True),
+                        ("x16w4c1_m6", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c2_m5", "float32", "bfloat16", True, False),
+                        ("x16w2c2_m10", "bfloat16", "bfloat16", False, True),
+                        ("x16w8c1_m3", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c1_m5_late", "bfloat16", "bfloat16", True, False)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
