@@ -71,14 +71,17 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m6": (16, 4, 1, 6, 0, 0, 1, 1), "x16w4c2_m5": (16, 4, 1, 5, 0, 0, 1, 2),
                 "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
-# GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp; fp32 164.5 us at B = 256 against g8w4's
-# 171.1 with the CUDA pre launch, kernels-20261203-2008); g8w4 before
+# GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
+# at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
 CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
-# the shapes timed for a bf16 checkpoint, and the default for one (a bf16 tile needs the registers form, load_reg 1):
-# g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
+# the shapes timed for a bf16 checkpoint before XL (a bf16 tile needs the registers form, load_reg 1), and the default
+# for one until session 34: g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
-CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m5"]  # (since session 34: 114.2 us against g8w4_m8_late's 120.2, run 2008)
+# a bf16 checkpoint's since session 34: x16w4c1_m6 (80 registers, 12 bytes of the fold spilled; B = 128 / 256 / 512: 60.1 /
+# 106.9 / 202.9 us against g8w4_m8_late's 64.8 / 120.7 / 233.6 and x16w4c1_m5's 64.4 / 114.6 / 218.6, the CUDA pre
+# launch beside each, kernels-20261203-2019)
+CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m6"]
 # the XL shapes the benchmark times (--variants xl) for an fp32 and a bf16 checkpoint (the fp32 ones run a bf16 one too)
 # (run kernels-20261203-2008, B = 256, with the CUDA pre launch: fp32 x16w4c1_m5 164.5 us against the default's 171.1,
 # x8w4c1 186.7, x8w4c2_m5 178.1, x8w4c4_m5 175.9, x8w2c4_m10 174.6; bf16 x16w4c1_m5 114.2 against 120.2, x8w4c1_m8

@@ -14,7 +14,8 @@ at one batch size,
   - the prefix workload's warm (last) run per server: hit rate and mean TTFT, their medians, TTFT against the
     reference's.
 `--merge A=B` counts arm A's servers as arm B's (e.g. ours_w16=ours at B = 256, where the policy's own window is
-16, so the two servers run the same launch). Refuses files from different commits unless --allow-mixed-commits.
+16, so the two servers run the same launch); a tagged arm (`ours:2`, gpu_e2e.py's name for a repeated arm) counts as
+its base arm. Refuses files from different commits unless --allow-mixed-commits.
 Writes a markdown table to stdout (and JSON with --json).
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ def pool(results: list[dict], batch: int = 256, merge: dict[str, str] | None = N
     for r in results:
         for model, md in (r.get("models") or {}).items():
             for arm, ad in (md.get("arms") or {}).items():
-                name = merge.get(arm, arm)
+                base = arm.split(":", 1)[0]  # (a tagged repeat, ours:2, is its base arm's server)
+                name = merge.get(base, base)
                 row = out.setdefault(model, {}).setdefault(name, {
                     "servers": 0, "prefix_servers": 0, "from_arms": [], "repeats": [], "server_medians": [],
                     "logged": [], "prefix_hit_warm": [], "prefix_ttft_warm": []})

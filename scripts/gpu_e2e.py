@@ -171,6 +171,20 @@ def arm_base(arm: str) -> str:
     return arm.split(":", 1)[0]
 
 
+def tag_repeats(arms: list[str]) -> list[str]:
+    """--arms with every repeat of a name tagged (`ours,conventional,ours` -> `ours,conventional,ours:2`), so that each
+    server keeps its own results (the JSON keys them by arm: an untagged repeat overwrote the earlier server's, as
+    session 34's first call lost one `ours` server to its second)."""
+    out: list[str] = []
+    for arm in arms:
+        name, k = arm, 1
+        while name in out:
+            k += 1
+            name = f"{arm_base(arm)}:{k}"
+        out.append(name)
+    return out
+
+
 class Server:
     def __init__(self, name: str, model: str, extra: list[str], port: int, logdir: Path, audit: Path | None):
         self.name, self.model, self.port = name, model, port
@@ -932,7 +946,10 @@ def main() -> None:
                                             "init": os.environ.get("E2E_INIT", "decisive")}
             prompts = prompt_set(vocab)
             ref = ref_nextn = None
-            for arm in args.arms.split(","):
+            arm_list = [a for a in args.arms.split(",") if a]
+            if tag_repeats(arm_list) != arm_list:
+                log(f"arms repeated: run as {','.join(tag_repeats(arm_list))} (each server's results kept)")
+            for arm in tag_repeats(arm_list):
                 if time.time() > deadline:
                     results["skipped"].append(f"{mname}:{arm} (time budget)")
                     continue

@@ -69,3 +69,14 @@ def test_refuses_mixed_commits_unless_asked(tmp_path, capsys):
     assert json.loads(out.read_text())["commits"] == ["abc", "def"]
     with pytest.raises(SystemExit):
         ep.main([str(fa), "--merge", "ours_w16"])  # not A=B
+
+
+def test_tagged_repeats_count_as_their_base_arm():
+    """gpu_e2e.py tags a repeated arm (ours, ours:2): both servers are the base arm's, merged or not."""
+    r = _res("abc", {"conventional": _arm([100.0, 100.0, 100.0], 110.0),
+                     "ours": _arm([130.0, 130.0, 130.0], 140.0), "ours:2": _arm([134.0, 134.0, 134.0], 144.0),
+                     "ours_w16:2": _arm([120.0, 120.0, 120.0], 130.0)})
+    rows = ep.pool([r], merge={"ours_w16": "ours"})["models"]["gdn"]
+    assert set(rows) == {"conventional", "ours"}
+    assert rows["ours"]["servers"] == 3 and rows["ours"]["from_arms"] == ["ours", "ours:2", "ours_w16:2"]
+    assert rows["ours"]["harness_median_of_servers"] == 130.0

@@ -293,3 +293,12 @@ def test_unknown_task_is_refused_with_the_names(monkeypatch, capsys, tmp_path):
     assert "unknown --tasks ['decode']" in err and "throughput" in err
     assert not (tmp_path / "out").exists()
     assert {"correctness", "throughput", "prefix", "spec"} <= g.TASKS
+
+
+def test_repeated_arms_are_tagged():
+    """A repeated --arms name runs as a tagged arm (its base arm's flags on a fresh server) so that the JSON, keyed by
+    arm, keeps every server's results (session 34 lost one server to an untagged repeat)."""
+    assert g.tag_repeats(["ours", "conventional", "ours"]) == ["ours", "conventional", "ours:2"]
+    assert g.tag_repeats(["ours", "ours:2", "ours", "ours"]) == ["ours", "ours:2", "ours:3", "ours:4"]
+    assert g.tag_repeats(["conventional", "ours_w16"]) == ["conventional", "ours_w16"]
+    assert all(g.arm_base(a) in ("ours", "conventional") for a in g.tag_repeats(["ours", "conventional"] * 3))
