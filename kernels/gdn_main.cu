@@ -561,11 +561,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
 #if XL
 // ---------------------------------------------------------------------------------------------------------------
-// XL: the main launch for GDN in the eight-lanes-per-row layout (the "x" shapes; session 34). Same arithmetic as the
-// kernel above; what changes is which lane holds what, so that a warp's 8 or 16 rows cost a handful of shuffles
-// instead of ~60 (the layout above reduces each row's dots over all 32 lanes: a 23-shuffle reduce-scatter for each of
-// C q and C k, per 8 rows, plus the q and k norms; the H200 issues one warp shuffle per SM per clock, which at
-// B = 256 is ~30 us of an SM's issue time per layer-step):
+// XL: the main launch for GDN in the eight-lanes-per-row layout (the "x" shapes; session 34; GDN's default shapes since,
+// x16w4c1_m5 for an fp32 and x16w4c1_m6 for a bf16 checkpoint). Same arithmetic as the kernel above; what changes is
+// which lane holds what, so that a warp's 8 or 16 rows cost a handful of shuffles instead of ~60 (the layout above
+// reduces each row's dots over all 32 lanes: a 23-shuffle reduce-scatter for each of C q and C k, per 8 rows, plus the
+// q and k norms; the H200 issues one warp shuffle per SM per clock). Measured (kernels-20261203-2019, B = 256, 16 rows
+// per warp against g8w4): the work between the streaming floor and everything but the fold 16.2 -> 8.8 us (fp32),
+// 19.9 -> 11.3 (bf16); the streaming floor itself no lower (135.7 -> 141.4 fp32). docs/design.md, "Session 34".
 //   lane l: group g = l / 8 owns the warp's rows g RPL .. g RPL + RPL - 1 (RPL = RPW / 4), sub-lane s = l % 8 owns
 //   16 columns of each: NACC accesses of 16 bytes (fp32: 4 columns at 4s + 32t; bf16: 8 columns at 8s + 64t), so
 //   each load instruction reads 4 rows x 8 lanes x 16 contiguous bytes;

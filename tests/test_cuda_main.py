@@ -419,3 +419,21 @@ def test_pre_launch_refusals():
                                                                       V=128).allocate(2), 128, 32)
     assert "read copy" in why("gdn", st, lay.allocate(2, read_dtype="bf16"), 128, 16)
     assert why("gdn", st, ring, 128, 16) == "it needs a CUDA GPU"
+
+
+def test_xl_refusals():
+    """The eight-lanes-per-row layout (XL, GDN's default since session 34) is GDN's, reads the tile into registers with
+    8 or 16 rows per warp, needs a ring capacity that is a multiple of 16 (what its GPU cases run), and its V-tiles
+    times nch must divide V; nch needs XL."""
+    st = torch.zeros(1, 2, 128, 128)
+    gdn = lambda L: ringmod.RingLayout.for_layer("gdn", L=L, H=1, HV=2, K=128, V=128).allocate(1)  # noqa: E731
+    why = lambda ring, cfg, kind="gdn": cuda_main.unavailable_reason(kind, st, ring, None, 128, 128,  # noqa: E731
+                                                                     *cuda_main.full_config(cfg))
+    assert "needs a CUDA GPU" in why(gdn(16), cuda_main.CUDA_DEFAULT)
+    assert "multiple of 16" in why(gdn(8), cuda_main.CUDA_DEFAULT)
+    assert "8 or 16 rows per warp" in why(gdn(16), (32, 4, 1, 0, 0, 0, 1, 1))
+    assert "8 or 16 rows per warp" in why(gdn(16), (16, 4, 0, 0, 0, 0, 1, 1))
+    assert "must divide V" in why(gdn(16), (16, 4, 1, 5, 0, 0, 1, 4))  # 16 x 4 x 4 = 256 rows
+    assert "(xl) only" in why(gdn(16), (8, 4, 1, 6, 0, 0, 0, 2))
+    kring = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(1, kda_keys="predecayed")
+    assert "GDN's" in why(kring, cuda_main.CUDA_DEFAULT, "kda")
