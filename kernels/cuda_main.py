@@ -69,7 +69,10 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # for a bf16 checkpoint (16-byte accesses of 8 columns)
                 "x8w4c1_m8": (8, 4, 1, 8, 0, 0, 1, 1), "x8w4c4_m6_late": (8, 4, 1, 6, 1, 0, 1, 4),
                 "x16w4c1_m6": (16, 4, 1, 6, 0, 0, 1, 1), "x16w4c2_m5": (16, 4, 1, 5, 0, 0, 1, 2),
-                "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1)}
+                "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1),
+                # KDA (G_t from the pre launch: the sixth field)
+                "x16w4c1_m5_gp": (16, 4, 1, 5, 0, 1, 1, 1), "x16w4c1_m4_gp": (16, 4, 1, 4, 0, 1, 1, 1),
+                "x16w4c1_m6_gp": (16, 4, 1, 6, 0, 1, 1, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -90,6 +93,10 @@ XL_FP32_CONFIGS = ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_late", "x16w2c1_m10",
 XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
 XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3")
+# KDA in the XL layout (session 34, built and compiled offline, not yet run on a GPU: benchmarks.md "Next GPU runs"):
+# G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
+XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
+XL_KDA_BF16_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m6_gp")
 # KDA (predecayed keys): the shapes the benchmark times (--variants cudakda), and the defaults: G_t per column from
 # the pre launch (gt_pre), fp32 g8w4_gp (186.8 us at B = 256 against g8w4's 196.5; Triton's 186.3), bf16 g8w4_m7_gp
 # (72 registers, no spill: 147.7 against g8w4_m7_late's 153.8; H200, the server's arguments, kernels-20261203-1113)
@@ -368,8 +375,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     dev = state.device
     cap = ring.layout.cap
     if xl:
-        if kind != "gdn":
-            return "the eight-lanes-per-row layout (xl) is GDN's"
+        if kind == "kda" and (not gt_pre or late_coef):
+            return ("the eight-lanes-per-row layout (xl) takes KDA's G_t from the pre launch (gt_pre) and waits for it "
+                    "before the tile's dots (no late_coef)")
         if not load_reg or rpw not in (8, 16):
             return "the eight-lanes-per-row layout (xl) reads the tile into registers, 8 or 16 rows per warp"
         if cap % 16:  # (the kernel is written for multiples of 8; its GPU cases run 16, the server's)

@@ -73,8 +73,8 @@
 #ifndef NCH
 #define NCH 1  // XL: V-tiles of RPW x NWARPS rows a block walks in turn (its setup paid once, the next tile prefetched)
 #endif
-#if XL && (IS_KDA || !LOAD_REG || (RPW != 8 && RPW != 16) || (CAP_ % 8) != 0)
-#error "XL is GDN's, with the tile in registers, 8 or 16 rows per warp and a ring capacity that is a multiple of 8"
+#if XL && ((IS_KDA && (!GT_PRE || LATE_COEF)) || !LOAD_REG || (RPW != 8 && RPW != 16) || (CAP_ % 8) != 0)
+#error "XL reads the tile into registers, 8 or 16 rows per warp, a ring capacity that is a multiple of 8; KDA's G_t from the pre launch, waited for early"
 #endif
 #if !XL && NCH != 1
 #error "NCH is XL's"
@@ -713,15 +713,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
     const int h_old = ring_h[rrow];
 #endif
-    const bool prefold = h_old >= L;
+    bool prefold = h_old >= L;  // (KDA: the pre launch's overflow flags may still turn it into a flush, below)
     const int h_eff = prefold ? 0 : h_old;
 #if HAS_FORCED
     const bool is_forced = forced[n] != 0;
 #else
     const bool is_forced = false;
 #endif
-    const bool flush = (h_eff + 1 >= L) || is_forced;
-    const bool fold = (flush || prefold) && DIAG_STREAM == 0;
+    bool flush = (h_eff + 1 >= L) || is_forced;
+    bool rebase = false;  // KDA: a head past the predecayed keys' floor, folded through this token alone
+    bool fold = (flush || prefold) && DIAG_STREAM == 0;
+#if !IS_KDA
     const float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
     float G_last = 0.0f, x_gate = 0.0f, a_log = 0.0f;
     if (fold) {
@@ -729,14 +731,22 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         x_gate = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
         a_log = to_f(A_log[hv]);
     }
+#endif
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     // q and k of the query head, raw, in the warp's slice of shared memory (in registers they would hold 32 of every
     // lane's registers through the tile's round trips; one slice per warp: no barrier across the block's warps); the
     // norms from the lane's 16 columns and 3 shuffles
-    __shared__ __align__(16) float qk_all[NWARPS][2 * K_];
+    // (KDA: a third slot keeps the raw k for the fold's token term; the first two take q e^{G_t}, k e^{G_t} below)
+    constexpr int NQK = IS_KDA ? 3 : 2;
+    __shared__ __align__(16) float qk_all[NWARPS][NQK * K_];
     float* qk_sm = qk_all[warp];
+    const float* k_raw = qk_sm + (NQK - 1) * K_;  // k as loaded (GDN: the dots' k itself)
 #pragma unroll
-    for (int t = lane; t < 2 * K_; t += 32) qk_sm[t] = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
+    for (int t = lane; t < 2 * K_; t += 32) {
+        const float x = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
+        qk_sm[t] = x;
+        if (IS_KDA && t >= K_) qk_sm[K_ + t] = x;
+    }
     __syncwarp();
     float n_q = 0.0f, n_k = 0.0f;
 #pragma unroll
@@ -752,7 +762,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     }
     const float s_q = scale / sqrtf(n_q + 1e-6f);
     const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+#if IS_KDA
+    const float beta = 1.0f / (1.0f + __expf(-to_f(b[n * stride_b + hv])));
+#else
     const float beta = round_as(1.0f / (1.0f + __expf(-to_f(b[n * stride_b + hv]))), static_cast<B_T*>(nullptr));
+#endif
 
     // the lane's records (positions s JX .. s JX + JX - 1 of its rows) and the value of the row it finishes
     U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
@@ -782,11 +796,32 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             cq[t] = pc[j0 + t];
             ck[t] = pc[BC_ + j0 + t];
         }
+#if IS_KDA
+        kq = scal[nh * 2 + 1];  // (e^{G_t} is per column, on q and k: e_t stays 1)
+        // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
+        // appends, such a head is rebased: folded through this token like a flush, this head alone
+        const int ov_row = ovf[rrow * (HV_ + 1) + HV_], ov_head = ovf[rrow * (HV_ + 1) + hv];
+        flush = flush || ov_row != 0;
+        prefold = prefold && ov_row == 0;
+        rebase = ov_head != 0 && !flush && !prefold;
+        fold = (flush || prefold || rebase) && DIAG_STREAM == 0;
+#else
         e_t = scal[nh * 2];
         kq = scal[nh * 2 + 1];
+#endif
     };
 #if !LATE_COEF
     load_coef();
+#endif
+#if IS_KDA
+    // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q, k)
+#pragma unroll
+    for (int t = lane; t < K_; t += 32) {
+        const float e = __expf(gts[nh * K_ + t]);
+        qk_sm[t] *= e;
+        qk_sm[K_ + t] *= e;
+    }
+    __syncwarp();
 #endif
 
 #pragma unroll
@@ -842,24 +877,40 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             if (!flush) from_f(base_u + h_eff * V_ + vrow, u_t);
         }
         if (fold) {
-            // write the checkpoint: the h_old records (and this token on a flush) folded into the tile
+            // write the checkpoint: the h_old records (and this token on a flush or a rebase) folded into the tile
+            const bool tok = flush || rebase;
+#if IS_KDA
+            // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice; the
+            // records go in as they are (no per-record weight)
+            const float* base_gk = ring_g + (rrow * HV_ + hv) * CAP_ * K_ + 4 * lane;
+            const float4 G_f4 = tok ? *reinterpret_cast<const float4*>(gts + nh * K_ + 4 * lane)
+                                    : (h_old > 0 ? *reinterpret_cast<const float4*>(base_gk + (h_old - 1) * K_)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f));
+            const float4 eG = exp4(G_f4, 1.0f), eh = exp4(G_f4, 0.5f);
+#pragma unroll
+            for (int i = 0; i < RPL; ++i)
+#pragma unroll
+                for (int t = 0; t < JX; ++t) wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] : 0.0f;
+#else
             const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
             const float g_t = -expf(a_log) * sp;
-            const float G_f = flush ? G_last + g_t : G_last;
-            const float eG = expf(G_f);
+            const float G_f = tok ? G_last + g_t : G_last;
+            const float eG1 = expf(G_f);
+            const float4 eG = make_float4(eG1, eG1, eG1, eG1);
 #pragma unroll
             for (int i = 0; i < RPL; ++i)
 #pragma unroll
                 for (int t = 0; t < JX; ++t)
                     wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] * expf(G_f - base_g[j0 + t]) : 0.0f;
-            if (finisher) uasm[frow] = flush ? u_t : 0.0f;
+#endif
+            if (finisher) uasm[frow] = tok ? u_t : 0.0f;
             __syncwarp();
             // the fold itself in the other layout (lane l on columns 4l .. 4l + 3 of every row of the warp, 8 rows at a
             // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
             // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
-            const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-            const float4 kn = make_float4(qk_sm[K_ + 4 * lane] * s_k, qk_sm[K_ + 4 * lane + 1] * s_k,
-                                          qk_sm[K_ + 4 * lane + 2] * s_k, qk_sm[K_ + 4 * lane + 3] * s_k);
+            const KR_T* base_k = ring_k + ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
+            const float4 kn = make_float4(k_raw[4 * lane] * s_k, k_raw[4 * lane + 1] * s_k, k_raw[4 * lane + 2] * s_k,
+                                          k_raw[4 * lane + 3] * s_k);
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
@@ -874,8 +925,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const float ua = uasm[warp * RPW + r0 + i];
-                    cf[i] = make_float4(cf[i].x * eG + ua * kn.x, cf[i].y * eG + ua * kn.y, cf[i].z * eG + ua * kn.z,
-                                        cf[i].w * eG + ua * kn.w);
+                    cf[i] = make_float4(cf[i].x * eG.x + ua * kn.x, cf[i].y * eG.y + ua * kn.y,
+                                        cf[i].z * eG.z + ua * kn.z, cf[i].w * eG.w + ua * kn.w);
                 }
 #pragma unroll 1
                 for (int jb = 0; jb < CAP_; jb += KB) {
@@ -885,6 +936,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                         for (int t = 0; t < KB; ++t)
                             rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
                     }
+#if IS_KDA
+#pragma unroll
+                    for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
+#endif
 #pragma unroll
                     for (int t = 0; t < KB; ++t) {
 #pragma unroll

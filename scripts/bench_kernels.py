@@ -57,10 +57,11 @@ Arms (per layer kind, state dtype and batch size B):
               --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin. Records as the server's: the
               state's type (bf16 beside a bf16 state since session 33); fp32 states also v3_sl_cu_cpre_r16 (and
               _r16_pre): bf16 records, a bound for byte cuts in the records
-  v3_sl_cu_cpre_x* (--variants xl, GDN, fp32 or bf16 state, B >= 128) the server's launch with both CUDA launches
-              and the main launch in the eight-lanes-per-row layout (gdn_main.cu's XL) in each shape of
-              cuda_main.XL_FP32_CONFIGS / XL_BF16_CONFIGS, beside the default shape (v3_sl_cu_cpre); _main_x* each
-              main launch alone; with --variants xl,curr the default and the shapes round-robin
+  v3_sl_cu_cpre_x* (--variants xl, GDN and KDA, fp32 or bf16 state, B >= 128) the server's launch with both CUDA
+              launches and the main launch in the eight-lanes-per-row layout (gdn_main.cu's XL) in each shape of
+              cuda_main.XL_FP32_CONFIGS / XL_BF16_CONFIGS (KDA: XL_KDA_*), beside the default shape (v3_sl_cu_cpre)
+              and the shape before XL; _main_x* each main launch alone; _stream / _nofold for the first two; with
+              --variants xl,curr the default and the shapes round-robin
   v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
               N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
@@ -1137,17 +1138,22 @@ def main():
                         meta.setdefault("cpre_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                if v3 and "xl" in variants and B >= 128 and kind == "gdn":
+                if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk
                     # NCH V-tiles; beside the default shape, both with the CUDA pre launch, the server's records
                     from replayssm_sglang.kernels import cuda_main as _cm
 
-                    srv = dict(server_like=True)
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     rec = DT[sdt]
-                    # (the shapes before XL first: g8w4 / g8w4_m8_late, the defaults until session 34)
-                    names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS if sdt == "bfloat16"
-                             else ("g8w4",) + _cm.XL_FP32_CONFIGS)
+                    # (the shapes before XL first: g8w4 / g8w4_m8_late, GDN's defaults until session 34; KDA's
+                    # defaults g8w4_gp / g8w4_m7_gp beside its XL shapes, session 34's next runs)
+                    if kind == "kda":
+                        names = (("g8w4_m7_gp",) + _cm.XL_KDA_BF16_CONFIGS if sdt == "bfloat16"
+                                 else ("g8w4_gp",) + _cm.XL_KDA_FP32_CONFIGS)
+                    else:
+                        names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS if sdt == "bfloat16"
+                                 else ("g8w4",) + _cm.XL_FP32_CONFIGS)
                     base = dict(main_impl="cuda", pre_impl="cuda")
                     arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=base)
                     for name in names:

@@ -50,6 +50,12 @@ def combos():
     server += [(cm.CUDA_DEFAULT_KDA, False, 0, F32, F32, "kda")]
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
+    # KDA in the XL layout (--variants xl): the shapes with the server's records, the first one's diagnostics
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.XL_KDA_FP32_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16, "kda") for n in ("g8w4_m7_gp",) + cm.XL_KDA_BF16_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, d, r, s, "kda") for n, r, s in (("g8w4_gp", F32, F32), ("x16w4c1_m5_gp", F32, F32),
+                                                                       ("g8w4_m7_gp", BF16, BF16),
+                                                                       ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]
     for cfg, pdl, diag, rec, sdt, kind in server:
         rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cfg)
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
@@ -81,10 +87,10 @@ def combos():
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
-        rpw, nw, lr, mb, late, gt, _, _ = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
+        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
-        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt,
-                              has_h_rows=False,
+        out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt, xl=xl,
+                              nch=nch, has_h_rows=False,
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",

@@ -86,7 +86,7 @@ def test_kda_refusals():
     assert "registers" in why(None, cuda_main.CUDA_CONFIGS["r16w4"])
     assert "needs a CUDA GPU" in why(-5.0, cuda_main.CUDA_CONFIGS["g8w4"])
     assert "needs a CUDA GPU" in why(None, cuda_main.CUDA_CONFIGS["g8w4"])
-    assert "GDN's" in why(None, cuda_main.CUDA_DEFAULT)  # (GDN's default, the XL layout, is GDN's only)
+    assert "gt_pre" in why(None, cuda_main.CUDA_DEFAULT)  # (GDN's default, the XL layout without KDA's G_t)
     # KDA's defaults take G_t from the pre launch (faster on the H200, kernels-20261203-1113); GDN's never do
     for dt in (torch.float32, torch.bfloat16):
         assert cuda_main.default_config(dt, "kda")[5] == 1 and cuda_main.full_config(cuda_main.default_config(dt, "gdn"))[5] == 0
@@ -150,7 +150,9 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=to
                          + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS + cuda_main.XL_BF16_CONFIGS]
                          + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
                             if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)
-                         + [(n, torch.bfloat16, "kda") for n in cuda_main.CUDA_KDA_BF16_CONFIGS])
+                         + [(n, torch.bfloat16, "kda") for n in cuda_main.CUDA_KDA_BF16_CONFIGS]
+                         + [(n, torch.float32, "kda") for n in cuda_main.XL_KDA_FP32_CONFIGS]
+                         + [(n, torch.bfloat16, "kda") for n in cuda_main.XL_KDA_BF16_CONFIGS])
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=state_dtype, kind=kind))
@@ -436,4 +438,6 @@ def test_xl_refusals():
     assert "must divide V" in why(gdn(16), (16, 4, 1, 5, 0, 0, 1, 4))  # 16 x 4 x 4 = 256 rows
     assert "(xl) only" in why(gdn(16), (8, 4, 1, 6, 0, 0, 0, 2))
     kring = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(1, kda_keys="predecayed")
-    assert "GDN's" in why(kring, cuda_main.CUDA_DEFAULT, "kda")
+    assert "gt_pre" in why(kring, cuda_main.CUDA_DEFAULT, "kda")  # (GDN's default: no G_t from the pre launch)
+    assert "needs a CUDA GPU" in why(kring, cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"], "kda")
+    assert "gt_pre" in why(kring, (16, 4, 1, 5, 1, 1, 1, 1), "kda")  # (late coefficients)

@@ -1645,7 +1645,12 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        ("g8w2_m14_late", "bfloat16", "bfloat16", "float32", False, None, -10.0),
                        ("g8w4", "bfloat16", "float32", "bfloat16", True, -5.0, None),
                        ("g8w4_gp", "float32", "float32", "bfloat16", True, None, -10.0),
-                       ("g8w4_m7_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
+                       ("g8w4_m7_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None),
+                       # the XL layout for KDA (session 34): rebases, a lower bound, both state types
+                       ("x16w4c1_m5_gp", "float32", "float32", "bfloat16", True, None, -10.0),
+                       ("x16w4c1_m4_gp", "float32", "bfloat16", "float32", False, -5.0, None),
+                       ("x16w4c1_m6_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None),
+                       ("x16w4c1_m5_gp", "bfloat16", "bfloat16", "float32", True, None, -10.0)]
 
 
 @pytest.mark.gpu
