@@ -815,6 +815,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
 #if IS_KDA
     // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q, k)
+    __syncwarp();  // (every lane's reads of the raw values for the norms are done)
 #pragma unroll
     for (int t = lane; t < K_; t += 32) {
         const float e = __expf(gts[nh * K_ + t]);
