@@ -85,7 +85,7 @@ CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8
 # 106.9 / 202.9 us against g8w4_m8_late's 64.8 / 120.7 / 233.6 and x16w4c1_m5's 64.4 / 114.6 / 218.6, the CUDA pre
 # launch beside each, kernels-20261203-2019)
 CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m6"]
-# the XL shapes the benchmark times (--variants xl) for an fp32 and a bf16 checkpoint (the fp32 ones run a bf16 one too)
+# the XL shapes the benchmark times (--variants xl) for an fp32 and for a bf16 checkpoint (x16w4c1_m5 is in both)
 # (run kernels-20261203-2008, B = 256, with the CUDA pre launch: fp32 x16w4c1_m5 164.5 us against the default's 171.1,
 # x8w4c1 186.7, x8w4c2_m5 178.1, x8w4c4_m5 175.9, x8w2c4_m10 174.6; bf16 x16w4c1_m5 114.2 against 120.2, x8w4c1_m8
 # 143.9, x8w4c1 154.3, x8w4c4_m6_late 133.1)
