@@ -61,7 +61,8 @@ Arms (per layer kind, state dtype and batch size B):
               launches and the main launch in the eight-lanes-per-row layout (gdn_main.cu's XL) in each shape of
               cuda_main.XL_FP32_CONFIGS / XL_BF16_CONFIGS (KDA: XL_KDA_*), beside the default shape (v3_sl_cu_cpre)
               and the shape before XL; _main_x* each main launch alone; _stream / _nofold for the first two; with
-              --variants xl,curr the default and the shapes round-robin
+              --variants xl,curr the default and the shapes round-robin; KDA also v3_sl_cu[_x*]: the same shapes
+              with Triton's pre launch, as KDA's server runs them (its CUDA pre launch is opt-in)
   v3_sl[_cu]_prN (--variants prerows, GDN and KDA, B >= 128) the server's launch, Triton's or the CUDA main launch, with
               N batch rows per pre program (pre_rows); v3_sl_cu_pre_prN the pre launch alone
   v3_sl_sp*  (--variants cuda, with the above) decode v3's self_pre (no pre launch: every main program dots its
@@ -1170,10 +1171,17 @@ def main():
                             arms[f"v3_sl_cu_cpre{'_' + name if name else ''}_{dg}"] = arm_ours(
                                 c, rec, impl="v3", **srv,
                                 v3_opts=dict(base, _diag_parts=dg, **({"cuda_config": name} if name else {})))
+                    tpre = []  # KDA as the server runs it: Triton's pre launch (KDA's CUDA pre launch is opt-in)
+                    if kind == "kda":
+                        tpre = ["v3_sl_cu"] + [f"v3_sl_cu_{x}" for x in names]
+                        arms["v3_sl_cu"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
+                        for name in names:
+                            arms[f"v3_sl_cu_{name}"] = arm_ours(c, rec, impl="v3", **srv,
+                                                                v3_opts=dict(main_impl="cuda", cuda_config=name))
                     arms["v3_sl_cu_cpre_again"] = arms["v3_sl_cu_cpre"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the default and each XL shape round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in ["v3_sl_cu_cpre"]
-                                              + [f"v3_sl_cu_cpre_{x}" for x in names]}, f"{kind} {sdt} xl")
+                                              + [f"v3_sl_cu_cpre_{x}" for x in names] + tpre}, f"{kind} {sdt} xl")
                         meta.setdefault("xl_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                  for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
