@@ -104,8 +104,8 @@ CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", 
 CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 # the shapes that are KDA's only (G_t from the pre launch)
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
-CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
+CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m5_gp"]
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")
