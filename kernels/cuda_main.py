@@ -104,8 +104,12 @@ CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", 
 CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 # the shapes that are KDA's only (G_t from the pre launch)
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
-CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m5_gp"]
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
+# (Session 35: XL for KDA was faster on the H200 -- x16w4c1_m5_gp 174.4-176.2 us, 1.56-1.58x, at B = 256 -- and passed
+# its float64 cases, but served at window 16 it moved the tiny Kimi-Linear's logprobs by up to 0.526 against
+# conventional (g8w4_gp: 0.032), so it stays opt-in (REPLAYSSM_CUDA_CONFIG_KDA) until that is understood:
+# docs/design.md "Session 35")
+CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")
@@ -117,8 +121,29 @@ def full_config(config) -> tuple:
     return (*config, *CONFIG_DEFAULTS[len(config):])
 
 
+CONFIG_ENV = {"gdn": "REPLAYSSM_CUDA_CONFIG_GDN", "kda": "REPLAYSSM_CUDA_CONFIG_KDA"}
+
+
+def env_config(kind: str):
+    """The block shape the environment asks for this kind's launches that name none (REPLAYSSM_CUDA_CONFIG_GDN /
+    _KDA: a name of CUDA_CONFIGS, for measurements and diagnostics), or None. An unknown name is refused with the
+    names; a shape the launch cannot take is refused by the launch itself (unavailable_reason)."""
+    var = CONFIG_ENV.get(kind)
+    name = os.environ.get(var, "").strip() if var else ""
+    if not name:
+        return None
+    if name not in CUDA_CONFIGS:
+        raise ValueError(f"{var}={name!r} is not a CUDA main-launch shape; one of {sorted(CUDA_CONFIGS)}, "
+                         f"or unset it for the default")
+    return CUDA_CONFIGS[name]
+
+
 def default_config(state_dtype: torch.dtype, kind: str = "gdn") -> tuple:
-    """The block shape a launch takes when none is asked, by the kind and the checkpoint's element type."""
+    """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind and the
+    checkpoint's element type."""
+    env = env_config(kind)
+    if env is not None:
+        return env
     if kind == "kda":
         return CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
     return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
@@ -439,7 +464,11 @@ def preference_note(kind, state, ring, K, V) -> str:
         return f"Triton (the CUDA one: {why})"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
-    return f"CUDA (kernels/gdn_main.cu; REPLAYSSM_MAIN_IMPL=triton for Triton's; nvcc {find_nvcc() or 'none, cubins'})"
+    cfg = default_config(state.dtype, kind)
+    name = next((n for n, c in CUDA_CONFIGS.items() if full_config(c) == full_config(cfg)), str(cfg))
+    shape = f"shape {name}" + (f" from {CONFIG_ENV[kind]}" if env_config(kind) is not None else "")
+    return (f"CUDA (kernels/gdn_main.cu; {shape}; REPLAYSSM_MAIN_IMPL=triton for Triton's; "
+            f"nvcc {find_nvcc() or 'none, cubins'})")
 
 
 def pre_preference_note(kind, state, ring, K, BC) -> str:

@@ -324,6 +324,10 @@ def test_preference_note_for_the_server_log(monkeypatch):
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     assert cuda_main.preference_note("gdn", state, ring, 128, 128).startswith("CUDA (kernels/gdn_main.cu")
+    assert "shape x16w4c1_m5;" in cuda_main.preference_note("gdn", state, ring, 128, 128)
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "g8w4")
+    assert "shape g8w4 from REPLAYSSM_CUDA_CONFIG_GDN;" in cuda_main.preference_note("gdn", state, ring, 128, 128)
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN")
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: False)
     assert "needs nvcc or cached cubins" in cuda_main.preference_note("gdn", state, ring, 128, 128)
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
@@ -441,3 +445,21 @@ def test_xl_refusals():
     assert "gt_pre" in why(kring, cuda_main.CUDA_DEFAULT, "kda")  # (GDN's default: no G_t from the pre launch)
     assert "needs a CUDA GPU" in why(kring, cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"], "kda")
     assert "gt_pre" in why(kring, (16, 4, 1, 5, 1, 1, 1, 1), "kda")  # (late coefficients)
+
+
+def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
+    """REPLAYSSM_CUDA_CONFIG_GDN / _KDA name the shape a launch takes when it asks for none (the server's launches), for
+    one kind only; unset, the defaults by kind and state type; an unknown name is refused with the names."""
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_KDA", raising=False)
+    assert cuda_main.default_config(torch.float32, "kda") == cuda_main.CUDA_DEFAULT_KDA
+    assert cuda_main.default_config(torch.bfloat16, "kda") == cuda_main.CUDA_DEFAULT_KDA_BF16
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m5_gp")
+    for dt in (torch.float32, torch.bfloat16):
+        assert cuda_main.default_config(dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
+        assert cuda_main.asked_config(None, dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
+        assert cuda_main.asked_config("g8w4_gp", dt, "kda") == cuda_main.CUDA_CONFIGS["g8w4_gp"]  # asked wins
+    assert cuda_main.default_config(torch.float32, "gdn") == cuda_main.CUDA_DEFAULT  # the other kind's unchanged
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m5_gpx")
+    with pytest.raises(ValueError, match="REPLAYSSM_CUDA_CONFIG_KDA='x16w4c1_m5_gpx'.*x16w4c1_m5_gp"):
+        cuda_main.default_config(torch.float32, "kda")
