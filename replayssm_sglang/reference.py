@@ -185,15 +185,22 @@ class ReplayReference:
 
 
 def random_decode_inputs(kind: str, B: int, H: int, HV: int, K: int, V: int, *, dtype=torch.float32,
-                         generator: torch.Generator | None = None, device="cpu"):
+                         generator: torch.Generator | None = None, device="cpu", decay: str = "fast"):
     """Random packed decode inputs in SGLang 0.5.17's layout (for tests and benchmarks).
-    Gates are drawn so that per-step decays spread over roughly exp(-0.05) .. exp(-3)."""
+    Gates are drawn so that per-step decays spread over roughly exp(-0.05) .. exp(-3) (decay="fast"), or, with
+    decay="slow", 98% of them within exp(-0.07) .. exp(-0.0006) (median exp(-0.01)), as trained models' heads mostly
+    are: there the checkpoint's term
+    stays large through a whole window, where fast decays shrink it to e^-10 or less by its end (a fault in
+    that term alone can hide under fast decays). Both draw the same random numbers."""
+    if decay not in ("fast", "slow"):
+        raise ValueError(f"decay must be 'fast' or 'slow', got {decay!r}")
     gen = generator
     GK = 1 if kind == "gdn" else K
     mixed = torch.randn(B, 2 * H * K + HV * V, generator=gen, dtype=torch.float32)
     a = torch.randn(B, HV * GK, generator=gen, dtype=torch.float32)
     b = torch.randn(B, HV, generator=gen, dtype=torch.float32)
-    A_log = torch.rand(HV, generator=gen, dtype=torch.float32) * 1.5 - 1.0
+    A_log = torch.rand(HV, generator=gen, dtype=torch.float32)
+    A_log = A_log * 1.5 - 1.0 if decay == "fast" else A_log * 3.0 - 6.0  # A = e^A_log: 0.37 .. 1.6, or 0.0025 .. 0.05
     dt_bias = torch.rand(HV * GK, generator=gen, dtype=torch.float32) - 0.5
     t = lambda x, d: x.to(device=device, dtype=d)  # noqa: E731
     return (t(mixed, dtype), t(a, dtype), t(b, dtype), t(A_log, torch.float32), t(dt_bias, torch.float32))

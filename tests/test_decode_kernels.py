@@ -49,8 +49,9 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw", qkv_dtype=torch.float32):
+                 kda_keys="raw", qkv_dtype=torch.float32, decay="fast"):
         self.v3_opts = v3_opts
+        self.decay = decay  # the gates' range (reference.random_decode_inputs): "slow" keeps the checkpoint's term large
         # mixed_qkv's dtype (the server's is bf16; the reference sees the same values). a and b stay fp32 here: the
         # interpreter truncates fp32 -> bf16 casts, so GDN's beta, rounded through b's dtype, would differ from the
         # reference's round-to-nearest on the CPU
@@ -113,7 +114,7 @@ class Harness:
     def step(self):
         B, g = self.B, self.gen
         x = R.random_decode_inputs(self.kind, B, self.H, self.HV, self.K, self.V, generator=g,
-                                   dtype=torch.float32, device=DEV)
+                                   dtype=torch.float32, device=DEV, decay=self.decay)
         x = (x[0].to(self.qkv_dtype),) + tuple(x[1:])
         slot_idx = self.row_slot.clone()
         pad = torch.rand(B, generator=g) < self.p_pad
@@ -1334,6 +1335,25 @@ def test_predecayed_kda_keys_default_threshold():
     assert st["rebase"] == 0 and st["ovf"] == 0 and st["flushes"] > 0, st
 
 
+@pytest.mark.parametrize("kind", ["kda", "gdn"])
+def test_slow_decays(kind):
+    """Gates as trained models' heads mostly have them (per-step decays near exp(-0.01)): the checkpoint's term stays
+    large through the window, where the other tests' fast decays (median exp(-0.6), down to e^-3 and below) shrink
+    it to e^-10 or less by its end, so a fault in that term alone shows here. v3 (KDA on predecayed keys, the server's ring keyed by request row) against
+    float64 over two windows and a half, forced flushes and padded rows."""
+    x = R.random_decode_inputs(kind, 64, 1, 2, 8, 8, generator=torch.Generator().manual_seed(0), decay="slow")
+    g = R.gate(kind, x[1], x[4], x[3], HV=2, K=8)
+    xf = R.random_decode_inputs(kind, 64, 1, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    gf = R.gate(kind, xf[1], xf[4], xf[3], HV=2, K=8)
+    assert -0.3 < float(g.min()) and float(g.max()) < 0 and float(g.median()) > -0.05, g.median()
+    assert float(gf.median()) < -0.1, gf.median()  # (the other tests' gates, from the same random numbers)
+    extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+    hz = Harness(kind, B=3, H=2 if kind == "kda" else 1, HV=2, K=32, V=16, L=16, seed=65, p_forced=0.05, impl="v3",
+                 fold="dot3", ring_idx=True, decay="slow", **extra)
+    st = hz.run(40)
+    assert st["flushes"] > 0 and st["staggered"] > 0 and st["rebase"] == 0, st
+
+
 def test_predecayed_kda_keys_w1(monkeypatch):
     """impl="auto" alternating v3 (buffered windows) and w1 (window 1, which folds predecayed records first)."""
     from replayssm_sglang.kernels import decode_v3
@@ -1429,12 +1449,13 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
+    steps = harness_kw.pop("steps", 26)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
                        v3_opts=dict(main_impl="cuda", cuda_config=cfg), **harness_kw)
-    st = hz.run(26)
+    st = hz.run(steps)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
-    assert len(calls) == 26, "every step's main launch must be the CUDA one"
+    assert len(calls) == steps, "every step's main launch must be the CUDA one"
     return st
 
 
@@ -1667,6 +1688,25 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
     st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, False, DTYPES[state_dtype], seed=11,
                              kind="kda", lower_bound=lower_bound)
     assert (st["rebase"] > 0) == (min_g is not None), st
+
+
+# slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
+# passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these
+# keep the checkpoint's term large through the window. 16 rows (the served correctness task's batch), the server's
+# arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), 48 steps at window 16 with window 1 and 4
+# steps between
+CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", "float32"),
+                        ("kda", "x16w4c1_m6_gp", "bfloat16"), ("gdn", "x16w4c1_m5", "float32"),
+                        ("gdn", "x16w4c1_m6", "bfloat16")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,cfg,state_dtype", CUDA_MAIN_SLOW_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_slow(kind, cfg, state_dtype, monkeypatch):
+    """The CUDA main launch's default and XL shapes at the real head sizes with slow decays, against float64."""
+    _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, DTYPES[state_dtype], seed=31, kind=kind,
+                        decay="slow", B=16, steps=48)
 
 
 @pytest.mark.gpu
