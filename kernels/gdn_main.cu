@@ -243,6 +243,12 @@ __device__ __forceinline__ void slot_and_ring_row(const SLOT_T* __restrict__ slo
 #endif
 }
 
+// What the pre launch writes (coef, scal, ovf, gts) is read only after griddepcontrol.wait, and the kernels take those
+// pointers without __restrict__: with it, nvcc compiles their loads as invariant (LDG.CONSTANT) and may schedule them
+// above the wait, where under PDL they read what the pre launch has not written yet (the scratch of an earlier launch).
+// That happened in session 35: XL for KDA read gts and ovf before the wait and the bf16-state XL shape coef and scal;
+// served, KDA's logprobs moved by 0.526, while the float64 cases, launched one by one from Python, passed (the pre
+// launch had long finished). tests/test_cuda_main.py::test_pre_outputs_read_after_the_wait checks the SASS.
 // what the main launch takes from the pre launch for one (row, value head), this lane's share: the records'
 // coefficients c_j, d_j at positions j0 .. j0 + JPL - 1, GDN's e^{G_t} (1 for KDA, whose e^{G_t} is per column, on q
 // and k), <k~, q~>, and KDA's overflow flags (the row's, this head's). With PDL it first waits for the pre launch;
@@ -281,8 +287,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
-    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf,
-    const float* __restrict__ gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    const float* coef, const float* scal, const int* ovf,
+    const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
@@ -667,8 +673,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
     const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
-    const float* __restrict__ coef, const float* __restrict__ scal, const int* __restrict__ ovf,
-    const float* __restrict__ gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    const float* coef, const float* scal, const int* ovf,
+    const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
