@@ -318,6 +318,90 @@ def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> di
             "stack": int(stack.group(1)) if stack else None}
 
 
+def find_nvdisasm() -> str | None:
+    """nvdisasm (for pdl_hazards): REPLAYSSM_NVDISASM, PATH, beside nvcc, or the copy Triton's wheel carries."""
+    env = os.environ.get("REPLAYSSM_NVDISASM")
+    if env:
+        return env if Path(env).exists() else None
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    nvcc = find_nvcc()
+    if nvcc and (Path(nvcc).parent / "nvdisasm").exists():
+        return str(Path(nvcc).parent / "nvdisasm")
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+        return str(p) if p.exists() else None
+    except ImportError:
+        return None
+
+
+# the main launch's parameters that the pre launch writes (coef, scal, ovf, gts: parameters 15-18, at 0x210 + 8 i in
+# the constant bank), and SASS operands: registers (R, UR; a ".64" operand is a pair)
+_PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0)\]")
+_REG = re.compile(r"\b(U?R)(\d+)(\.64)?\b")
+
+
+def _regs(operand: str) -> set:
+    out = set()
+    for kind, num, wide in _REG.findall(operand):
+        out.add(f"{kind}{num}")
+        if wide:
+            out.add(f"{kind}{int(num) + 1}")
+    return out
+
+
+def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
+    """The main launch's global loads, before its PDL wait (griddepcontrol.wait, SASS ACQBULK), whose addresses come
+    from what the pre launch writes (coef, scal, ovf, gts): under PDL those read the pre launch's output before it is
+    there. Builds the kernel (nvcc) and follows registers forward through the SASS (nvdisasm) from those parameters
+    up to the wait; conservative (a register written from a tainted one stays tainted until overwritten by an
+    untainted value). Session 35: nvcc scheduled such loads above the wait when the pointers were __restrict__."""
+    nvcc, nvdisasm = find_nvcc(), find_nvdisasm()
+    if nvcc is None or nvdisasm is None:
+        raise RuntimeError("pdl_hazards() needs nvcc and nvdisasm")
+    with tempfile.TemporaryDirectory() as td:
+        out = str(Path(td) / "k.cubin")
+        r = subprocess.run(_nvcc_cmd(nvcc, dict(defs, USE_PDL=1), arch, out), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+        sass = subprocess.run([nvdisasm, "-c", out], capture_output=True, text=True, check=True).stdout
+    sec = sass.split(".text.replay_gdn_main:", 1)
+    if len(sec) != 2:
+        raise RuntimeError("nvdisasm shows no replay_gdn_main")
+    ins = [re.sub(r"/\*[0-9a-f]+\*/", "", ln).strip().rstrip(" ;") for ln in sec[1].splitlines()
+           if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    ins = [re.sub(r"^@!?U?P\w+\s+", "", ln) for ln in ins]  # (a predicate does not change what is read)
+    waits = [i for i, ln in enumerate(ins) if ln.startswith("ACQBULK")]
+    if not waits:
+        raise RuntimeError("no PDL wait (ACQBULK) in replay_gdn_main: built without USE_PDL?")
+    tainted, bad = set(), []
+    for ln in ins[:waits[0]]:
+        parts = ln.split(None, 1)
+        if len(parts) < 2:
+            continue
+        opc, ops = parts[0], [o.strip() for o in parts[1].split(",")]
+        if opc.startswith(("LDG", "LD.", "LDS")):
+            addr = next((o for o in ops if "[" in o), "")
+            if opc.startswith(("LDG", "LD.")) and _regs(addr.split("]", 1)[-1] if addr.startswith("desc") else addr) & tainted:
+                bad.append(ln)
+            tainted -= _regs(ops[0])
+            continue
+        if opc.startswith(("ST", "BRA", "BAR", "EXIT", "RET", "CALL", "WARPSYNC", "NOP", "BSYNC", "BSSY")):
+            continue
+        dst, srcs = ops[0], ops[1:]
+        if any(_PRE_PARAMS.search(o) for o in srcs) or any(_regs(o) & tainted for o in srcs):
+            d = _regs(dst)
+            if ".64" in opc or ".WIDE" in opc:  # (a 64-bit result in a register pair)
+                d |= {f"{k}{int(n) + 1}" for k, n, _ in _REG.findall(dst)}
+            tainted |= d
+        else:
+            tainted -= _regs(dst)
+    return bad
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the driver side: load a cubin, launch it on the current stream (optionally as a programmatic dependent)
 # ---------------------------------------------------------------------------------------------------------------
@@ -435,9 +519,11 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):
         return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
-    if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if dev.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+        pass  # (the CPU emulation, kernels/cuda_emu.py: for tests; the layout checks below still apply)
+    elif dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
-    if torch.cuda.get_device_capability(dev) < (9, 0):
+    elif torch.cuda.get_device_capability(dev) < (9, 0):
         return "it needs sm_90 or newer (bulk asynchronous copies)"
     if state.stride()[1:] != (V * K, K, 1) or (state.stride(0) * state.element_size()) % 16 or state.data_ptr() % 16:
         return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
@@ -625,7 +711,6 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
                               lower_bound=lower_bound)
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
-    f = function(defs, state.device)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
@@ -635,6 +720,12 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
+    if state.device.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+        from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
+
+        cuda_emu.run_main(defs, (V // (rpw * nwarps * nch), HV, B), 32 * nwarps, params)
+        return
+    f = function(defs, state.device)
     attrs = (_LaunchAttr * 1)()
     n_attrs = 0
     if pdl:

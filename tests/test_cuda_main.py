@@ -463,3 +463,39 @@ def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m5_gpx")
     with pytest.raises(ValueError, match="REPLAYSSM_CUDA_CONFIG_KDA='x16w4c1_m5_gpx'.*x16w4c1_m5_gp"):
         cuda_main.default_config(torch.float32, "kda")
+
+
+# the served shapes (both kinds, both state types) and the XL ones: none may read what the pre launch writes (coef,
+# scal, ovf, gts) before its PDL wait (session 35: with those pointers __restrict__, nvcc scheduled such loads above
+# griddepcontrol.wait in three XL builds; the GPU's float64 cases, launched one by one, could not see it)
+PDL_CASES = [("x16w4c1_m5", "gdn", torch.float32), ("x16w4c1_m6", "gdn", torch.bfloat16),
+             ("g8w4", "gdn", torch.float32), ("g8w4_m8_late", "gdn", torch.bfloat16),
+             ("g8w4_gp", "kda", torch.float32), ("g8w4_m7_gp", "kda", torch.bfloat16),
+             ("x16w4c1_m5_gp", "kda", torch.float32), ("x16w4c1_m6_gp", "kda", torch.bfloat16)]
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,state_dtype", PDL_CASES, ids=str)
+def test_pre_outputs_read_after_the_wait(name, kind, state_dtype):
+    """In the SASS (sm_90, the server's arguments, PDL on), no global load before the PDL wait takes its address from
+    the pre launch's outputs."""
+    d = _server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, state_dtype=state_dtype, kind=kind)
+    assert cuda_main.pdl_hazards(d) == []
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+def test_pdl_hazards_finds_the_session_35_bug(monkeypatch, tmp_path):
+    """The check can fail: with the pre launch's outputs taken __restrict__ again (as before the fix), KDA's XL build
+    loads G_t (gts) and the row's overflow flag before the wait, and pdl_hazards names those loads."""
+    src = cuda_main.SRC.read_text()
+    old = "    const float* coef, const float* scal, const int* ovf,\n    const float* gts, float scale,"
+    assert src.count(old) == 2
+    bad = tmp_path / "gdn_main.cu"
+    bad.write_text(src.replace(old, "    const float* __restrict__ coef, const float* __restrict__ scal, "
+                                    "const int* __restrict__ ovf,\n    const float* __restrict__ gts, float scale,"))
+    monkeypatch.setattr(cuda_main, "SRC", bad)
+    d = _server_defs(*cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"], torch.float32, kind="kda")
+    found = cuda_main.pdl_hazards(d)
+    assert len(found) >= 4 and all(ln.startswith("LDG") for ln in found), found
