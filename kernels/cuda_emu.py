@@ -1,0 +1,138 @@
+"""gdn_main.cu's main launch run on the CPU (no GPU): the CUDA source compiled by g++ against a small stand-in for the
+CUDA features it uses (kernels/emu/cuda_emu.h: one OS thread per CUDA thread, warp shuffles and __syncwarp as
+barriers of the warp's 32 threads, blocks one after another), so that its indexing, control flow and arithmetic can
+be checked against the float64 reference in CI, where the float64 GPU cases run only on an H200.
+
+It is a check, not a fast path: a block of 128 threads costs a few milliseconds, so tests keep to a few value heads
+and rows. It cannot show what needs a GPU: races between warps or blocks, PDL (USE_PDL is 0 here), memory ordering.
+Numerics differ from the GPU's by a few ulp (accurate expf / logf for __expf / __logf; no FMA contraction).
+
+cuda_main.launch comes here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1 (unavailable_reason then lets the CPU
+run it); ``build`` returns the shared library for one set of defines (cached by source and defines)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE / "gdn_main.cu"
+SHIM = HERE / "emu" / "cuda_emu.h"
+ENV = "REPLAYSSM_CUDA_EMULATE"
+
+# the main launch's parameters in gdn_main.cu's order (replay_gdn_main), as C types of the build's defines
+_MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
+                "const KR_T*", "const float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
+                "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
+                "long long", "long long", "long long", "long long")
+
+_RUNNER = r"""
+#include "cuda_emu.h"
+#include <memory>
+#include <thread>
+#include <vector>
+thread_local emu_dim3 threadIdx, blockIdx;
+EmuWarp* emu_warps = nullptr;
+std::barrier<>* emu_block_bar = nullptr;
+alignas(128) unsigned char emu_smem[1 << 17];
+#include "kernel_src.cu"
+
+extern "C" int emu_run_main(int gx, int gy, int gz, int nthreads, void** p) {
+    if (nthreads % 32 || nthreads <= 0) return 1;
+    const int nw = nthreads / 32;
+    std::unique_ptr<EmuWarp[]> warps(new EmuWarp[nw]);
+    std::barrier<> block_bar(nthreads);
+    emu_warps = warps.get();
+    emu_block_bar = &block_bar;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < nthreads; ++t)
+        threads.emplace_back([=, &block_bar] {
+            threadIdx = {static_cast<unsigned>(t), 0u, 0u};
+            for (int z = 0; z < gz; ++z)
+                for (int y = 0; y < gy; ++y)
+                    for (int x = 0; x < gx; ++x) {
+                        blockIdx = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
+                        replay_gdn_main(%(ARGS)s);
+                        block_bar.arrive_and_wait();  // (the block's shared memory is the next block's)
+                    }
+        });
+    for (auto& th : threads) th.join();
+    return 0;
+}
+"""
+
+
+def _key(defs: dict) -> str:
+    h = hashlib.sha1(SRC.read_bytes() + SHIM.read_bytes() + _RUNNER.encode())
+    h.update(repr(sorted(defs.items())).encode())
+    return h.hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REPLAYSSM_EMU_DIR", Path.home() / ".cache" / "replayssm_sglang" / "emu"))
+
+
+def source_for_cpu() -> str:
+    """gdn_main.cu as g++ takes it: the CUDA headers replaced by the stand-in, the dynamic shared memory a buffer."""
+    src = SRC.read_text()
+    for inc in ("#include <cuda_bf16.h>", "#include <cuda_fp16.h>"):
+        if inc not in src:
+            raise RuntimeError(f"gdn_main.cu no longer has {inc!r}: update kernels/cuda_emu.py")
+        src = src.replace(inc, "")
+    dyn = "extern __shared__ __align__(128) unsigned char smem_raw[];"
+    if dyn not in src:
+        raise RuntimeError("gdn_main.cu's dynamic shared memory is declared differently: update kernels/cuda_emu.py")
+    return src.replace(dyn, "unsigned char* smem_raw = emu_smem;")
+
+
+_LIBS: dict = {}
+
+
+def build(defs: dict) -> ctypes.CDLL:
+    """The shared library running replay_gdn_main for these defines (g++, cached on disk and in the process)."""
+    key = _key(defs)
+    if key in _LIBS:
+        return _LIBS[key]
+    out = cache_dir() / f"gdn_main_emu-{key}.so"
+    if not out.exists():
+        gxx = shutil.which(os.environ.get("CXX", "g++"))
+        if gxx is None:
+            raise RuntimeError("the CPU emulation of the CUDA main launch needs g++ (or CXX)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        args = ", ".join(f"*reinterpret_cast<{t}*>(p[{i}])" if t in ("float", "int", "long long")
+                         else f"static_cast<{t}>(*reinterpret_cast<void**>(p[{i}]))"
+                         for i, t in enumerate(_MAIN_PARAMS))
+        with tempfile.TemporaryDirectory() as td:
+            (Path(td) / "kernel_src.cu").write_text(source_for_cpu())
+            (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args))
+            shutil.copy(SHIM, Path(td) / "cuda_emu.h")
+            tmp = Path(td) / "lib.so"
+            cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w",
+                   "-o", str(tmp), str(Path(td) / "runner.cpp")]
+            cmd[3:3] = [f"-D{k}={v}" for k, v in defs.items() if k != "USE_PDL"] + ["-DUSE_PDL=0"]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)
+            if r.returncode != 0:
+                raise RuntimeError(f"g++ could not build the CPU emulation: {r.stderr[-3000:]}")
+            shutil.move(str(tmp), out)
+    lib = ctypes.CDLL(str(out))
+    lib.emu_run_main.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p]
+    lib.emu_run_main.restype = ctypes.c_int
+    _LIBS[key] = lib
+    return lib
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") == "1"
+
+
+def run_main(defs: dict, grid: tuple, nthreads: int, params) -> None:
+    """One main launch on the CPU: grid (x, y, z), nthreads per block, params as cuLaunchKernelEx takes them."""
+    rc = build(defs).emu_run_main(int(grid[0]), int(grid[1]), int(grid[2]), int(nthreads),
+                                  ctypes.cast(params, ctypes.c_void_p))
+    if rc != 0:
+        raise RuntimeError(f"the CPU emulation refused the launch ({nthreads} threads per block)")

@@ -1,0 +1,90 @@
+"""gdn_main.cu's main launch on the CPU (kernels/cuda_emu.py: g++ and a stand-in for the CUDA features it uses),
+against the float64 reference through the decode harness: the CUDA source's indexing, control flow and arithmetic in
+CI, where its float64 cases otherwise run only on an H200 (test_decode_kernels.py's gpu_real_shapes_cuda_*). The
+pre launch is Triton's under the interpreter; PDL is off. What only a GPU shows (races, ordering, the fast math
+intrinsics) stays with the GPU cases."""
+
+import shutil
+
+import pytest
+import torch
+
+from test_decode_kernels import Harness
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulation needs g++")
+
+# (kind, shape, state dtype, decay): the served defaults of both kinds and both state types, and the XL shapes
+EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bfloat16", "fast"),
+             ("gdn", "g8w4", "float32", "fast"), ("kda", "g8w4_gp", "float32", "slow"),
+             ("kda", "x16w4c1_m5_gp", "float32", "slow"), ("kda", "x16w4c1_m6_gp", "bfloat16", "slow"),
+             ("kda", "g8w4_m7_gp", "bfloat16", "fast")]
+
+
+def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, seed=5, **kw):
+    from replayssm_sglang.kernels import cuda_main
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    calls = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
+    extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+    hz = Harness(kind, B=B, H=H or (1 if kind == "gdn" else HV), HV=HV, K=128, V=64, L=16, seed=seed,
+                 windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
+                 qkv_dtype=torch.bfloat16, decay=decay, v3_opts=dict(main_impl="cuda", cuda_config=cfg),
+                 **extra, **kw)
+    return hz, calls
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype,decay", EMU_CASES, ids=str)
+def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
+    """The CUDA main launch (its block shape cfg) emulated on the CPU, 14 steps against float64: window switching
+    (16, 1, 4), forced flushes, pre-folds, padded rows, staggered cursors, the ring keyed by its own rows."""
+    hz, calls = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    from replayssm_sglang.kernels import cuda_main
+
+    want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
+    assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
+
+
+def test_cuda_main_emulated_kda_rebase(monkeypatch):
+    """KDA's XL shape with heads rebased and pre-folds turned into flushes by the overflow flags (a lowered
+    threshold, as the GPU cases do)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    hz, _ = _emu_harness("kda", "x16w4c1_m5_gp", "float32", "fast", monkeypatch, seed=9)
+    st = hz.run(14)
+    assert st["rebase"] > 0 and st["ovf"] > 0, st
+
+
+def test_emulation_fails_a_wrong_kernel(monkeypatch, tmp_path):
+    """The check can fail: the same source with one term off by 1e-4 (the XL epilogue's u_t <k~, q~>) fails the
+    float64 comparison."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    src = cuda_emu.SRC.read_text()
+    old = "const float o = P + u_t * kq;"
+    assert src.count(old) == 1
+    bad = tmp_path / "gdn_main.cu"
+    bad.write_text(src.replace(old, "const float o = P + u_t * kq * 1.0001f;"))
+    monkeypatch.setattr(cuda_emu, "SRC", bad)
+    monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+    hz, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch)
+    with pytest.raises(AssertionError, match="output rms ratio"):
+        hz.run(6)
+
+
+def test_emulation_is_refused_without_the_switch(monkeypatch):
+    """Without REPLAYSSM_CUDA_EMULATE=1 the CUDA main launch cannot run on the CPU (and says why); with it, it can."""
+    from replayssm_sglang import ring as ringmod
+    from replayssm_sglang.kernels import cuda_main
+
+    ring = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=64).allocate(2)
+    state = torch.zeros(2, 2, 64, 128)
+    cfg = cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
+    monkeypatch.delenv("REPLAYSSM_CUDA_EMULATE", raising=False)
+    assert cuda_main.unavailable_reason("gdn", state, ring, None, 128, 64, *cfg) == "it needs a CUDA GPU"
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    assert cuda_main.unavailable_reason("gdn", state, ring, None, 128, 64, *cfg) is None
