@@ -1703,6 +1703,78 @@ CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,cfg,state_dtype", CUDA_MAIN_SLOW_CASES, ids=str)
+def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype):
+    """Two layers' decode steps captured in one CUDA graph (as the server runs them: PDL on, each layer's pre-launch
+    scratch from the graph's pool, the main launch starting while its pre launch runs) give what the same steps give
+    launched one by one, where the pre launch has finished before the main launch starts. Session 35's bug (the
+    pre launch's outputs loaded before the PDL wait) read the other layer's scratch here; the float64 cases, eager,
+    could not see it."""
+    from replayssm_sglang.kernels import decode_v3
+
+    dt = DTYPES[state_dtype]
+    B, H, HV, K, V = 16, (16 if kind == "gdn" else 32), 32, 128, 128
+    g = torch.Generator().manual_seed(41)
+    layers = []
+    for _ in range(2):
+        ring = ringmod.RingLayout.for_layer(kind, L=16, H=H, HV=HV, K=K, V=V).allocate(
+            B, device=DEV, kda_keys="predecayed" if kind == "kda" else "raw")
+        state = (torch.randn(B, HV, V, K, generator=g) * 0.1).to(dt).to(DEV)
+        layers.append((ring, state))
+    slot = torch.arange(B, dtype=torch.int32, device=DEV)
+    opts = dict(main_impl="cuda", cuda_config=cfg)
+    assert decode_v3.pdl_available(torch.device(DEV)), "the H200 runs PDL: the case is about it"
+
+    def inputs():
+        x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, device=DEV, decay="slow")
+        return (x[0].to(torch.bfloat16),) + tuple(x[1:])
+
+    for step in range(5 + int(torch.randint(8, (1,), generator=g))):  # records in the rings, cursors mid-window
+        for ring, state in layers:
+            replay_decode(kind, *inputs(), state, ring, slot, L=16, impl="v3", ring_idx=slot, v3_opts=opts)
+    xs = [inputs() for _ in layers]
+    outs = [torch.empty(B, HV, V, dtype=torch.bfloat16, device=DEV) for _ in layers]
+    def ring_tensors(ring):
+        return [t for t in (ring.u, ring.k, ring.g, ring.h, ring.ovf) if t is not None]
+
+    snap = [(state.clone(), [t.clone() for t in ring_tensors(ring)]) for ring, state in layers]
+
+    def restore():
+        for (ring, state), (s0, r0) in zip(layers, snap):
+            state.copy_(s0)
+            for t, t0 in zip(ring_tensors(ring), r0):
+                t.copy_(t0)
+
+    def step():
+        for (ring, state), x, o in zip(layers, xs, outs):
+            replay_decode(kind, *x, state, ring, slot, out=o, L=16, impl="v3", ring_idx=slot, v3_opts=opts)
+
+    step()
+    torch.cuda.synchronize()
+    eager = [o.clone() for o in outs] + [state.clone() for _, state in layers]
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # (warm-up on the side stream, as torch.cuda.graph's users do)
+    torch.cuda.current_stream().wait_stream(side)
+    restore()
+    with torch.cuda.graph(graph):
+        step()
+    restore()
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [o.clone() for o in outs] + [state.clone() for _, state in layers]
+    for e, r in zip(eager, replayed):
+        assert not torch.isnan(r).any()
+        assert torch.equal(e, r), float((e.float() - r.float()).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,cfg,state_dtype", CUDA_MAIN_SLOW_CASES, ids=str)
 def test_gpu_real_shapes_cuda_main_slow(kind, cfg, state_dtype, monkeypatch):
     """The CUDA main launch's default and XL shapes at the real head sizes with slow decays, against float64."""
     _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, DTYPES[state_dtype], seed=31, kind=kind,
