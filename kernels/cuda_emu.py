@@ -1,4 +1,4 @@
-"""gdn_main.cu's main launch run on the CPU (no GPU): the CUDA source compiled by g++ against a small stand-in for the
+"""gdn_main.cu's main and pre launches run on the CPU (no GPU): the CUDA source compiled by g++ against a small stand-in for the
 CUDA features it uses (kernels/emu/cuda_emu.h: one OS thread per CUDA thread, warp shuffles and __syncwarp as
 barriers of the warp's 32 threads, blocks one after another), so that its indexing, control flow and arithmetic can
 be checked against the float64 reference in CI, where the float64 GPU cases run only on an H200.
@@ -7,8 +7,8 @@ It is a check, not a fast path: a block of 128 threads costs a few milliseconds,
 and rows. It cannot show what needs a GPU: races between warps or blocks, PDL (USE_PDL is 0 here), memory ordering.
 Numerics differ from the GPU's by a few ulp (accurate expf / logf for __expf / __logf; no FMA contraction).
 
-cuda_main.launch comes here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1 (unavailable_reason then lets the CPU
-run it); ``build`` returns the shared library for one set of defines (cached by source and defines)."""
+cuda_main.launch and cuda_main.pre_launch come here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1
+(unavailable_reason and pre_unavailable_reason then let the CPU run them); ``build`` returns the shared library for one set of defines (cached by source and defines)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
                 "long long", "long long", "long long", "long long")
 
+# the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
+_PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
+             "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
+_PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long"),
+               1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long")}
+
 _RUNNER = r"""
 #include "cuda_emu.h"
 #include <memory>
@@ -42,7 +48,8 @@ std::barrier<>* emu_block_bar = nullptr;
 alignas(128) unsigned char emu_smem[1 << 17];
 #include "kernel_src.cu"
 
-extern "C" int emu_run_main(int gx, int gy, int gz, int nthreads, void** p) {
+template <typename F>
+static int emu_grid(int gx, int gy, int gz, int nthreads, F kernel) {
     if (nthreads % 32 || nthreads <= 0) return 1;
     const int nw = nthreads / 32;
     std::unique_ptr<EmuWarp[]> warps(new EmuWarp[nw]);
@@ -57,13 +64,18 @@ extern "C" int emu_run_main(int gx, int gy, int gz, int nthreads, void** p) {
                 for (int y = 0; y < gy; ++y)
                     for (int x = 0; x < gx; ++x) {
                         blockIdx = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
-                        replay_gdn_main(%(ARGS)s);
+                        kernel();
                         block_bar.arrive_and_wait();  // (the block's shared memory is the next block's)
                     }
         });
     for (auto& th : threads) th.join();
     return 0;
 }
+
+extern "C" int emu_run_main(int gx, int gy, int gz, int nthreads, void** p) {
+    return emu_grid(gx, gy, gz, nthreads, [p] { replay_gdn_main(%(ARGS)s); });
+}
+%(PRE)s
 """
 
 
@@ -104,12 +116,19 @@ def build(defs: dict) -> ctypes.CDLL:
         if gxx is None:
             raise RuntimeError("the CPU emulation of the CUDA main launch needs g++ (or CXX)")
         out.parent.mkdir(parents=True, exist_ok=True)
-        args = ", ".join(f"*reinterpret_cast<{t}*>(p[{i}])" if t in ("float", "int", "long long")
-                         else f"static_cast<{t}>(*reinterpret_cast<void**>(p[{i}]))"
-                         for i, t in enumerate(_MAIN_PARAMS))
+        def unpack(types):  # (cuLaunchKernelEx's params: p[i] points at the i-th argument)
+            return ", ".join(f"*reinterpret_cast<{t}*>(p[{i}])" if t in ("float", "int", "long long")
+                             else f"static_cast<{t}>(*reinterpret_cast<void**>(p[{i}]))" for i, t in enumerate(types))
+
+        args = unpack(_MAIN_PARAMS)
+        pre = ""
+        if defs["CAP_"] <= 16 and defs["BC_"] <= 16:  # (gdn_main.cu builds its pre launch there only)
+            name = "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
+            pre = (f'extern "C" int emu_run_pre(int gx, int gy, void** p) {{\n'
+                   f'    return emu_grid(gx, gy, 1, 32, [p] {{ {name}({unpack(_PRE_PARAMS[int(defs["IS_KDA"])])}); }});\n}}')
         with tempfile.TemporaryDirectory() as td:
             (Path(td) / "kernel_src.cu").write_text(source_for_cpu())
-            (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args))
+            (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args).replace("%(PRE)s", pre))
             shutil.copy(SHIM, Path(td) / "cuda_emu.h")
             tmp = Path(td) / "lib.so"
             cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w",
@@ -128,6 +147,17 @@ def build(defs: dict) -> ctypes.CDLL:
 
 def enabled() -> bool:
     return os.environ.get(ENV, "") == "1"
+
+
+def run_pre(defs: dict, grid: tuple, params) -> None:
+    """One pre launch on the CPU (replay_gdn_pre or replay_kda_pre of this build): grid (key heads, B), one warp per
+    block, params as cuLaunchKernelEx takes them."""
+    lib = build(defs)
+    if not hasattr(lib, "emu_run_pre"):
+        raise RuntimeError("this build has no pre launch (gdn_main.cu builds it for ring capacities up to 16)")
+    lib.emu_run_pre.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    if lib.emu_run_pre(int(grid[0]), int(grid[1]), ctypes.cast(params, ctypes.c_void_p)) != 0:
+        raise RuntimeError("the CPU emulation refused the pre launch")
 
 
 def run_main(defs: dict, grid: tuple, nthreads: int, params) -> None:

@@ -648,6 +648,8 @@ def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
     if pre_rows != 1:
         return "it runs one row per block (pre_rows 1)"
     dev = state.device
+    if dev.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+        return None  # (the CPU emulation, kernels/cuda_emu.py: for tests)
     if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
     if torch.cuda.get_device_capability(dev) < (9, 0):
@@ -669,7 +671,6 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
-    f = function(defs, mixed_qkv.device, name)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     lb = ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0)
     head = [ptr(mixed_qkv), ptr(a2), ptr(A_log), ptr(dt_bias), ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows),
@@ -683,6 +684,12 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
+    if mixed_qkv.device.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+        from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
+
+        cuda_emu.run_pre(defs, (heads, B), params)
+        return
+    f = function(defs, mixed_qkv.device, name)
     cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
                         ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), None, 0)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")

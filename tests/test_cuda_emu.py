@@ -1,7 +1,7 @@
-"""gdn_main.cu's main launch on the CPU (kernels/cuda_emu.py: g++ and a stand-in for the CUDA features it uses),
+"""gdn_main.cu's main and pre launches on the CPU (kernels/cuda_emu.py: g++ and a stand-in for the CUDA features it uses),
 against the float64 reference through the decode harness: the CUDA source's indexing, control flow and arithmetic in
 CI, where its float64 cases otherwise run only on an H200 (test_decode_kernels.py's gpu_real_shapes_cuda_*). The
-pre launch is Triton's under the interpreter; PDL is off. What only a GPU shows (races, ordering, the fast math
+pre launch is Triton's under the interpreter, or the CUDA one emulated (test_cuda_pre_emulated); PDL is off. What only a GPU shows (races, ordering, the fast math
 intrinsics) stays with the GPU cases."""
 
 import shutil
@@ -20,7 +20,7 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
              ("kda", "g8w4_m7_gp", "bfloat16", "fast")]
 
 
-def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, seed=5, **kw):
+def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, seed=5, pre_impl="triton", **kw):
     from replayssm_sglang.kernels import cuda_main
 
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
@@ -30,7 +30,8 @@ def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=
     extra = dict(kda_keys="predecayed") if kind == "kda" else {}
     hz = Harness(kind, B=B, H=H or (1 if kind == "gdn" else HV), HV=HV, K=128, V=64, L=16, seed=seed,
                  windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
-                 qkv_dtype=torch.bfloat16, decay=decay, v3_opts=dict(main_impl="cuda", cuda_config=cfg),
+                 qkv_dtype=torch.bfloat16, decay=decay,
+                 v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl),
                  **extra, **kw)
     return hz, calls
 
@@ -46,6 +47,22 @@ def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
 
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype", [("gdn", "x16w4c1_m5", "float32"), ("gdn", "x16w4c1_m6", "bfloat16"),
+                                                   ("kda", "g8w4_gp", "float32")], ids=str)
+def test_cuda_pre_emulated(kind, cfg, state_dtype, monkeypatch):
+    """The CUDA pre launch (replay_gdn_pre, GDN's default beside the CUDA main launch; replay_kda_pre, opt-in)
+    emulated too, feeding the emulated main launch: 14 steps against float64, slow decays, every pre launch CUDA's."""
+    from replayssm_sglang.kernels import cuda_main
+
+    pre_calls = []
+    real = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real(**a))
+    hz, _ = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda")
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    assert len(pre_calls) == 14
 
 
 def test_cuda_main_emulated_kda_rebase(monkeypatch):
