@@ -280,6 +280,48 @@ __device__ __forceinline__ PreOut load_pre(const float* __restrict__ coef, const
     return p;
 }
 
+// The LOAD_REG fold of NR rows of a warp, lane l on their columns 4l .. 4l + 3, shared by both layouts (the XL
+// kernel folds in this layout too, 8 rows at a time): c holds the rows' checkpoint tile (this lane's 4 columns), rk the
+// first KB records' keys (loaded by the caller beside the tile's re-read, so that the two round trips overlap). The
+// rows are r_first .. r_first + NR - 1 of the block's shared wsm (their decayed records, BC_ apart) and uasm (this
+// token's u_t, 0 where the fold takes no token). Each row: decayed by e^{G_f} (eG, per column for KDA), this token's
+// u_t k~ added, then every record's u_j e^{G_f - G_j} k_j, KB keys per round trip (KDA: the predecayed keys times
+// e^{G_f / 2} twice, eh). The caller stores c.
+template <int NR, typename KT>
+__device__ __forceinline__ void fold_rows(float4 (&c)[NR], float4 (&rk)[KB], const float* wsm, const float* uasm,
+                                          int r_first, float4 eG, float4 eh, float4 kn, const KT* base_k, int h_old) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+        const float ua = uasm[r_first + i];
+        c[i] = make_float4(c[i].x * eG.x + ua * kn.x, c[i].y * eG.y + ua * kn.y, c[i].z * eG.z + ua * kn.z,
+                           c[i].w * eG.w + ua * kn.w);
+    }
+#pragma unroll 1
+    for (int jb = 0; jb < CAP_; jb += KB) {
+        if (jb >= h_old) break;
+        if (jb > 0) {
+#pragma unroll
+            for (int t = 0; t < KB; ++t)
+                rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#if IS_KDA
+#pragma unroll
+        for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
+#endif
+#pragma unroll
+        for (int t = 0; t < KB; ++t) {
+#pragma unroll
+            for (int i = 0; i < NR; ++i) {
+                const float wj = wsm[(r_first + i) * BC_ + jb + t];  // (0 past h_old)
+                c[i].x += wj * rk[t].x;
+                c[i].y += wj * rk[t].y;
+                c[i].z += wj * rk[t].z;
+                c[i].w += wj * rk[t].w;
+            }
+        }
+    }
+}
+
 #if !XL
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
@@ -495,7 +537,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const float g_t = -expf(a_log) * sp;
         const float G_f = tok ? G_last + g_t : G_last;
         const float eG1 = expf(G_f);
-        const float4 eG = make_float4(eG1, eG1, eG1, eG1);
+        const float4 eG = make_float4(eG1, eG1, eG1, eG1), eh = eG;  // (eh: KDA's key factor, not used for GDN)
 #pragma unroll
         for (int t = 0; t < JPL; ++t) w[t] = j0 + t < h_old ? ru[t] * expf(G_f - base_g[j0 + t]) : 0.0f;
 #endif
@@ -505,36 +547,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         ST_T* dst = state + slot * stride_slot + (static_cast<long long>(hv) * V_ + wrow0) * K_ + 4 * lane;
 #if LOAD_REG
         // decayed, this token added, then KB records at a time over all rows
-#pragma unroll
-        for (int i = 0; i < RPW; ++i) {
-            const float ua = uasm[warp * RPW + i];
-            c[i] = make_float4(c[i].x * eG.x + ua * kn.x, c[i].y * eG.y + ua * kn.y, c[i].z * eG.z + ua * kn.z,
-                               c[i].w * eG.w + ua * kn.w);
-        }
-#pragma unroll 1
-        for (int jb = 0; jb < CAP_; jb += KB) {
-            if (jb >= h_old) break;
-            if (jb > 0) {
-#pragma unroll
-                for (int t = 0; t < KB; ++t)
-                    rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#if IS_KDA
-#pragma unroll
-            for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
-#endif
-#pragma unroll
-            for (int t = 0; t < KB; ++t) {
-#pragma unroll
-                for (int i = 0; i < RPW; ++i) {
-                    const float wj = wsm[(warp * RPW + i) * BC_ + jb + t];  // (0 past h_old)
-                    c[i].x += wj * rk[t].x;
-                    c[i].y += wj * rk[t].y;
-                    c[i].z += wj * rk[t].z;
-                    c[i].w += wj * rk[t].w;
-                }
-            }
-        }
+        fold_rows<RPW>(c, rk, wsm, uasm, warp * RPW, eG, eh, kn, base_k, h_old);
 #pragma unroll
         for (int i = 0; i < RPW; ++i) st_state4(dst + i * K_, c[i]);
 #else
@@ -903,7 +916,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             const float g_t = -expf(a_log) * sp;
             const float G_f = tok ? G_last + g_t : G_last;
             const float eG1 = expf(G_f);
-            const float4 eG = make_float4(eG1, eG1, eG1, eG1);
+            const float4 eG = make_float4(eG1, eG1, eG1, eG1), eh = eG;  // (eh: KDA's key factor, not used for GDN)
 #pragma unroll
             for (int i = 0; i < RPL; ++i)
 #pragma unroll
@@ -929,36 +942,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 float4 rk[KB];
 #pragma unroll
                 for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float ua = uasm[warp * RPW + r0 + i];
-                    cf[i] = make_float4(cf[i].x * eG.x + ua * kn.x, cf[i].y * eG.y + ua * kn.y,
-                                        cf[i].z * eG.z + ua * kn.z, cf[i].w * eG.w + ua * kn.w);
-                }
-#pragma unroll 1
-                for (int jb = 0; jb < CAP_; jb += KB) {
-                    if (jb >= h_old) break;
-                    if (jb > 0) {
-#pragma unroll
-                        for (int t = 0; t < KB; ++t)
-                            rk[t] = jb + t < h_old ? load4(base_k + (jb + t) * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    }
-#if IS_KDA
-#pragma unroll
-                    for (int t = 0; t < KB; ++t) rk[t] = mul4(mul4(rk[t], eh), eh);  // k_j e^{G_f - G_j}
-#endif
-#pragma unroll
-                    for (int t = 0; t < KB; ++t) {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) {
-                            const float wj = wsm[(warp * RPW + r0 + i) * BC_ + jb + t];  // (0 past h_old)
-                            cf[i].x += wj * rk[t].x;
-                            cf[i].y += wj * rk[t].y;
-                            cf[i].z += wj * rk[t].z;
-                            cf[i].w += wj * rk[t].w;
-                        }
-                    }
-                }
+                fold_rows<8>(cf, rk, wsm, uasm, warp * RPW + r0, eG, eh, kn, base_k, h_old);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
             }
