@@ -191,14 +191,21 @@ _CTYPES = {torch.float32: "float", torch.bfloat16: "__nv_bfloat16", torch.float1
            torch.int8: "signed char"}
 
 
+def _env_or_path(var: str, name: str) -> tuple:
+    """(True, the tool) where the environment's ``var`` names it (None if no such file: the search stops there) or
+    ``name`` is on PATH; (False, None) where the caller should look further."""
+    env = os.environ.get(var)
+    if env:
+        return True, (env if Path(env).is_file() else None)
+    found = shutil.which(name)
+    return (True, found) if found else (False, None)
+
+
 def find_nvcc() -> str | None:
     """The nvcc to compile with: REPLAYSSM_NVCC, PATH, CUDA_HOME / /usr/local/cuda, the nvidia-cuda-nvcc wheel."""
-    env = os.environ.get("REPLAYSSM_NVCC")
-    if env:
-        return env if Path(env).is_file() else None
-    found = shutil.which("nvcc")
-    if found:
-        return found
+    decided, tool = _env_or_path("REPLAYSSM_NVCC", "nvcc")
+    if decided:
+        return tool
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home and (Path(home) / "bin" / "nvcc").is_file():
             return str(Path(home) / "bin" / "nvcc")
@@ -320,12 +327,9 @@ def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> di
 
 def find_nvdisasm() -> str | None:
     """nvdisasm (for pdl_hazards): REPLAYSSM_NVDISASM, PATH, beside nvcc, or the copy Triton's wheel carries."""
-    env = os.environ.get("REPLAYSSM_NVDISASM")
-    if env:
-        return env if Path(env).exists() else None
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
+    decided, tool = _env_or_path("REPLAYSSM_NVDISASM", "nvdisasm")
+    if decided:
+        return tool
     nvcc = find_nvcc()
     if nvcc and (Path(nvcc).parent / "nvdisasm").exists():
         return str(Path(nvcc).parent / "nvdisasm")
