@@ -1,14 +1,16 @@
-"""gdn_main.cu's main and pre launches run on the CPU (no GPU): the CUDA source compiled by g++ against a small stand-in for the
-CUDA features it uses (kernels/emu/cuda_emu.h: one OS thread per CUDA thread, warp shuffles and __syncwarp as
-barriers of the warp's 32 threads, blocks one after another), so that its indexing, control flow and arithmetic can
-be checked against the float64 reference in CI, where the float64 GPU cases run only on an H200.
+"""gdn_main.cu's main and pre launches run on the CPU (no GPU): the CUDA source compiled by g++ against a small
+stand-in for the CUDA features it uses (kernels/emu/cuda_emu.h: one OS thread per CUDA thread, warp shuffles and
+__syncwarp as barriers of the warp's 32 threads, blocks one after another), so that its indexing, control flow and
+arithmetic can be checked against the float64 reference in CI, where the float64 GPU cases run only on an H200.
 
 It is a check, not a fast path: a block of 128 threads costs a few milliseconds, so tests keep to a few value heads
-and rows. It cannot show what needs a GPU: races between warps or blocks, PDL (USE_PDL is 0 here), memory ordering.
-Numerics differ from the GPU's by a few ulp (accurate expf / logf for __expf / __logf; no FMA contraction).
+and rows; one launch at a time per process. It cannot show what needs a GPU: races between warps or blocks, PDL
+(USE_PDL is 0 here), memory ordering. Numerics differ from the GPU's by a few ulp (accurate expf / logf for __expf /
+__logf; no FMA contraction). The shapes that read the tile with bulk copies (load_reg 0, PTX assembly) do not build.
 
 cuda_main.launch and cuda_main.pre_launch come here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1
-(unavailable_reason and pre_unavailable_reason then let the CPU run them); ``build`` returns the shared library for one set of defines (cached by source and defines)."""
+(cuda_main.emulated; unavailable_reason and pre_unavailable_reason then let the CPU run them); ``build`` returns the
+shared library for one set of defines (cached on disk by source and defines)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "gdn_main.cu"
 SHIM = HERE / "emu" / "cuda_emu.h"
-ENV = "REPLAYSSM_CUDA_EMULATE"
+SMEM_BYTES = 1 << 17  # the runner's stand-in for a block's dynamic shared memory (emu_smem)
 
 # the main launch's parameters in gdn_main.cu's order (replay_gdn_main), as C types of the build's defines
 _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
@@ -45,7 +47,7 @@ _RUNNER = r"""
 thread_local emu_dim3 threadIdx, blockIdx;
 EmuWarp* emu_warps = nullptr;
 std::barrier<>* emu_block_bar = nullptr;
-alignas(128) unsigned char emu_smem[1 << 17];
+alignas(128) unsigned char emu_smem[%(SMEM)s];
 #include "kernel_src.cu"
 
 template <typename F>
@@ -111,6 +113,9 @@ def build(defs: dict) -> ctypes.CDLL:
     if key in _LIBS:
         return _LIBS[key]
     out = cache_dir() / f"gdn_main_emu-{key}.so"
+    if not defs["LOAD_REG"]:
+        raise RuntimeError("the CPU emulation runs the shapes that read the tile into registers (load_reg 1) only: the "
+                           "others copy it with PTX bulk copies")
     if not out.exists():
         gxx = shutil.which(os.environ.get("CXX", "g++"))
         if gxx is None:
@@ -128,10 +133,12 @@ def build(defs: dict) -> ctypes.CDLL:
                    f'    return emu_grid(gx, gy, 1, 32, [p] {{ {name}({unpack(_PRE_PARAMS[int(defs["IS_KDA"])])}); }});\n}}')
         with tempfile.TemporaryDirectory() as td:
             (Path(td) / "kernel_src.cu").write_text(source_for_cpu())
-            (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args).replace("%(PRE)s", pre))
+            (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args).replace("%(PRE)s", pre)
+                                                       .replace("%(SMEM)s", str(SMEM_BYTES)))
             shutil.copy(SHIM, Path(td) / "cuda_emu.h")
             tmp = Path(td) / "lib.so"
-            cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w",
+            cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared", "-pthread",
+                   "-w",
                    "-o", str(tmp), str(Path(td) / "runner.cpp")]
             cmd[3:3] = [f"-D{k}={v}" for k, v in defs.items() if k != "USE_PDL"] + ["-DUSE_PDL=0"]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)
@@ -143,10 +150,6 @@ def build(defs: dict) -> ctypes.CDLL:
     lib.emu_run_main.restype = ctypes.c_int
     _LIBS[key] = lib
     return lib
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "") == "1"
 
 
 def run_pre(defs: dict, grid: tuple, params) -> None:
@@ -162,6 +165,11 @@ def run_pre(defs: dict, grid: tuple, params) -> None:
 
 def run_main(defs: dict, grid: tuple, nthreads: int, params) -> None:
     """One main launch on the CPU: grid (x, y, z), nthreads per block, params as cuLaunchKernelEx takes them."""
+    from .cuda_main import smem_bytes
+
+    if smem_bytes(defs) > SMEM_BYTES:
+        raise RuntimeError(f"the CPU emulation has {SMEM_BYTES} bytes of dynamic shared memory, the launch asks for "
+                           f"{smem_bytes(defs)}")
     rc = build(defs).emu_run_main(int(grid[0]), int(grid[1]), int(grid[2]), int(nthreads),
                                   ctypes.cast(params, ctypes.c_void_p))
     if rc != 0:

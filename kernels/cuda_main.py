@@ -325,6 +325,12 @@ def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> di
             "stack": int(stack.group(1)) if stack else None}
 
 
+def emulated(device: torch.device) -> bool:
+    """The launches on this device run gdn_main.cu on the CPU (kernels/cuda_emu.py): a CPU device and
+    REPLAYSSM_CUDA_EMULATE=1, for tests."""
+    return device.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1"
+
+
 def find_nvdisasm() -> str | None:
     """nvdisasm (for pdl_hazards): REPLAYSSM_NVDISASM, PATH, beside nvcc, or the copy Triton's wheel carries."""
     decided, tool = _env_or_path("REPLAYSSM_NVDISASM", "nvdisasm")
@@ -523,7 +529,7 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return f"{rpw} rows per warp need 8, 16 or 32 rows and a ring capacity that is a multiple of {4 * 32 // rpw}"
     if V % (rpw * nwarps):
         return f"its V-tile ({rpw} x {nwarps} rows) must divide V = {V}"
-    if dev.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+    if emulated(dev):
         pass  # (the CPU emulation, kernels/cuda_emu.py: for tests; the layout checks below still apply)
     elif dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
@@ -652,7 +658,7 @@ def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
     if pre_rows != 1:
         return "it runs one row per block (pre_rows 1)"
     dev = state.device
-    if dev.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+    if emulated(dev):
         return None  # (the CPU emulation, kernels/cuda_emu.py: for tests)
     if dev.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU"
@@ -688,7 +694,7 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
-    if mixed_qkv.device.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+    if emulated(mixed_qkv.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
 
         cuda_emu.run_pre(defs, (heads, B), params)
@@ -731,7 +737,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
-    if state.device.type == "cpu" and os.environ.get("REPLAYSSM_CUDA_EMULATE") == "1":
+    if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
 
         cuda_emu.run_main(defs, (V // (rpw * nwarps * nch), HV, B), 32 * nwarps, params)

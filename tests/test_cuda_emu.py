@@ -9,6 +9,8 @@ import shutil
 import pytest
 import torch
 
+from replayssm_sglang.kernels import cuda_main
+from test_cuda_main import _server_defs
 from test_decode_kernels import Harness
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulation needs g++")
@@ -21,8 +23,6 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, seed=5, pre_impl="triton", **kw):
-    from replayssm_sglang.kernels import cuda_main
-
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     calls = []
     real = cuda_main.launch
@@ -43,8 +43,6 @@ def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
     hz, calls = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
-    from replayssm_sglang.kernels import cuda_main
-
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
 
@@ -54,8 +52,6 @@ def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
 def test_cuda_pre_emulated(kind, cfg, state_dtype, monkeypatch):
     """The CUDA pre launch (replay_gdn_pre, GDN's default beside the CUDA main launch; replay_kda_pre, opt-in)
     emulated too, feeding the emulated main launch: 14 steps against float64, slow decays, every pre launch CUDA's."""
-    from replayssm_sglang.kernels import cuda_main
-
     pre_calls = []
     real = cuda_main.pre_launch
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real(**a))
@@ -96,8 +92,6 @@ def test_emulation_fails_a_wrong_kernel(monkeypatch, tmp_path):
 def test_emulation_is_refused_without_the_switch(monkeypatch):
     """Without REPLAYSSM_CUDA_EMULATE=1 the CUDA main launch cannot run on the CPU (and says why); with it, it can."""
     from replayssm_sglang import ring as ringmod
-    from replayssm_sglang.kernels import cuda_main
-
     ring = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=64).allocate(2)
     state = torch.zeros(2, 2, 64, 128)
     cfg = cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
@@ -105,3 +99,13 @@ def test_emulation_is_refused_without_the_switch(monkeypatch):
     assert cuda_main.unavailable_reason("gdn", state, ring, None, 128, 64, *cfg) == "it needs a CUDA GPU"
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     assert cuda_main.unavailable_reason("gdn", state, ring, None, 128, 64, *cfg) is None
+    assert cuda_main.emulated(state.device) and not cuda_main.emulated(torch.device("cuda", 0))
+
+
+def test_emulation_refuses_the_bulk_copy_shapes():
+    """The shapes that read the tile with PTX bulk copies (load_reg 0) are refused with why, not miscompiled."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    d = _server_defs(*cuda_main.CUDA_CONFIGS["r16w4"], torch.float32)
+    with pytest.raises(RuntimeError, match="load_reg 1"):
+        cuda_emu.build(d)
