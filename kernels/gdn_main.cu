@@ -257,8 +257,8 @@ struct PreOut {
     float cq[JPL], ck[JPL], e_t, kq;
     int ov_row, ov_head;
 };
-__device__ __forceinline__ PreOut load_pre(const float* __restrict__ coef, const float* __restrict__ scal,
-                                           const int* __restrict__ ovf, long long nh, long long rrow, int hv, int j0) {
+__device__ __forceinline__ PreOut load_pre(const float* coef, const float* scal, const int* ovf, long long nh,
+                                           long long rrow, int hv, int j0) {  // (no __restrict__: see above)
 #if USE_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
 #endif
