@@ -129,16 +129,17 @@ def build(defs: dict) -> ctypes.CDLL:
         pre = ""
         if defs["CAP_"] <= 16 and defs["BC_"] <= 16:  # (gdn_main.cu builds its pre launch there only)
             name = "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
+            call = f'{name}({unpack(_PRE_PARAMS[int(defs["IS_KDA"])])})'
             pre = (f'extern "C" int emu_run_pre(int gx, int gy, void** p) {{\n'
-                   f'    return emu_grid(gx, gy, 1, 32, [p] {{ {name}({unpack(_PRE_PARAMS[int(defs["IS_KDA"])])}); }});\n}}')
+                   f'    return emu_grid(gx, gy, 1, 32, [p] {{ {call}; }});\n}}')
         with tempfile.TemporaryDirectory() as td:
             (Path(td) / "kernel_src.cu").write_text(source_for_cpu())
             (Path(td) / "runner.cpp").write_text(_RUNNER.replace("%(ARGS)s", args).replace("%(PRE)s", pre)
                                                        .replace("%(SMEM)s", str(SMEM_BYTES)))
             shutil.copy(SHIM, Path(td) / "cuda_emu.h")
             tmp = Path(td) / "lib.so"
-            cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared", "-pthread",
-                   "-w",
+            cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared",
+                   "-pthread", "-w",
                    "-o", str(tmp), str(Path(td) / "runner.cpp")]
             cmd[3:3] = [f"-D{k}={v}" for k, v in defs.items() if k != "USE_PDL"] + ["-DUSE_PDL=0"]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)

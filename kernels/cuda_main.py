@@ -104,9 +104,10 @@ CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", 
 CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 # the shapes that are KDA's only (G_t from the pre launch)
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
-# (Session 35: XL for KDA was faster on the H200 -- x16w4c1_m5_gp 174.4-176.2 us, 1.56-1.58x, at B = 256 -- and passed
+# (Session 35: XL for KDA timed faster on the H200 -- x16w4c1_m5_gp 174.4-176.2 us, 1.56-1.58x, at B = 256 -- and passed
 # its float64 cases, but served at window 16 it moved the tiny Kimi-Linear's logprobs by up to 0.526 against
-# conventional (g8w4_gp: 0.032), so it stays opt-in (REPLAYSSM_CUDA_CONFIG_KDA) until that is understood:
+# conventional (g8w4_gp: 0.032): nvcc had scheduled its loads of the pre launch's outputs above the PDL wait (fixed in
+# gdn_main.cu, checked by pdl_hazards). It stays opt-in (REPLAYSSM_CUDA_CONFIG_KDA) until re-timed and served again:
 # docs/design.md "Session 35")
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
@@ -349,7 +350,8 @@ def find_nvdisasm() -> str | None:
 
 
 # the main launch's parameters that the pre launch writes (coef, scal, ovf, gts: parameters 15-18, at 0x210 + 8 i in
-# the constant bank), and SASS operands: registers (R, UR; a ".64" operand is a pair)
+# the constant bank; a change of the kernel's parameter list moves them, and test_pdl_hazards_finds_the_session_35_bug
+# then fails), and SASS operands: registers (R, UR; a ".64" operand is a pair)
 _PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0)\]")
 _REG = re.compile(r"\b(U?R)(\d+)(\.64)?\b")
 
@@ -395,7 +397,8 @@ def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
         opc, ops = parts[0], [o.strip() for o in parts[1].split(",")]
         if opc.startswith(("LDG", "LD.", "LDS")):
             addr = next((o for o in ops if "[" in o), "")
-            if opc.startswith(("LDG", "LD.")) and _regs(addr.split("]", 1)[-1] if addr.startswith("desc") else addr) & tainted:
+            where = addr.split("]", 1)[-1] if addr.startswith("desc") else addr  # (desc[URx] is the descriptor)
+            if opc.startswith(("LDG", "LD.")) and _regs(where) & tainted:
                 bad.append(ln)
             tainted -= _regs(ops[0])
             continue

@@ -1,8 +1,9 @@
-"""gdn_main.cu's main and pre launches on the CPU (kernels/cuda_emu.py: g++ and a stand-in for the CUDA features it uses),
-against the float64 reference through the decode harness: the CUDA source's indexing, control flow and arithmetic in
-CI, where its float64 cases otherwise run only on an H200 (test_decode_kernels.py's gpu_real_shapes_cuda_*). The
-pre launch is Triton's under the interpreter, or the CUDA one emulated (test_cuda_pre_emulated); PDL is off. What only a GPU shows (races, ordering, the fast math
-intrinsics) stays with the GPU cases."""
+"""gdn_main.cu's main and pre launches on the CPU (kernels/cuda_emu.py: g++ and a stand-in for the CUDA features it
+uses), against the float64 reference through the decode harness: the CUDA source's indexing, control flow and
+arithmetic in CI, where its float64 cases otherwise run only on an H200 (test_decode_kernels.py's
+gpu_real_shapes_cuda_*). The pre launch is Triton's under the interpreter, or the CUDA one emulated
+(test_cuda_pre_emulated); PDL is off. What only a GPU shows (races, ordering, the fast math intrinsics) stays with the
+GPU cases."""
 
 import shutil
 
