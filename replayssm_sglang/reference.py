@@ -189,9 +189,8 @@ def random_decode_inputs(kind: str, B: int, H: int, HV: int, K: int, V: int, *, 
     """Random packed decode inputs in SGLang 0.5.17's layout (for tests and benchmarks).
     Gates are drawn so that per-step decays spread over roughly exp(-0.05) .. exp(-3) (decay="fast"), or, with
     decay="slow", 98% of them within exp(-0.07) .. exp(-0.0006) (median exp(-0.01)), as trained models' heads mostly
-    are: there the checkpoint's term
-    stays large through a whole window, where fast decays shrink it to e^-10 or less by its end (a fault in
-    that term alone can hide under fast decays). Both draw the same random numbers."""
+    are: there the checkpoint's term stays large through a whole window, where fast decays shrink it to e^-10 or
+    less by its end (a fault in that term alone can hide under fast decays). Both draw the same random numbers."""
     if decay not in ("fast", "slow"):
         raise ValueError(f"decay must be 'fast' or 'slow', got {decay!r}")
     gen = generator

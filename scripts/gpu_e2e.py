@@ -113,7 +113,8 @@ ARMS = {
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
     # KDA's main launch in the eight-lanes-per-row layout (REPLAYSSM_CUDA_CONFIG_KDA=x16w4c1_m5_gp; opt-in since
-    # session 35, where it moved the tiny model's logprobs by 0.526 at window 16), window 16 forced as ours_w16
+    # session 35, where it moved the tiny model's logprobs by 0.526 at window 16: loads ahead of the PDL wait, fixed
+    # since, not yet served again), window 16 forced as ours_w16
     "ours_w16_kxl": ["--enable-linear-replayssm"],
     # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
     # (REPLAYSSM_MAIN_IMPL=cuda, which reads a bf16 checkpoint; window 16 forced so that the correctness task's batch
