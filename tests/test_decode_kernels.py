@@ -51,7 +51,7 @@ class Harness:
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
                  kda_keys="raw", qkv_dtype=torch.float32, decay="fast"):
         self.v3_opts = v3_opts
-        self.decay = decay  # the gates' range (reference.random_decode_inputs): "slow" keeps the checkpoint's term large
+        self.decay = decay  # the gates' range (reference.random_decode_inputs); "slow" keeps the checkpoint's term
         # mixed_qkv's dtype (the server's is bf16; the reference sees the same values). a and b stay fp32 here: the
         # interpreter truncates fp32 -> bf16 casts, so GDN's beta, rounded through b's dtype, would differ from the
         # reference's round-to-nearest on the CPU
@@ -1339,8 +1339,8 @@ def test_predecayed_kda_keys_default_threshold():
 def test_slow_decays(kind):
     """Gates as trained models' heads mostly have them (per-step decays near exp(-0.01)): the checkpoint's term stays
     large through the window, where the other tests' fast decays (median exp(-0.6), down to e^-3 and below) shrink
-    it to e^-10 or less by its end, so a fault in that term alone shows here. v3 (KDA on predecayed keys, the server's ring keyed by request row) against
-    float64 over two windows and a half, forced flushes and padded rows."""
+    it to e^-10 or less by its end, so a fault in that term alone shows here. v3 (KDA on predecayed keys, the ring
+    keyed by its own rows as the server's) against float64 over two windows and a half, forced flushes, padded rows."""
     x = R.random_decode_inputs(kind, 64, 1, 2, 8, 8, generator=torch.Generator().manual_seed(0), decay="slow")
     g = R.gate(kind, x[1], x[4], x[3], HV=2, K=8)
     xf = R.random_decode_inputs(kind, 64, 1, 2, 8, 8, generator=torch.Generator().manual_seed(0))
