@@ -65,8 +65,8 @@ def combos():
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
                               kind=kind))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
-    from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_PRE_CASES,
-                                     CUDA_PRE_KDA_CASES)
+    from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_MAIN_SLOW_CASES,
+                                     CUDA_PRE_CASES, CUDA_PRE_KDA_CASES)
 
     cases = [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, F32) for c, r, q, ri, hr in CUDA_MAIN_CASES]
     cases.append((cm.CUDA_DEFAULT, "float32", "bfloat16", True, False, F32))  # test_gpu_cuda_main_many_blocks
@@ -75,6 +75,9 @@ def combos():
     # default one (for GDN always: its cases ask for none) where the main launch is Triton's
     cases += [(cm.default_config(getattr(torch, sdt), "gdn"), r, q, ri, hr, getattr(torch, sdt))
               for _, sdt, r, q, ri, hr in CUDA_PRE_CASES]
+    # the slow-decay cases (test_gpu_real_shapes_cuda_main_slow): fp32 records, bf16 inputs, the ring keyed by its rows
+    cases += [(cm.CUDA_CONFIGS[c], "float32", "bfloat16", True, False, getattr(torch, sdt))
+              for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "gdn"]
     for cfg, rec, qkv, ri, hr, sdt in cases:
         rpw, nw, lr, mb, late, _, xl, nch = cm.full_config(cfg)
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
@@ -85,7 +88,8 @@ def combos():
                               state_dtype=sdt))
     kda_cases = list(CUDA_MAIN_KDA_CASES) + [
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
-        for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES]
+        for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES] + [
+        (c, sdt, "float32", "bfloat16", True, None, None) for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "kda"]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
         rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
@@ -95,6 +99,15 @@ def combos():
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",
                               lower_bound=lb is not None))
+    # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
+    # keyed by int32 rows
+    for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
+        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[c])
+        out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
+                              late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
+                              has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
+                              dtb_dtype=F32, out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
+                              forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind))
     return out
 
 
