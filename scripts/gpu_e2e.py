@@ -138,7 +138,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_cudapre": {"REPLAYSSM_PRE_IMPL": "cuda"},
            "ours_tritonpre": {"REPLAYSSM_PRE_IMPL": "triton"},
            "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
-           "ours_w16_kxl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m5_gp"},
+           "ours_w16_kxl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
