@@ -78,5 +78,22 @@ def test_tagged_repeats_count_as_their_base_arm():
                      "ours_w16:2": _arm([120.0, 120.0, 120.0], 130.0)})
     rows = ep.pool([r], merge={"ours_w16": "ours"})["models"]["gdn"]
     assert set(rows) == {"conventional", "ours"}
+
+
+def test_every_warm_prefix_run_is_pooled():
+    """--prefix-repeats 4: three warm runs per server (`repeats`), all pooled; the cold first run never."""
+    def arm(ttfts, hits):
+        reps = [{"hit_rate": h, "mean_ttft_s": t} for t, h in zip(ttfts, hits)]
+        return {"prefix": {"hit_rate": 0.1, "mean_ttft_s": 99.0, "repeats": reps, "warm": reps[-1]}}
+    r = _res("abc", {"conventional": arm([0.7, 1.1, 0.7], [0.85, 0.855, 0.85]),
+                     "conventional:2": arm([0.6, 1.4, 0.6], [0.856, 0.848, 0.856]),
+                     "ours": arm([0.74, 0.86, 0.91], [0.85, 0.85, 0.848])})
+    rows = ep.pool([r])["models"]["gdn"]
+    conv, ours = rows["conventional"], rows["ours"]
+    assert conv["prefix_ttft_warm"] == [0.7, 1.1, 0.7, 0.6, 1.4, 0.6] and conv["prefix_servers"] == 2
+    assert ours["prefix_ttft_mean_x_ref"] == pytest.approx((2.51 / 3) / (5.1 / 6))
+    assert ours["prefix_ttft_median_x_ref"] == pytest.approx(0.86 / 0.7)
+    assert ours["prefix_hit_points_vs_ref"] == pytest.approx(100 * (0.85 - 0.8525))  # medians
+    assert "| 3 | 0.850 (" in ep.markdown(ep.pool([r])) and "| 0.837 (0.984x) | 0.860 (1.229x) |" in ep.markdown(ep.pool([r]))
     assert rows["ours"]["servers"] == 3 and rows["ours"]["from_arms"] == ["ours", "ours:2", "ours_w16:2"]
     assert rows["ours"]["harness_median_of_servers"] == 130.0
