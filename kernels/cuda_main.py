@@ -104,13 +104,18 @@ CUDA_KDA_BF16_CONFIGS = ("g8w4_m7_late", "g8w2_m14_late", "g8w4", "g8w4_m7_gp", 
 CUDA_KDA_FP32_CONFIGS = ("g8w4", "g8w2", "g8w8", "g8w4_gp")
 # the shapes that are KDA's only (G_t from the pre launch)
 KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
-# (Session 35: XL for KDA timed faster on the H200 -- x16w4c1_m5_gp 174.4-176.2 us, 1.56-1.58x, at B = 256 -- and passed
-# its float64 cases, but served at window 16 it moved the tiny Kimi-Linear's logprobs by up to 0.526 against
-# conventional (g8w4_gp: 0.032): nvcc had scheduled its loads of the pre launch's outputs above the PDL wait (fixed in
-# gdn_main.cu, checked by pdl_hazards). It stays opt-in (REPLAYSSM_CUDA_CONFIG_KDA) until re-timed and served again:
-# docs/design.md "Session 35")
-CUDA_DEFAULT_KDA = CUDA_CONFIGS["g8w4_gp"]
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["g8w4_m7_gp"]
+# KDA's defaults since session 36: the XL layout. Session 35 timed it faster but, served, it moved the tiny
+# Kimi-Linear's logprobs by 0.526: nvcc had scheduled its loads of the pre launch's outputs above the PDL wait (fixed
+# in gdn_main.cu, checked by pdl_hazards). After the fix (H200, the server's arguments, Triton's pre launch as KDA's
+# server runs it, kernels-20261204-0327): fp32 x16w4c1_m4_gp 93.9 / 178.5 / 347.3 us at B = 128 / 256 / 512 (1.51x /
+# 1.54x / 1.56x conventional; round-robin 1.50x / 1.54x / 1.53x) against g8w4_gp's 98.3 / 192.8 / 373.8 (x16w4c1_m5_gp,
+# the faster before the fix, 97.8 / 185.1 / 363.7); served at window 16 (e2e-20261204-0330) 16/16 prompts identical
+# to conventional, max |logprob diff| 0.030 (g8w4_gp 0.034), B = 256 1.296x (g8w4_gp 1.282x). bf16 x16w4c1_m6_gp
+# 63.6 / 117.6 / 248.3 us (1.19x / 1.22x / 1.14x; round-robin 1.16x / 1.17x / 1.19x) against g8w4_m7_gp's 72.7 /
+# 140.3 / 267.6; its float64 GPU cases passed, the slow-decay one and the CUDA-graph-against-eager one among them;
+# not yet served
+CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")

@@ -16,10 +16,12 @@ from test_decode_kernels import Harness
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulation needs g++")
 
-# (kind, shape, state dtype, decay): the served defaults of both kinds and both state types, and the XL shapes
+# (kind, shape, state dtype, decay): the served defaults of both kinds and both state types (KDA's: x16w4c1_m4_gp and
+# x16w4c1_m6_gp since session 36), the shapes before them and the other XL ones
 EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bfloat16", "fast"),
              ("gdn", "g8w4", "float32", "fast"), ("kda", "g8w4_gp", "float32", "slow"),
-             ("kda", "x16w4c1_m5_gp", "float32", "slow"), ("kda", "x16w4c1_m6_gp", "bfloat16", "slow"),
+             ("kda", "x16w4c1_m4_gp", "float32", "slow"), ("kda", "x16w4c1_m5_gp", "float32", "fast"),
+             ("kda", "x16w4c1_m6_gp", "bfloat16", "slow"),
              ("kda", "g8w4_m7_gp", "bfloat16", "fast")]
 
 

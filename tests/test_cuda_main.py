@@ -471,7 +471,8 @@ def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
 PDL_CASES = [("x16w4c1_m5", "gdn", torch.float32), ("x16w4c1_m6", "gdn", torch.bfloat16),
              ("g8w4", "gdn", torch.float32), ("g8w4_m8_late", "gdn", torch.bfloat16),
              ("g8w4_gp", "kda", torch.float32), ("g8w4_m7_gp", "kda", torch.bfloat16),
-             ("x16w4c1_m5_gp", "kda", torch.float32), ("x16w4c1_m6_gp", "kda", torch.bfloat16)]
+             ("x16w4c1_m5_gp", "kda", torch.float32), ("x16w4c1_m6_gp", "kda", torch.bfloat16),
+             ("x16w4c1_m4_gp", "kda", torch.float32)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
