@@ -112,10 +112,11 @@ ARMS = {
     "ours_tritonpre": ["--enable-linear-replayssm"],
     # GDN: decode v3's self_pre (no pre launch; REPLAYSSM_SELF_PRE=1, where it can run), window 16 forced as ours_w16
     "ours_w16_sp": ["--enable-linear-replayssm"],
-    # KDA's main launch in the eight-lanes-per-row layout (REPLAYSSM_CUDA_CONFIG_KDA=x16w4c1_m5_gp; opt-in since
-    # session 35, where it moved the tiny model's logprobs by 0.526 at window 16: loads ahead of the PDL wait, fixed
-    # since, not yet served again), window 16 forced as ours_w16
+    # KDA's main launch pinned to a shape, window 16 forced as ours_w16: the XL layout (x16w4c1_m4_gp, KDA's fp32
+    # default since session 36: served 16/16 at 0.030, B = 256 1.296x; session 35's x16w4c1_m5_gp had moved the
+    # logprobs by 0.526, loads ahead of the PDL wait, fixed since), and the layout before it (g8w4_gp)
     "ours_w16_kxl": ["--enable-linear-replayssm"],
+    "ours_w16_kg8": ["--enable-linear-replayssm"],
     # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
     # (REPLAYSSM_MAIN_IMPL=cuda, which reads a bf16 checkpoint; window 16 forced so that the correctness task's batch
     # of 16 runs the buffered decode too: the policy's own window there is 1, and 16 above B = 64)
@@ -139,6 +140,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_tritonpre": {"REPLAYSSM_PRE_IMPL": "triton"},
            "ours_w16_sp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "1"},
            "ours_w16_kxl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"},
+           "ours_w16_kg8": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "g8w4_gp"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
