@@ -37,7 +37,7 @@ import torch
 # buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed).
 # bf16 states stay at window 1: the buffered path measured slower than conventional at every B; still so with the
 # tile's reduction on the tensor cores (decode_v3 tile_mma, 2026-12-01, kernels-20261201-2125 / -2132): GDN
-# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512. (Except GDN with the CUDA main launch: CUDA_SMALL_BATCH_MAX below.)
+# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512. (Except the bf16 states with the CUDA main launch: CUDA_SMALL_BATCH_MAX below.)
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("gdn", 4): 32,
@@ -45,15 +45,18 @@ SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("kda", 4): 64,
     ("kda", 2): NEVER,
 }
-# Where the buffered launch's main launch is the CUDA kernel (REPLAYSSM_MAIN_IMPL=cuda, and kernels/cuda_main.py can run
-# this launch): GDN with a bf16 state. Measured 2026-12-03 on one H200 (benchmarks/results/kernels-20261203-0808.json,
-# GDN, the server's arguments, its default shape g8w4_m8_late): buffered 1.10x conventional at B = 128, 1.11x at 256
-# and 512 (upstream's ReplaySSM 1.08-1.11x), against window 1's 0.98-1.06 above; B = 64 was not timed, so window 1
-# stays up to 64. (Since session 34 the default shape is x16w4c1_m6: 1.23x / 1.33x / 1.37x at B = 128 / 256 / 512,
-# kernels-20261203-2019, timed while nvcc scheduled some of its loads of the pre launch's output above the PDL wait
-# (fixed in session 35): to be re-timed; B = 64 still not timed.)
+# Where the buffered launch's main launch is the CUDA kernel (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda", and
+# kernels/cuda_main.py can run this launch): the bf16 states, whose buffered Triton launch is slower than window 1.
+# - GDN: measured 2026-12-03 on one H200 (benchmarks/results/kernels-20261203-0808.json, the server's arguments, the
+#   shape then, g8w4_m8_late): buffered 1.10x conventional at B = 128, 1.11x at 256 and 512 (upstream's ReplaySSM
+#   1.08-1.11x), against window 1's 0.98-1.06 above. Its default shape since session 34, x16w4c1_m6, re-timed after
+#   session 35's PDL fix (kernels-20261204-0327): 1.24x / 1.32x / 1.36x at B = 128 / 256 / 512.
+# - KDA (since session 36, its XL default x16w4c1_m6_gp, kernels-20261204-0327): 1.19x / 1.22x / 1.14x at B = 128 /
+#   256 / 512 (round-robin 1.16-1.19x), where the layout before it was 1.04-1.06x and Triton's 0.52x.
+# B = 64 was timed for neither, so window 1 stays up to 64.
 CUDA_SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("gdn", 2): 64,
+    ("kda", 2): 64,
 }
 
 
