@@ -133,7 +133,24 @@ def test_prompts_and_prefix_against_fake_server(fake):
     total = 8 * (2048 + 64)
     assert p["requests"] == 8 and p["hit_rate"] == pytest.approx(8 * 2048 / total)
     assert p["ideal_hit_rate"] == pytest.approx(2 * 3 * 2048 / total)
-    assert p["mean_ttft_s"] > 0
+    assert p["mean_ttft_s"] > 0 and p["p50_ttft_s"] <= p["p90_ttft_s"] <= p["max_ttft_s"]
+    assert p["prefill_batches"] == 0 and p["prefill_batch_seqs"] == []  # (the fake server logs none)
+    # the run's own "Prefill batch" lines only: those logged before it started are not counted
+    line = ("[t] Prefill batch, #new-seq: 3, #new-token: 6400, #cached-token: 128, full token usage: 0.01, "
+            "input throughput (token/s): 1000.00")
+    fake.logpath.write_text(line + "\n")
+    real = g._prefix_async
+
+    async def logging_run(*a):
+        with fake.logpath.open("a") as f:
+            f.write(line.replace("#new-seq: 3", "#new-seq: 5") + "\n")
+        return await real(*a)
+    g._prefix_async = logging_run
+    try:
+        p = g.prefix_workload(fake, 4096, groups=2, per_group=4, sys_len=2048, q_len=64, out_len=4)
+    finally:
+        g._prefix_async = real
+    assert p["prefill_batches"] == 1 and p["prefill_batch_seqs"] == [5] and p["prefill_cached_tokens"] == 128
     tp = g.throughput(fake, 4096, [1, 4], 1, time.time() + 60)
     assert set(tp) == {"1", "4"} and all(v["decode_tok_s"] > 0 and not v["queued"] for v in tp.values())
 
