@@ -31,7 +31,7 @@ SMEM_BYTES = 1 << 17  # the runner's stand-in for a block's dynamic shared memor
 _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
                 "const KR_T*", "const float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
-                "long long", "long long", "long long", "long long")
+                "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*")
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",

@@ -162,6 +162,9 @@ def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):
 
 
 MAIN_IMPLS = ("auto", "cuda", "triton")
+# a ring with a read copy (issue 7) takes the CUDA main launch (the XL layout, since session 36) only where asked,
+# main_impl="cuda" or this: checked against float64 in the CPU emulation, not yet on a GPU
+RC_OPT_IN = "REPLAYSSM_MAIN_IMPL=cuda"
 
 
 def env_main_impl() -> str:
@@ -244,10 +247,14 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False) -> dict:
+            lower_bound=False, rc_dtype=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
-    records; lower_bound: KDA's safe gate (its value is a launch argument)."""
-    return {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
+    records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
+    (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
+    without a read copy keep the defines, and so the cubins, they had before it existed)."""
+    rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
+                                      "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
+    return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream), "XL": int(xl), "NCH": int(nch),
@@ -526,7 +533,14 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     if state.dtype == torch.bfloat16 and not load_reg:
         return "a bf16 state is read into registers (load_reg 1, the g* shapes)"
     if ring.rc is not None:
-        return "it has no read copy"
+        if not xl:
+            return "a read copy is read by the eight-lanes-per-row layout (xl) only"
+        if state.dtype != torch.float32:
+            return "a read copy is kept beside an fp32 state only"
+        if ring.rc.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            return "its read copy is bf16 or fp8 e4m3"
+        if ring.rc.stride()[1:] != (V * K, K, 1) or ring.rc.data_ptr() % 16:
+            return "it needs each ring row's [HV, V, K] read copy contiguous and 16-byte aligned"
     if lower_bound is not None and kind == "gdn":
         return "GDN's gate has no lower bound"
     if K != 128:
@@ -563,6 +577,8 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
+    if ring.rc is not None and env_main_impl() != "cuda":
+        return f"Triton (with a read copy the CUDA one is opt-in: {RC_OPT_IN})"
     why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind))
     if why:
         return f"Triton (the CUDA one: {why})"
@@ -619,7 +635,8 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    dtb_dtype=dt_bias.dtype, out_dtype=out.dtype, u_dtype=ring.u.dtype, k_dtype=ring.k.dtype,
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
-                   kind=kind, lower_bound=lower_bound is not None)
+                   kind=kind, lower_bound=lower_bound is not None,
+                   rc_dtype=ring.rc.dtype if ring.rc is not None else None)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -743,7 +760,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
-            ctypes.c_longlong(state.stride(0))]
+            ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

@@ -73,6 +73,18 @@
 #ifndef NCH
 #define NCH 1  // XL: V-tiles of RPW x NWARPS rows a block walks in turn (its setup paid once, the next tile prefetched)
 #endif
+#ifndef HAS_RC
+#define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
+#endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and rewrites both)
+#ifndef RC_FP8
+#define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
+#endif            // [rows, HV, V]); else bf16 values (RC_T __nv_bfloat16)
+#ifndef RC_T
+#define RC_T unsigned char  // (unused without HAS_RC)
+#endif
+#if HAS_RC && !XL
+#error "a read copy is read by the XL layout only"
+#endif
 #if XL && ((IS_KDA && (!GT_PRE || LATE_COEF)) || !LOAD_REG || (RPW != 8 && RPW != 16) || (CAP_ % 8) != 0)
 #error "XL reads the tile into registers, 8 or 16 rows per warp, a ring capacity that is a multiple of 8; KDA's G_t from the pre launch, waited for early"
 #endif
@@ -92,6 +104,7 @@
 #endif
 static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
 static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
+static_assert(!HAS_RC || sizeof(ST_T) == 4, "a read copy is kept beside an fp32 checkpoint only");
 #if (V_ % (VT * NCH)) != 0
 #error "the V-tile (times NCH) must divide V"
 #endif
@@ -331,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -658,6 +671,68 @@ __device__ __forceinline__ void load16(const T* row, int s, float (&f)[16]) {
     }
 }
 
+#if HAS_RC
+// The read copy (issue 7) in this layout: lane s of a row's group reads 16 of its columns as RC_NACC 16-byte words
+// (fp8: one word, columns 16s .. 16s + 15; bf16: two, 8s + 64t ..), so its column map differs from the checkpoint's
+#define RCPA (16 / (int)sizeof(RC_T))  // read-copy columns per 16-byte access
+#define RC_NACC (16 / RCPA)             // accesses per row per lane
+__device__ __forceinline__ int rc_col(int s, int e) { return RCPA * s + 8 * RCPA * (e / RCPA) + (e % RCPA); }
+// the 16 columns of lane s from its read-copy words: bf16 values, or fp8 e4m3 codes as their values times 2^-120
+// (the code's 7 exponent-and-mantissa bits at fp32's bit 20 make that float exactly, subnormal codes as fp32
+// subnormals; the row's factor scale x 2^120 is applied to its dots; a NaN code, which no fold writes, reads 480)
+__device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[16]) {
+#if RC_FP8
+    const uint32_t u[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const uint32_t code = u[c] >> (8 * b);
+            f[4 * c + b] = __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7fu) << 20));
+        }
+#else
+#pragma unroll
+    for (int t = 0; t < RC_NACC; ++t) {
+        const uint32_t u[4] = {w[t].x, w[t].y, w[t].z, w[t].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[c]));
+            f[8 * t + 2 * c] = p.x;
+            f[8 * t + 2 * c + 1] = p.y;
+        }
+    }
+#endif
+}
+// float -> fp8 e4m3 code, to nearest even (as decode_v3._round_e4m3), saturating at +-448, NaN kept (0x7f)
+__device__ __forceinline__ uint32_t f_to_e4m3(float x) {
+    const uint32_t sgn = (__float_as_uint(x) >> 24) & 0x80u;
+    const float ax = fabsf(x);
+    if (ax != ax) return sgn | 0x7fu;
+    if (ax >= 448.0f) return sgn | 0x7eu;
+    if (ax < 0x1p-6f) return sgn | static_cast<uint32_t>(rintf(ax * 512.0f));  // subnormal codes: units of 2^-9
+    uint32_t u = __float_as_uint(ax);
+    u += 0x7ffffu + ((u >> 20) & 1u);  // the mantissa rounded at its third bit, ties to even (a carry moves the exponent)
+    return sgn | ((((u >> 23) - 120u) & 0xfu) << 3) | ((u >> 20) & 7u);
+}
+// the fold's store of one row's 4 columns (this lane's) into the read copy: bf16 to nearest even, or fp8 codes of
+// x / scale with the row's scale = max |x| over the warp's 32 lanes / 448 (1 for a zero row; lane 0 stores it), as
+// decode_v3's fold writes them
+__device__ __forceinline__ void rc_store_row(RC_T* dst, float* sdst, float4 x, int lane) {
+#if RC_FP8
+    float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float sc = m == 0.0f ? 1.0f : m / 448.0f;
+    *reinterpret_cast<uint32_t*>(dst) = f_to_e4m3(x.x / sc) | (f_to_e4m3(x.y / sc) << 8) | (f_to_e4m3(x.z / sc) << 16)
+                                        | (f_to_e4m3(x.w / sc) << 24);
+    if (lane == 0) *sdst = sc;
+#else
+    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+#endif
+}
+#endif
+
 // one halving of the 8-lane reduce-scatter: lanes with bit S set keep the upper half of the CNT values (moved down)
 template <int S, int CNT>
 __device__ __forceinline__ void xl_rs_step(float (&v)[NVAL], int lane) {
@@ -688,7 +763,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
@@ -715,9 +790,32 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const int frow = lrow + fin / 2;  // (for the non-finishers: some row of the lane's, loaded harmlessly)
 
     const ST_T* src = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
+#if HAS_RC
+    // with a read copy the tile's source depends on the row's flags, so they come first: a row that writes no
+    // checkpoint this step reads the copy (rsrc; fp8: rsc[i] = its V-row's scale x 2^120), the others the checkpoint.
+    // (The pre launch writes none of rc, rc_scale, rc_valid: loading them before the PDL wait is safe.)
+    bool from_rc = false;
+    const RC_T* rsrc = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_;
+    float rsc[RPL];
+#endif
     // the tile's words of this lane: rows lrow + i of tile ch, its NACC accesses
     uint4 c[RPL][NACC];
     auto load_tile = [&](int ch) {
+#if HAS_RC
+        if (from_rc) {
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) {
+                const int v = row0 + ch * VT + lrow + i;
+                const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
+#pragma unroll
+                for (int t = 0; t < RC_NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
+#if RC_FP8
+                rsc[i] = rc_scale[(rrow * HV_ + hv) * V_ + v] * 0x1p120f;
+#endif
+            }
+            return;
+        }
+#endif
 #pragma unroll
         for (int i = 0; i < RPL; ++i) {
             const ST_T* rp = src + static_cast<long long>(row0 + ch * VT + lrow + i) * K_ + CPA * s;
@@ -725,7 +823,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             for (int t = 0; t < NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
         }
     };
+#if !HAS_RC
     load_tile(0);
+#endif
 
 #if HAS_H_ROWS
     const int h_old = h_rows[n];
@@ -735,11 +835,18 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     bool prefold = h_old >= L;  // (KDA: the pre launch's overflow flags may still turn it into a flush, below)
     const int h_eff = prefold ? 0 : h_old;
 #if HAS_FORCED
-    const bool is_forced = forced[n] != 0;
+    bool is_forced = forced[n] != 0;
 #else
-    const bool is_forced = false;
+    bool is_forced = false;
+#endif
+#if HAS_RC
+    is_forced = is_forced || rc_valid[rrow] == 0;  // a stale read copy: the row flushes (decode._decode_rule_rc)
 #endif
     bool flush = (h_eff + 1 >= L) || is_forced;
+#if HAS_RC
+    from_rc = !(flush || prefold);
+    load_tile(0);
+#endif
     bool rebase = false;  // KDA: a head past the predecayed keys' floor, folded through this token alone
     bool fold = (flush || prefold) && DIAG_STREAM == 0;
 #if !IS_KDA
@@ -848,16 +955,38 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     for (int ch = 0; ch < NCH; ++ch) {
         // the tile's dots, this lane's 16 columns of each of its rows
         float aq[RPL], ak[RPL];
+#if HAS_RC
+        if (from_rc) {
 #pragma unroll
-        for (int i = 0; i < RPL; ++i) {
-            float f[16];
-            unpack16(c[i], f, static_cast<const ST_T*>(nullptr));
-            aq[i] = 0.0f;
-            ak[i] = 0.0f;
+            for (int i = 0; i < RPL; ++i) {
+                float f[16];
+                unpack16_rc(c[i], f);
+                aq[i] = 0.0f;
+                ak[i] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 16; ++e) {
-                aq[i] += f[e] * qk_sm[xl_col(s, e)];
-                ak[i] += f[e] * qk_sm[K_ + xl_col(s, e)];
+                for (int e = 0; e < 16; ++e) {
+                    aq[i] += f[e] * qk_sm[rc_col(s, e)];
+                    ak[i] += f[e] * qk_sm[K_ + rc_col(s, e)];
+                }
+#if RC_FP8
+                aq[i] *= rsc[i];
+                ak[i] *= rsc[i];
+#endif
+            }
+        } else
+#endif
+        {
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) {
+                float f[16];
+                unpack16(c[i], f, static_cast<const ST_T*>(nullptr));
+                aq[i] = 0.0f;
+                ak[i] = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 16; ++e) {
+                    aq[i] += f[e] * qk_sm[xl_col(s, e)];
+                    ak[i] += f[e] * qk_sm[K_ + xl_col(s, e)];
+                }
             }
         }
 #if LATE_COEF
@@ -945,6 +1074,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 fold_rows<8>(cf, rk, wsm, uasm, warp * RPW + r0, eG, eh, kn, base_k, h_old);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
+#if HAS_RC
+                // the read copy from the same unrounded values (issue 7: written where the checkpoint is)
+                RC_T* rdst = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_ + wrow * K_ + 4 * lane;
+                float* sdst = RC_FP8 ? rc_scale + (rrow * HV_ + hv) * V_ + wrow : nullptr;  // (bf16: no scales)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) rc_store_row(rdst + (r0 + i) * K_, sdst + r0 + i, cf[i], lane);
+#endif
             }
             __syncwarp();  // (wsm and uasm are taken again by the next tile)
             if (ch + 1 < NCH) {

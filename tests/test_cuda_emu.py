@@ -112,3 +112,34 @@ def test_emulation_refuses_the_bulk_copy_shapes():
     d = _server_defs(*cuda_main.CUDA_CONFIGS["r16w4"], torch.float32)
     with pytest.raises(RuntimeError, match="load_reg 1"):
         cuda_emu.build(d)
+
+
+# issue 7's read copy in the XL layout (session 36): GDN's default shape and KDA's fp32 default, fp8 and bf16 copies
+RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"), ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
+
+
+@pytest.mark.parametrize("kind,cfg,read_dtype", RC_CASES, ids=str)
+def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, monkeypatch):
+    """The CUDA main launch with a read copy (XL, fp32 checkpoint), emulated: 14 steps against the float64 two-copy
+    reference (precision.TwoCopyReference), slow decays. The Harness checks every step's outputs, the checkpoint and
+    the read copy of every row that folded (round(fold), its fp8 scales), every other copy bit-identical, rc_valid
+    set; the copies start stale and poisoned with NaN, so a row reading one before its first fold fails."""
+    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert st["stale_only"] > 0, st  # (rows whose stale copy alone makes them flush: the launch must see rc_valid)
+    # every current copy is exactly the rounding of the checkpoint its fold wrote beside it (decode_v3's rule: bf16 to
+    # nearest even; fp8 codes of S / scale to nearest even, scale = max |S| over the V-row / 448)
+    valid = hz.view(hz.ring.rc_valid).bool()
+    assert int(valid.sum()) > 0
+    S, rc = hz.state.cpu()[valid], hz.view(hz.ring.rc)[valid]
+    if read_dtype == "fp8_e4m3":
+        amax = S.abs().amax(-1)
+        sc = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+        assert torch.equal(hz.view(hz.ring.rc_scale)[valid], sc)
+        want_rc = (S / sc[..., None]).to(torch.float8_e4m3fn)
+    else:
+        want_rc = S.to(torch.bfloat16)
+    assert torch.equal(rc.view(torch.uint8), want_rc.view(torch.uint8)), "a read copy is not round(its checkpoint)"
+    want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
+    assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"

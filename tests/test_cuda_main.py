@@ -38,8 +38,10 @@ def test_refuses_ring_capacity_the_layout_cannot_split():
     ("kda", torch.float32, "same", "predecayed", "needs a CUDA GPU"),  # (KDA with the server's keys can take it)
     ("kda", torch.bfloat16, "same", "predecayed", "needs a CUDA GPU"),
     ("gdn", torch.bfloat16, "same", "raw", "needs a CUDA GPU"),  # (a bf16 state can take it: the registers shapes)
-    ("gdn", torch.float32, "bf16", "raw", "no read copy"),
-    ("kda", torch.float32, "bf16", "predecayed", "no read copy"),
+    # a read copy: the XL defaults read it since session 36 (beside an fp32 state only)
+    ("gdn", torch.float32, "bf16", "raw", "needs a CUDA GPU"),
+    ("kda", torch.float32, "fp8_e4m3", "predecayed", "needs a CUDA GPU"),
+    ("gdn", torch.bfloat16, "bf16", "raw", "beside an fp32 state only"),
 ])
 def test_refuses_where_it_cannot_run(kind, state_dtype, read_dtype, kda_keys, why):
     with pytest.raises(ValueError, match=why):
@@ -130,7 +132,8 @@ def test_unavailable_reason_on_shapes():
     assert "lower bound" in cuda_main.unavailable_reason("gdn", st, ring, -5.0, 64, 128, 32, 4)
 
 
-def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn"):
+def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn",
+                 rc_dtype=None):
     *rest, rec = late_gt_rec
     late, gt, xl, nch = cuda_main.full_config((rpw, nwarps, load_reg, min_blocks, *rest))[4:]
     H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
@@ -141,7 +144,7 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=to
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
                              dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
                              slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64,
-                             state_dtype=state_dtype, kind=kind)
+                             state_dtype=state_dtype, kind=kind, rc_dtype=rc_dtype)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
@@ -162,6 +165,32 @@ def test_compiles_for_sm90_without_spills(name, state_dtype, kind, rec):
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
     # at most 128 registers: a 128-thread block then fits 4 times in an SM's register file (shared memory allows 3)
     assert res["registers"] is not None and res["registers"] <= 128, res
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("name,kind", [("x16w4c1_m5", "gdn"), ("x16w4c1_m4", "gdn"), ("x16w4c1_m4_gp", "kda")])
+@pytest.mark.parametrize("rc_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_read_copy_builds_compile(name, kind, rc_dtype):
+    """Issue 7's read copy in the XL layout (session 36) compiles for sm_90 at most 128 registers; the 96-register
+    shape (x16w4c1_m5) spills a few bytes (measured with the copy: 16), the 128-register ones none."""
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
+    assert res["registers"] is not None and res["registers"] <= 128, res
+    limit = 64 if name == "x16w4c1_m5" else 0
+    assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
+
+
+def test_read_copy_refusals():
+    """Where the CUDA main launch cannot read a read copy it says why (the XL layout and an fp32 state only)."""
+    from replayssm_sglang import ring as ringmod
+
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    ring = lay.allocate(2, read_dtype="fp8_e4m3")
+    st32, st16 = torch.zeros(2, 2, 128, 128), torch.zeros(2, 2, 128, 128, dtype=torch.bfloat16)
+    why = lambda st, name: cuda_main.unavailable_reason("gdn", st, ring, None, 128, 128,  # noqa: E731
+                                                        *cuda_main.CUDA_CONFIGS[name])
+    assert "xl" in why(st32, "g8w4")
+    assert "fp32 state" in why(st16, "x16w4c1_m6")
+    assert why(st32, "x16w4c1_m5") in (None, "it needs a CUDA GPU")  # (the layout takes it: only the device is missing)
 
 
 def test_smem_fits_an_sm():

@@ -177,6 +177,10 @@ class Harness:
             stale[real] = self.rc_valid_before[slot_idx[real].long()] == 0
             writes_rc = self.impl == "v3" or (self.impl == "auto" and L > 1)
             forced_ref = (forced.bool() | (stale & writes_rc)).to(torch.int32)
+            # rows that flush only because their copy is stale: a launch that missed it would read the poisoned copy
+            h_r = h_before[slot_idx.clamp(min=0).long()]
+            only_stale = stale & ~forced.bool() & (h_r < L) & (h_r + 1 < L)
+            self.stats["stale_only"] = self.stats.get("stale_only", 0) + int(only_stale.sum())
             rc_before = self.view(self.ring.rc).clone()
             self.rc_raw_before = self.ring.rc.cpu().clone()
         else:
@@ -1173,9 +1177,9 @@ def test_policy_windows(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="a CPU test: its tensors are on the CPU, the CUDA main launch stubbed out")
 def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     """Where the buffered launch would run the CUDA main launch, the bf16 states (GDN's; KDA's since session 36) take
-    its thresholds (buffered above B = 64); fp32 states keep the plain ones. replay_decode(L="auto") asks for them only when the environment
-    prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; not "triton") and cuda_main can run
-    the launch."""
+    its thresholds (buffered above B = 64); fp32 states keep the plain ones. replay_decode(L="auto") asks for them
+    only when the environment prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; not
+    "triton") and cuda_main can run the launch."""
     from replayssm_sglang import policy
     from replayssm_sglang.kernels import cuda_main, decode
 
@@ -1694,13 +1698,34 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
     assert (st["rebase"] > 0) == (min_g is not None), st
 
 
+# issue 7's read copy read by the CUDA main launch (the XL layout, session 36; opt-in in the server,
+# REPLAYSSM_MAIN_IMPL=cuda): GDN's default shape and its 128-register one, KDA's fp32 default; fp8 and bf16 copies;
+# the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows). Checked on the CPU by
+# tests/test_cuda_emu.py; not yet run on a GPU.
+CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"), ("gdn", "x16w4c1_m4", "fp8_e4m3"),
+                      ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,cfg,read_dtype", CUDA_MAIN_RC_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, monkeypatch):
+    """The CUDA main launch with a read copy at the real head sizes, against the float64 two-copy reference over 26
+    steps (the Harness checks the outputs, the checkpoint and the read copy of every folding row, every other copy
+    bit-identical, rc_valid), slow decays; rows whose stale copy alone makes them flush among them."""
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=7, kind=kind,
+                             read_dtype=read_dtype, decay="slow")
+    assert st["stale_only"] > 0, st
+
+
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these
 # keep the checkpoint's term large through the window. 16 rows (the served correctness task's batch), the server's
 # arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), 48 steps at window 16 with window 1 and 4
 # steps between
 CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", "float32"),
-                        ("kda", "x16w4c1_m4_gp", "float32"),  # (KDA's fp32 default since session 36; not yet run here)
+                        # (KDA's fp32 default since session 36; not yet run on a GPU)
+                        ("kda", "x16w4c1_m4_gp", "float32"),
                         ("kda", "x16w4c1_m6_gp", "bfloat16"), ("gdn", "x16w4c1_m5", "float32"),
                         ("gdn", "x16w4c1_m6", "bfloat16")]
 
