@@ -57,6 +57,9 @@ Arms (per layer kind, state dtype and batch size B):
               --variants cudapre,curr v3_sl_cu and v3_sl_cu_cpre round-robin. Records as the server's: the
               state's type (bf16 beside a bf16 state since session 33); fp32 states also v3_sl_cu_cpre_r16 (and
               _r16_pre): bf16 records, a bound for byte cuts in the records
+  v3_rc_*_sl_cu_<shape> (--variants rccu, fp32 states, B >= 128) issue 7's read copies (fp8, bf16) read by the CUDA
+              main launch in the XL layout (session 36), beside Triton's read-copy launch (v3_rc_*_sl); with
+              --variants rccu,curr also round-robin (_rr)
   v3_sl_cu_cpre_x* (--variants xl, GDN and KDA, fp32 or bf16 state, B >= 128) the server's launch with both CUDA
               launches and the main launch in the eight-lanes-per-row layout (gdn_main.cu's XL) in each shape of
               cuda_main.XL_FP32_CONFIGS / XL_BF16_CONFIGS (KDA: XL_KDA_*), beside the default shape (v3_sl_cu_cpre)
@@ -1137,6 +1140,26 @@ def main():
                         per = round_robin(c, {"v3_sl_cu_rr": arms["v3_sl_cu"], "v3_sl_cu_cpre_rr": arms["v3_sl_cu_cpre"]},
                                           f"{kind} {sdt} cuda pre")
                         meta.setdefault("cpre_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                   for n, v in per.items()})
+                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "rccu" in variants and B >= 128 and sdt == "float32":
+                    # issue 7: the read copies (fp8 e4m3 with per-V-row scales, bf16) read by the CUDA main launch in
+                    # the XL layout (session 36; opt-in, REPLAYSSM_MAIN_IMPL=cuda), against Triton's read-copy launch
+                    # (the server's today) and the conventional fp32 decode (the row's "conv"); Triton's pre launch,
+                    # which knows the copies' rc_valid; the copies current (steady state), fp32 records
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    shapes = ("x16w4c1_m4_gp",) if kind == "kda" else ("x16w4c1_m5", "x16w4c1_m4")
+                    rc_names = []
+                    for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
+                        arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
+                        rc_names.append(tag)
+                        for name in shapes:
+                            arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
+                                                                v3_opts=dict(main_impl="cuda", cuda_config=name))
+                            rc_names.append(f"{tag}_cu_{name}")
+                    if "curr" in variants:  # round-robin, medians
+                        per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
+                        meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "xl" in variants and B >= 128:
