@@ -8,7 +8,8 @@
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
 # Env: STREAM_STUDY=1 runs scripts/stream_floor_study.py (per-tile against persistent programs; STREAM_DTYPES,
 # STREAM_ARGS); TILE_STUDY=1 first runs scripts/tile_dots_study.py (the tile reduction on the tensor cores, bf16 and fp8 tiles;
-# about a minute); GPU_TESTS=0 skips the tests; TEST_X='' runs every selected test past a failure (default -x); TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
+# about a minute); GPU_TESTS=0 skips the tests; TEST_X='' runs every selected test past a failure (default -x);
+# TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
 # kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
 # (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
 # v3_r32, v3_r16_rows, v3_L1) at B = 1, 32, 128, 256).

@@ -123,7 +123,7 @@ def fake(tmp_path):
     srv.shutdown()
 
 
-def test_prompts_and_prefix_against_fake_server(fake):
+def test_prompts_and_prefix_against_fake_server(fake, monkeypatch):
     prompts = g.prompt_set(4096)
     assert len(prompts) == 16 and len({len(p) for p in prompts}) == 16
     res = g.run_prompts(fake, prompts, new_tokens=8)
@@ -145,11 +145,8 @@ def test_prompts_and_prefix_against_fake_server(fake):
         with fake.logpath.open("a") as f:
             f.write(line.replace("#new-seq: 3", "#new-seq: 5") + "\n")
         return await real(*a)
-    g._prefix_async = logging_run
-    try:
-        p = g.prefix_workload(fake, 4096, groups=2, per_group=4, sys_len=2048, q_len=64, out_len=4)
-    finally:
-        g._prefix_async = real
+    monkeypatch.setattr(g, "_prefix_async", logging_run)
+    p = g.prefix_workload(fake, 4096, groups=2, per_group=4, sys_len=2048, q_len=64, out_len=4)
     assert p["prefill_batches"] == 1 and p["prefill_batch_seqs"] == [5] and p["prefill_cached_tokens"] == 128
     tp = g.throughput(fake, 4096, [1, 4], 1, time.time() + 60)
     assert set(tp) == {"1", "4"} and all(v["decode_tok_s"] > 0 and not v["queued"] for v in tp.values())
@@ -200,7 +197,7 @@ def test_read_copy_arms_force_the_buffered_window():
 
     from replayssm_sglang import policy
 
-    for arm in ("ours_rc_bf16", "ours_rc_fp8"):
+    for arm in ("ours_rc_bf16", "ours_rc_fp8", "ours_rc_fp8_cu"):
         assert "--linear-replayssm-read-dtype" in g.ARMS[arm]
         w = int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"])
         assert w > 1
