@@ -25,13 +25,14 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
              ("kda", "g8w4_m7_gp", "bfloat16", "fast")]
 
 
-def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, seed=5, pre_impl="triton", **kw):
+def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
+                 **kw):
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     calls = []
     real = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
     extra = dict(kda_keys="predecayed") if kind == "kda" else {}
-    hz = Harness(kind, B=B, H=H or (1 if kind == "gdn" else HV), HV=HV, K=128, V=64, L=16, seed=seed,
+    hz = Harness(kind, B=B, H=H or (1 if kind == "gdn" else HV), HV=HV, K=128, V=V, L=16, seed=seed,
                  windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
                  qkv_dtype=torch.bfloat16, decay=decay,
                  v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl),
@@ -115,16 +116,20 @@ def test_emulation_refuses_the_bulk_copy_shapes():
 
 
 # issue 7's read copy in the XL layout (session 36): GDN's default shape and KDA's fp32 default, fp8 and bf16 copies
-RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"), ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
+# (the last: two V-tiles per head and two value heads per key head, as the real shapes have; x16w4c2_m5 walks both
+# tiles in one block)
+RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}), ("gdn", "x16w4c1_m5", "bf16", {}),
+            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}), ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128)),
+            ("gdn", "x16w4c2_m5", "fp8_e4m3", dict(H=2, HV=4, V=128))]
 
 
-@pytest.mark.parametrize("kind,cfg,read_dtype", RC_CASES, ids=str)
-def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, monkeypatch):
+@pytest.mark.parametrize("kind,cfg,read_dtype,shape", RC_CASES, ids=str)
+def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, monkeypatch):
     """The CUDA main launch with a read copy (XL, fp32 checkpoint), emulated: 14 steps against the float64 two-copy
     reference (precision.TwoCopyReference), slow decays. The Harness checks every step's outputs, the checkpoint and
     the read copy of every row that folded (round(fold), its fp8 scales), every other copy bit-identical, rc_valid
     set; the copies start stale and poisoned with NaN, so a row reading one before its first fold fails."""
-    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7)
+    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7, **shape)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert st["stale_only"] > 0, st  # (rows whose stale copy alone makes them flush: the launch must see rc_valid)
