@@ -679,7 +679,10 @@ __device__ __forceinline__ void load16(const T* row, int s, float (&f)[16]) {
 __device__ __forceinline__ int rc_col(int s, int e) { return RCPA * s + 8 * RCPA * (e / RCPA) + (e % RCPA); }
 // the 16 columns of lane s from its read-copy words: bf16 values, or fp8 e4m3 codes as their values times 2^-120
 // (the code's 7 exponent-and-mantissa bits at fp32's bit 20 make that float exactly, subnormal codes as fp32
-// subnormals; the row's factor scale x 2^120 is applied to its dots; a NaN code, which no fold writes, reads 480)
+// subnormals; the row's factor scale x 2^120 is applied to its dots). A NaN code reads 480, but a checkpoint row
+// holding NaN never reaches a read this way alone: the fold that wrote its copy read that row for its own output, so
+// the step's u_t for the row, folded in (a flush: the whole row NaN, so its scale) or appended (the window's later
+// reads take it), is NaN
 __device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[16]) {
 #if RC_FP8
     const uint32_t u[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
