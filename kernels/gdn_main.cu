@@ -75,7 +75,7 @@
 #endif
 #ifndef HAS_RC
 #define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
-#endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and rewrites both)
+#endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and writes both)
 #ifndef RC_FP8
 #define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
 #endif            // [rows, HV, V]); else bf16 values (RC_T __nv_bfloat16)
@@ -714,7 +714,7 @@ __device__ __forceinline__ uint32_t f_to_e4m3(float x) {
     if (ax >= 448.0f) return sgn | 0x7eu;
     if (ax < 0x1p-6f) return sgn | static_cast<uint32_t>(rintf(ax * 512.0f));  // subnormal codes: units of 2^-9
     uint32_t u = __float_as_uint(ax);
-    u += 0x7ffffu + ((u >> 20) & 1u);  // the mantissa rounded at its third bit, ties to even (a carry moves the exponent)
+    u += 0x7ffffu + ((u >> 20) & 1u);  // the mantissa rounded at its third bit, ties to even (a carry: the exponent)
     return sgn | ((((u >> 23) - 120u) & 0xfu) << 3) | ((u >> 20) & 7u);
 }
 // the fold's store of one row's 4 columns (this lane's) into the read copy: bf16 to nearest even, or fp8 codes of

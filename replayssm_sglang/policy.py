@@ -37,7 +37,8 @@ import torch
 # buffered-faster), KDA at 64 (B = 64 split, see above; the CUDA-graph sizes in between were not timed).
 # bf16 states stay at window 1: the buffered path measured slower than conventional at every B; still so with the
 # tile's reduction on the tensor cores (decode_v3 tile_mma, 2026-12-01, kernels-20261201-2125 / -2132): GDN
-# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512. (Except the bf16 states with the CUDA main launch: CUDA_SMALL_BATCH_MAX below.)
+# 0.88-0.93x, KDA 0.52-0.53x at B = 128-512. (Except the bf16 states with the CUDA main launch:
+# CUDA_SMALL_BATCH_MAX below.)
 NEVER = 2**31 - 1
 SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
     ("gdn", 4): 32,

@@ -179,7 +179,7 @@ class Harness:
             forced_ref = (forced.bool() | (stale & writes_rc)).to(torch.int32)
             # rows that flush only because their copy is stale: a launch that missed it would read the poisoned copy
             h_r = h_before[slot_idx.clamp(min=0).long()]
-            only_stale = stale & ~forced.bool() & (h_r < L) & (h_r + 1 < L)
+            only_stale = stale & ~forced.bool() & (h_r + 1 < L)  # (h + 1 < L: no flush, no pre-fold otherwise)
             self.stats["stale_only"] = self.stats.get("stale_only", 0) + int(only_stale.sum())
             rc_before = self.view(self.ring.rc).clone()
             self.rc_raw_before = self.ring.rc.cpu().clone()
@@ -1702,8 +1702,8 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
 # REPLAYSSM_MAIN_IMPL=cuda): GDN's default shape and its 128-register one, KDA's fp32 default; fp8 and bf16 copies;
 # the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows). Checked on the CPU by
 # tests/test_cuda_emu.py; not yet run on a GPU.
-CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"), ("gdn", "x16w4c1_m4", "fp8_e4m3"),
-                      ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
+CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"),
+                      ("gdn", "x16w4c1_m4", "fp8_e4m3"), ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
 
 
 @pytest.mark.gpu
