@@ -628,9 +628,11 @@ __device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16],
         f[4 * t + 3] = __uint_as_float(w[t].w);
     }
 }
-__device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16], const __nv_bfloat16*) {
+// bf16 values from the first NA 16-byte words (8 each): a bf16 checkpoint's, and a bf16 read copy's (unpack16_rc)
+template <int NA>
+__device__ __forceinline__ void unpack_bf16(const uint4 (&w)[NACC], float (&f)[16]) {
 #pragma unroll
-    for (int t = 0; t < NACC; ++t) {
+    for (int t = 0; t < NA; ++t) {
         const uint32_t u[4] = {w[t].x, w[t].y, w[t].z, w[t].w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -639,6 +641,9 @@ __device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16],
             f[8 * t + 2 * c + 1] = p.y;
         }
     }
+}
+__device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16], const __nv_bfloat16*) {
+    unpack_bf16<NACC>(w, f);
 }
 __device__ __forceinline__ uint4 pack4(const float* f, const float*) {
     return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
@@ -694,16 +699,7 @@ __device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[1
             f[4 * c + b] = __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7fu) << 20));
         }
 #else
-#pragma unroll
-    for (int t = 0; t < RC_NACC; ++t) {
-        const uint32_t u[4] = {w[t].x, w[t].y, w[t].z, w[t].w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[c]));
-            f[8 * t + 2 * c] = p.x;
-            f[8 * t + 2 * c + 1] = p.y;
-        }
-    }
+    unpack_bf16<RC_NACC>(w, f);
 #endif
 }
 // float -> fp8 e4m3 code, to nearest even (as decode_v3._round_e4m3), saturating at +-448, NaN kept (0x7f)
