@@ -104,23 +104,19 @@ def combos():
     from test_decode_kernels import CUDA_MAIN_RC_CASES
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
-    for kind, c, rd in CUDA_MAIN_RC_CASES:
-        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[c])
-        out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
-                              late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=True,
-                              has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
-                              dtb_dtype=F32, out_dtype=F32, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
-                              forced_dtype=I32, ridx_dtype=I32, state_dtype=F32, kind=kind, rc_dtype=RC[rd]))
-    for kind, names in (("gdn", ("x16w4c1_m5", "x16w4c1_m4")), ("kda", ("x16w4c1_m4_gp",))):
-        for n in names:
-            rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[n])
-            for rcd in RC.values():
-                out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr,
-                                      min_blocks=mb, late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False,
-                                      has_forced=True, has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=BF16,
-                                      b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=F32,
-                                      k_dtype=F32, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=F32,
-                                      kind=kind, rc_dtype=rcd))
+
+    def rc_build(kind, name, rc_dtype, io, ridx):  # (io: a, b and the output's type; ridx: the ring rows')
+        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[name])
+        return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
+                          late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=True,
+                          has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32,
+                          dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
+                          ridx_dtype=ridx, state_dtype=F32, kind=kind, rc_dtype=rc_dtype)
+
+    out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd in CUDA_MAIN_RC_CASES]
+    out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in (("gdn", ("x16w4c1_m5", "x16w4c1_m4")),
+                                                                    ("kda", ("x16w4c1_m4_gp",)))
+            for n in names for rcd in RC.values()]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
