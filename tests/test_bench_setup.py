@@ -13,17 +13,18 @@ import bench_kernels as bk  # noqa: E402
 from conftest import spy_launches  # noqa: E402
 
 
-def _decode_outputs(kind, rec, **arm_kw):
-    """Six decode steps of one bench arm (bk.arm_ours, impl v3) on 6 rows at L = 4 with staggered cursors, so every
-    step has rows that write their checkpoint; the outputs [6, B, 1, HV, V] (each step's poisoned with NaN first)."""
-    c = bk.Case(kind, 6, "float32", torch.device("cpu"), L=4)
+def _decode_outputs(kind, rec, *, B=6, L=4, steps=6, **arm_kw):
+    """Six decode steps (by default) of one bench arm (bk.arm_ours, impl v3) on 6 rows at L = 4 with staggered
+    cursors, so every step has rows that write their checkpoint; the outputs [steps, B, 1, HV, V] (each step's
+    poisoned with NaN first)."""
+    c = bk.Case(kind, B, "float32", torch.device("cpu"), L=L)
     run = bk.arm_ours(c, rec, impl="v3", **arm_kw)
-    steps = []
-    for st in range(6):
+    outs = []
+    for st in range(steps):
         c.out.fill_(float("nan"))
         run(st)
-        steps.append(c.out.float().clone())
-    return torch.stack(steps)
+        outs.append(c.out.float().clone())
+    return torch.stack(outs)
 
 
 @pytest.mark.parametrize("kind,read_dtype", [("gdn", "bf16"), ("kda", "fp8_e4m3"), ("kda", "same")])
@@ -160,15 +161,9 @@ def test_rccu_arm_runs_the_cuda_read_copy_launch(kind, cfg, monkeypatch):
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
     kk = "predecayed" if kind == "kda" else "raw"
 
-    def outputs(read_dtype, **kw):
-        c = bk.Case(kind, 16, "float32", torch.device("cpu"), L=16)  # (cursors 0 .. 15: a row folds every step)
-        run = bk.arm_ours(c, torch.float32, impl="v3", server_like=True, read_dtype=read_dtype, kda_keys=kk, **kw)
-        steps = []
-        for st in range(3):
-            c.out.fill_(float("nan"))
-            run(st)
-            steps.append(c.out.float().clone())
-        return torch.stack(steps)
+    def outputs(read_dtype, **kw):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
+        return _decode_outputs(kind, torch.float32, B=16, L=16, steps=3, server_like=True, read_dtype=read_dtype,
+                               kda_keys=kk, **kw)
 
     cu_opts = dict(v3_opts=dict(main_impl="cuda", cuda_config=cfg))
     tri_rc, tri = outputs("fp8_e4m3"), outputs("same")
