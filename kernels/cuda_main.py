@@ -167,6 +167,12 @@ MAIN_IMPLS = ("auto", "cuda", "triton")
 RC_OPT_IN = "REPLAYSSM_MAIN_IMPL=cuda"
 
 
+def read_copy_not_opted_in(ring) -> bool:
+    """The ring has a read copy and the environment has not asked for the CUDA main launch (RC_OPT_IN): a launch
+    that names no main launch takes Triton's (decode_v3.launch), and the server's log says so (preference_note)."""
+    return ring.rc is not None and env_main_impl() != "cuda"
+
+
 def env_main_impl() -> str:
     """REPLAYSSM_MAIN_IMPL (how a server prefers a main launch), stripped and lower-cased; "auto" when unset or empty.
     "auto" and "cuda": the CUDA main launch wherever it can run (unavailable_reason) and a kernel can be had (nvcc or
@@ -577,7 +583,7 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    if ring.rc is not None and env_main_impl() != "cuda":
+    if read_copy_not_opted_in(ring):
         return f"Triton (with a read copy the CUDA one is opt-in: {RC_OPT_IN})"
     why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind))
     if why:
