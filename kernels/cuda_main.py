@@ -72,7 +72,10 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1),
                 # KDA (G_t from the pre launch: the sixth field)
                 "x16w4c1_m5_gp": (16, 4, 1, 5, 0, 1, 1, 1), "x16w4c1_m4_gp": (16, 4, 1, 4, 0, 1, 1, 1),
-                "x16w4c1_m6_gp": (16, 4, 1, 6, 0, 1, 1, 1)}
+                "x16w4c1_m6_gp": (16, 4, 1, 6, 0, 1, 1, 1),
+                # for a read copy (issue 7): blocks that walk 2 V-tiles, the fp8 copy's two loaded at once (68 bytes
+                # of the fold spilled, ptxas sm_90; x16w4c2_m5 312, KDA's x16w4c2_m4_gp 132)
+                "x16w4c2_m4": (16, 4, 1, 4, 0, 0, 1, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -115,6 +118,8 @@ KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 # 140.3 / 267.6; its float64 GPU cases passed, the slow-decay one and the CUDA-graph-against-eager one among them;
 # not yet served
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
+# the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
+XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m4", "x16w4c2_m4"), "kda": ("x16w4c1_m4_gp",)}
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 
 

@@ -628,12 +628,12 @@ __device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16],
         f[4 * t + 3] = __uint_as_float(w[t].w);
     }
 }
-// bf16 values from the first NA 16-byte words (8 each): a bf16 checkpoint's, and a bf16 read copy's (unpack16_rc)
+// bf16 values from NA 16-byte words (8 each) from word o: a bf16 checkpoint's, and a bf16 read copy's (unpack16_rc)
 template <int NA>
-__device__ __forceinline__ void unpack_bf16(const uint4 (&w)[NACC], float (&f)[16]) {
+__device__ __forceinline__ void unpack_bf16(const uint4 (&w)[NACC], float (&f)[16], int o = 0) {
 #pragma unroll
     for (int t = 0; t < NA; ++t) {
-        const uint32_t u[4] = {w[t].x, w[t].y, w[t].z, w[t].w};
+        const uint32_t u[4] = {w[o + t].x, w[o + t].y, w[o + t].z, w[o + t].w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[c]));
@@ -678,28 +678,45 @@ __device__ __forceinline__ void load16(const T* row, int s, float (&f)[16]) {
 
 #if HAS_RC
 // The read copy (issue 7) in this layout: lane s of a row's group reads 16 of its columns as RC_NACC 16-byte words
-// (fp8: one word, columns 16s .. 16s + 15; bf16: two, 8s + 64t ..), so its column map differs from the checkpoint's
+// (fp8: one word, columns 16s .. 16s + 15; bf16: two, 8s + 64t ..), so its column map differs from the checkpoint's.
+// A copy's tile is 1/4 (fp8) or 1/2 (bf16) of a checkpoint tile's words: RC_CH tiles of the block fit in the registers
+// of one (c[i][cc RC_NACC + t] holds word t of tile cc), so a block loads that many of its tiles at once, and the
+// first before it knows whether its row reads the copy (the common case: a row folds once per window; a folding row
+// loads the checkpoint's tile after that, and the copy's words go unused).
 #define RCPA (16 / (int)sizeof(RC_T))  // read-copy columns per 16-byte access
 #define RC_NACC (16 / RCPA)             // accesses per row per lane
+#define RC_CH (NACC / RC_NACC)          // the copy's tiles in the registers of one checkpoint tile
+static_assert(NACC % RC_NACC == 0, "a read copy needs a checkpoint tile at least as wide as its own (fp32)");
 __device__ __forceinline__ int rc_col(int s, int e) { return RCPA * s + 8 * RCPA * (e / RCPA) + (e % RCPA); }
-// the 16 columns of lane s from its read-copy words: bf16 values, or fp8 e4m3 codes as their values times 2^-120
-// (the code's 7 exponent-and-mantissa bits at fp32's bit 20 make that float exactly, subnormal codes as fp32
-// subnormals; the row's factor scale x 2^120 is applied to its dots). A NaN code reads 480, but a checkpoint row
-// holding NaN never reaches a read this way alone: the fold that wrote its copy read that row for its own output, so
-// the step's u_t for the row, folded in (a flush: the whole row NaN, so its scale) or appended (the window's later
-// reads take it), is NaN
-__device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[16]) {
+// the 16 columns of lane s from its read-copy words w[o ..]: bf16 values, or the values of fp8 e4m3 codes (the row's
+// scale is applied to its dots). On the GPU two codes per instruction (cvt.rn.f16x2.e4m3x2; every e4m3 value, the
+// subnormals too, is a half exactly); elsewhere (the CPU emulation, kernels/cuda_emu.py) from the bits: the code's 7
+// exponent-and-mantissa bits at fp32's bit 20 are the value times 2^-120 exactly, subnormal codes as fp32 subnormals.
+// A NaN code reads NaN on the GPU and 480 in the emulation, but a checkpoint row holding NaN never reaches a read this
+// way alone: the fold that wrote its copy read that row for its own output, so the step's u_t for the row, folded in (a
+// flush: the whole row NaN, so its scale) or appended (the window's later reads take it), is NaN
+__device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[16], int o) {
 #if RC_FP8
-    const uint32_t u[4] = {w[0].x, w[0].y, w[0].z, w[0].w};
+    const uint32_t u[4] = {w[o].x, w[o].y, w[o].z, w[o].w};
 #pragma unroll
     for (int c = 0; c < 4; ++c)
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const uint32_t code = u[c] >> (8 * b);
-            f[4 * c + b] = __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7fu) << 20));
+        for (int b = 0; b < 4; b += 2) {
+#ifdef __CUDA_ARCH__
+            uint32_t h;
+            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(u[c] >> (8 * b))));
+            const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&h));  // (low code in .x)
+            f[4 * c + b] = p.x;
+            f[4 * c + b + 1] = p.y;
+#else
+            for (int d = 0; d < 2; ++d) {
+                const uint32_t code = u[c] >> (8 * (b + d));
+                f[4 * c + b + d] = __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7fu) << 20)) * 0x1p120f;
+            }
+#endif
         }
 #else
-    unpack_bf16<RC_NACC>(w, f);
+    unpack_bf16<RC_NACC>(w, f, o);
 #endif
 }
 // float -> fp8 e4m3 code, to nearest even (as decode_v3._round_e4m3), saturating at +-448, NaN kept (0x7f)
@@ -713,6 +730,17 @@ __device__ __forceinline__ uint32_t f_to_e4m3(float x) {
     u += 0x7ffffu + ((u >> 20) & 1u);  // the mantissa rounded at its third bit, ties to even (a carry: the exponent)
     return sgn | ((((u >> 23) - 120u) & 0xfu) << 3) | ((u >> 20) & 7u);
 }
+// two floats -> two e4m3 codes (x in the low byte): on the GPU one instruction, the same rounding (to nearest even,
+// saturating at +-448; a NaN's code 0x7f, its sign dropped), elsewhere f_to_e4m3
+__device__ __forceinline__ uint32_t f2_to_e4m3x2(float x, float y) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(y), "f"(x));  // (the first source: the high byte)
+    return h;
+#else
+    return f_to_e4m3(x) | (f_to_e4m3(y) << 8);
+#endif
+}
 // the fold's store of one row's 4 columns (this lane's) into the read copy: bf16 to nearest even, or fp8 codes of
 // x / scale with the row's scale = max |x| over the warp's 32 lanes / 448 (1 for a zero row; lane 0 stores it), as
 // decode_v3's fold writes them
@@ -722,8 +750,7 @@ __device__ __forceinline__ void rc_store_row(RC_T* dst, float* sdst, float4 x, i
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float sc = m == 0.0f ? 1.0f : m / 448.0f;
-    *reinterpret_cast<uint32_t*>(dst) = f_to_e4m3(x.x / sc) | (f_to_e4m3(x.y / sc) << 8) | (f_to_e4m3(x.z / sc) << 16)
-                                        | (f_to_e4m3(x.w / sc) << 24);
+    *reinterpret_cast<uint32_t*>(dst) = f2_to_e4m3x2(x.x / sc, x.y / sc) | (f2_to_e4m3x2(x.z / sc, x.w / sc) << 16);
     if (lane == 0) *sdst = sc;
 #else
     __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
@@ -731,6 +758,12 @@ __device__ __forceinline__ void rc_store_row(RC_T* dst, float* sdst, float4 x, i
 #endif
 }
 #endif
+// q and k in shared memory (qk_sm): with a read copy each 32 columns are followed by 4 unused floats (QK_ROW: a
+// vector's stride), so that the tile's dots read them without bank conflicts in all three column maps (the
+// checkpoint's 4s + 32t, the fp8 copy's 16s + e, the bf16 copy's 8s + 64t: 8 lanes of a group on 8 distinct 4-bank
+// groups; unpadded the fp8 copy's reads were 4-way conflicts, the bf16 copy's 2-way), and the fold's 4l too
+__device__ __forceinline__ int qk_at(int c) { return HAS_RC ? c + 4 * (c >> 5) : c; }
+#define QK_ROW (HAS_RC ? K_ + K_ / 8 : K_)
 
 // one halving of the 8-lane reduce-scatter: lanes with bit S set keep the upper half of the CNT values (moved down)
 template <int S, int CNT>
@@ -789,29 +822,39 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const int frow = lrow + fin / 2;  // (for the non-finishers: some row of the lane's, loaded harmlessly)
 
     const ST_T* src = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
-#if HAS_RC
-    // with a read copy the tile's source depends on the row's flags, so they come first: a row that writes no
-    // checkpoint this step reads the copy (rsrc; fp8: rsc[i] = its V-row's scale x 2^120), the others the checkpoint.
-    // (The pre launch writes none of rc, rc_scale, rc_valid: loading them before the PDL wait is safe.)
-    bool from_rc = false;
-    const RC_T* rsrc = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_;
-    float rsc[RPL];
-#endif
     // the tile's words of this lane: rows lrow + i of tile ch, its NACC accesses
     uint4 c[RPL][NACC];
+#if HAS_RC
+    // with a read copy the tile's source depends on the row's flags: a row that writes no checkpoint this step reads
+    // the copy (rsrc; fp8: rsc[cc][i] = the V-row's scale), the others the checkpoint. The copy's first RC_CH tiles
+    // are loaded before the flags are known (below); a folding row then loads the checkpoint's tile over them.
+    // (The pre launch writes none of rc, rc_scale, rc_valid: loading them before the PDL wait is safe.)
+    bool from_rc = true;
+    const RC_T* rsrc = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_;
+    float rsc[RC_CH][RPL];
+    auto load_rc = [&](int ch0) {  // the copy's tiles ch0 .. ch0 + RC_CH - 1 (those the block has), at once
+#pragma unroll
+        for (int cc = 0; cc < RC_CH; ++cc) {
+            if (ch0 + cc >= NCH) break;
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) {
+                const int v = row0 + (ch0 + cc) * VT + lrow + i;
+                const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
+#pragma unroll
+                for (int t = 0; t < RC_NACC; ++t)
+                    c[i][cc * RC_NACC + t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
+#if RC_FP8
+                rsc[cc][i] = rc_scale[(rrow * HV_ + hv) * V_ + v];
+#endif
+            }
+        }
+    };
+    load_rc(0);
+#endif
     auto load_tile = [&](int ch) {
 #if HAS_RC
         if (from_rc) {
-#pragma unroll
-            for (int i = 0; i < RPL; ++i) {
-                const int v = row0 + ch * VT + lrow + i;
-                const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
-#pragma unroll
-                for (int t = 0; t < RC_NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
-#if RC_FP8
-                rsc[i] = rc_scale[(rrow * HV_ + hv) * V_ + v] * 0x1p120f;
-#endif
-            }
+            if (ch % RC_CH == 0) load_rc(ch);  // (the others came with it)
             return;
         }
 #endif
@@ -844,7 +887,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     bool flush = (h_eff + 1 >= L) || is_forced;
 #if HAS_RC
     from_rc = !(flush || prefold);
-    load_tile(0);
+    if (!from_rc) load_tile(0);
 #endif
     bool rebase = false;  // KDA: a head past the predecayed keys' floor, folded through this token alone
     bool fold = (flush || prefold) && DIAG_STREAM == 0;
@@ -863,20 +906,22 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     // norms from the lane's 16 columns and 3 shuffles
     // (KDA: a third slot keeps the raw k for the fold's token term; the first two take q e^{G_t}, k e^{G_t} below)
     constexpr int NQK = IS_KDA ? 3 : 2;
-    __shared__ __align__(16) float qk_all[NWARPS][NQK * K_];
+    // (column c of vector j at qk_sm[j QK_ROW + qk_at(c)])
+    __shared__ __align__(16) float qk_all[NWARPS][NQK * QK_ROW];
     float* qk_sm = qk_all[warp];
-    const float* k_raw = qk_sm + (NQK - 1) * K_;  // k as loaded (GDN: the dots' k itself)
+    const float* k_raw = qk_sm + (NQK - 1) * QK_ROW;  // k as loaded (GDN: the dots' k itself)
 #pragma unroll
     for (int t = lane; t < 2 * K_; t += 32) {
         const float x = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
-        qk_sm[t] = x;
-        if (IS_KDA && t >= K_) qk_sm[K_ + t] = x;
+        const int j = t < K_ ? 0 : 1, at = qk_at(t - j * K_);
+        qk_sm[j * QK_ROW + at] = x;
+        if (IS_KDA && j == 1) qk_sm[2 * QK_ROW + at] = x;
     }
     __syncwarp();
     float n_q = 0.0f, n_k = 0.0f;
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
-        const float qe = qk_sm[xl_col(s, e)], ke = qk_sm[K_ + xl_col(s, e)];
+        const float qe = qk_sm[qk_at(xl_col(s, e))], ke = qk_sm[QK_ROW + qk_at(xl_col(s, e))];
         n_q += qe * qe;
         n_k += ke * ke;
     }
@@ -944,8 +989,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
     for (int t = lane; t < K_; t += 32) {
         const float e = __expf(gts[nh * K_ + t]);
-        qk_sm[t] *= e;
-        qk_sm[K_ + t] *= e;
+        qk_sm[qk_at(t)] *= e;
+        qk_sm[QK_ROW + qk_at(t)] *= e;
     }
     __syncwarp();
 #endif
@@ -959,17 +1004,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
                 float f[16];
-                unpack16_rc(c[i], f);
+                unpack16_rc(c[i], f, (ch % RC_CH) * RC_NACC);
                 aq[i] = 0.0f;
                 ak[i] = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 16; ++e) {
-                    aq[i] += f[e] * qk_sm[rc_col(s, e)];
-                    ak[i] += f[e] * qk_sm[K_ + rc_col(s, e)];
+                    aq[i] += f[e] * qk_sm[qk_at(rc_col(s, e))];
+                    ak[i] += f[e] * qk_sm[QK_ROW + qk_at(rc_col(s, e))];
                 }
 #if RC_FP8
-                aq[i] *= rsc[i];
-                ak[i] *= rsc[i];
+                aq[i] *= rsc[ch % RC_CH][i];
+                ak[i] *= rsc[ch % RC_CH][i];
 #endif
             }
         } else
@@ -983,8 +1028,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 ak[i] = 0.0f;
 #pragma unroll
                 for (int e = 0; e < 16; ++e) {
-                    aq[i] += f[e] * qk_sm[xl_col(s, e)];
-                    ak[i] += f[e] * qk_sm[K_ + xl_col(s, e)];
+                    aq[i] += f[e] * qk_sm[qk_at(xl_col(s, e))];
+                    ak[i] += f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
                 }
             }
         }
@@ -1057,8 +1102,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
             // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
             const KR_T* base_k = ring_k + ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
-            const float4 kn = make_float4(k_raw[4 * lane] * s_k, k_raw[4 * lane + 1] * s_k, k_raw[4 * lane + 2] * s_k,
-                                          k_raw[4 * lane + 3] * s_k);
+            const float* kr = k_raw + qk_at(4 * lane);
+            const float4 kn = make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k);
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;

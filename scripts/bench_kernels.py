@@ -1147,8 +1147,9 @@ def main():
                     # the XL layout (session 36; opt-in, REPLAYSSM_MAIN_IMPL=cuda), against Triton's read-copy launch
                     # (the server's today) and the conventional fp32 decode (the row's "conv"); Triton's pre launch,
                     # which knows the copies' rc_valid; the copies current (steady state), fp32 records
+                    from replayssm_sglang.kernels import cuda_main as _cm_rc
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    shapes = ("x16w4c1_m4_gp",) if kind == "kda" else ("x16w4c1_m5", "x16w4c1_m4")
+                    shapes = _cm_rc.XL_RC_CONFIGS[kind]
                     rc_names = []
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)

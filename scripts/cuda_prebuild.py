@@ -114,8 +114,7 @@ def combos():
                           ridx_dtype=ridx, state_dtype=F32, kind=kind, rc_dtype=rc_dtype)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd in CUDA_MAIN_RC_CASES]
-    out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in (("gdn", ("x16w4c1_m5", "x16w4c1_m4")),
-                                                                    ("kda", ("x16w4c1_m4_gp",)))
+    out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
             for n in names for rcd in RC.values()]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
