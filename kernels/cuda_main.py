@@ -119,7 +119,7 @@ KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 # not yet served
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
 # the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
-XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m4", "x16w4c2_m4"), "kda": ("x16w4c1_m4_gp",)}
+XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp")}
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 
 
@@ -685,8 +685,6 @@ def pre_unavailable_reason(kind, state, ring, K, BC, pre_rows=1) -> str | None:
         return "it is written for KDA's predecayed key records (KDA_KEYS / ring.kda_keys 'predecayed')"
     if kind not in ("gdn", "kda"):
         return f"it is written for GDN and KDA, not {kind!r}"
-    if ring.rc is not None:
-        return "it has no read copy"
     if K != 128:
         return "it needs K = 128 (a warp's 32 lanes x 4 columns)"
     if ring.layout.cap > PRE_MAX_CAP or BC > PRE_MAX_CAP:
@@ -727,7 +725,8 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         args = head + [ptr(gts), ptr(ring.ovf), ctypes.c_float(scale), lb, ctypes.c_float(min_g)]
     else:
         args = head + [ctypes.c_float(scale), lb]
-    args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0))]
+    args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
+             ptr(ring.rc_valid if ring.rc is not None else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):

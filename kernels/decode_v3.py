@@ -1061,7 +1061,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_impl (None: the environment's preference, REPLAYSSM_PRE_IMPL (cuda_main.env_pre_impl; default "auto": "cuda"
     for GDN where the main launch is the CUDA one and this launch can take it, since session 32), else "triton"):
     "cuda" runs the pre launch as gdn_main.cu's replay_gdn_pre, or replay_kda_pre for KDA with predecayed keys
-    (cuda_main.pre_unavailable_reason: no read copy, K = 128, a ring capacity of at most 16, pre_rows 1, sm_90): the
+    (cuda_main.pre_unavailable_reason: K = 128, a ring capacity of at most 16, pre_rows 1, sm_90): the
     same outputs as Triton's, one warp per (row, key head) at most 64 registers for GDN (one wave of the grid at
     B = 256), 72 for KDA, q and k loaded beside h and the h key records all at once. With Triton's main launch it is
     built from the default CUDA shape's parameters.

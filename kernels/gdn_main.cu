@@ -850,6 +850,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         }
     };
     load_rc(0);
+    // the step is bound by its chain of round trips rather than by bandwidth here, so the records of tile 0 (ru, as
+    // load_rows(0) below loads them, x_v aside) come now too, every position's before h_old is known; those at h_old
+    // or past it are dropped where they are used (rec)
+    float ru[RPL][JX];
+    {
+        const U_T* bu = ring_u + (rrow * HV_ + hv) * CAP_ * V_ + s * JX * V_ + row0 + lrow;
+#pragma unroll
+        for (int i = 0; i < RPL; ++i)
+#pragma unroll
+            for (int t = 0; t < JX; ++t) ru[i][t] = to_f(bu[t * V_ + i]);
+    }
 #endif
     auto load_tile = [&](int ch) {
 #if HAS_RC
@@ -942,17 +953,21 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
     const X_T* pv = px + 2 * H_ * K_ + hv * V_;
     const int j0 = s * JX;
+#if !HAS_RC
     float ru[RPL][JX];
+#endif
     float x_v;
-    auto load_rows = [&](int ch) {
+    auto load_rows = [&](int ch, bool recs = true) {
         const int v0 = row0 + ch * VT + lrow;
 #pragma unroll
         for (int i = 0; i < RPL; ++i)
 #pragma unroll
-            for (int t = 0; t < JX; ++t) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
+            for (int t = 0; t < JX; ++t)
+                if (recs) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
         x_v = to_f(pv[row0 + ch * VT + frow]);
     };
-    load_rows(0);
+    load_rows(0, !HAS_RC);  // (with a read copy the records of tile 0 are in already)
+    auto rec = [&](int i, int t) { return !HAS_RC || j0 + t < h_old ? ru[i][t] : 0.0f; };  // (the dots' records)
 
     // the pre launch's coefficients of this (row, value head): positions j0 .., e^{G_t}, <k~, q~>
     float cq[JX], ck[JX], e_t = 1.0f, kq = 0.0f;
@@ -1043,8 +1058,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             float sq = 0.0f, sk = 0.0f;
 #pragma unroll
             for (int t = 0; t < JX; ++t) {
-                sq += ru[i][t] * cq[t];
-                sk += ru[i][t] * ck[t];
+                sq += rec(i, t) * cq[t];
+                sk += rec(i, t) * ck[t];
             }
             val[2 * i] = aq[i] * wq + sq;
             val[2 * i + 1] = ak[i] * wk + sk;
@@ -1165,14 +1180,15 @@ __device__ __forceinline__ float rs_32(float (&v)[32], int lane) {
     return v[0];
 }
 
-// what a pre launch's (row, head) does this step (decode._decode_rule_rc without a read copy): h, a pre-fold, a flush,
-// an append of the token's record at h_eff
+// what a pre launch's (row, head) does this step (decode._decode_rule_rc): h, a pre-fold, a flush, an append of the
+// token's record at h_eff; with a read copy a row whose copy is stale (rc_valid[ring row] == 0) flushes as if forced
 struct PreRule {
     int h_old, h_eff;
     bool prefold, flush, append;
 };
 __device__ __forceinline__ PreRule pre_rule(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
-                                            const FORCED_T* __restrict__ forced, int n, long long rrow, int L) {
+                                            const FORCED_T* __restrict__ forced, const int* __restrict__ rc_valid,
+                                            int n, long long rrow, int L) {
     PreRule r;
 #if HAS_H_ROWS
     r.h_old = h_rows[n];
@@ -1180,9 +1196,12 @@ __device__ __forceinline__ PreRule pre_rule(const int* __restrict__ ring_h, cons
     r.h_old = ring_h[rrow];
 #endif
 #if HAS_FORCED
-    const bool is_forced = forced[n] != 0;
+    bool is_forced = forced[n] != 0;
 #else
-    const bool is_forced = false;
+    bool is_forced = false;
+#endif
+#if HAS_RC
+    is_forced = is_forced || rc_valid[rrow] == 0;
 #endif
     r.prefold = r.h_old >= L;
     r.h_eff = r.prefold ? 0 : r.h_old;
@@ -1247,7 +1266,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
-    float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a) {
+    float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    const int* __restrict__ rc_valid) {
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -1256,7 +1276,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     long long slot, rrow;
     slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
-    const PreRule rule = pre_rule(ring_h, h_rows, forced, n, rrow, L);
+    const PreRule rule = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow, L);
     const int h_old = rule.h_old, h_eff = rule.h_eff;
     const bool append = rule.append;
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
@@ -1324,7 +1344,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
-    float min_g, int L, long long stride_qkv, long long stride_a) {
+    float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid) {
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -1334,7 +1354,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     long long slot, rrow;
     slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
-    const PreRule rule = pre_rule(ring_h, h_rows, forced, n, rrow, L);
+    const PreRule rule = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow, L);
     const int h_old = rule.h_old;
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
     float4 q = load4(px + i_h * K_ + 4 * lane);

@@ -1145,8 +1145,9 @@ def main():
                 if v3 and "rccu" in variants and B >= 128 and sdt == "float32":
                     # issue 7: the read copies (fp8 e4m3 with per-V-row scales, bf16) read by the CUDA main launch in
                     # the XL layout (session 36; opt-in, REPLAYSSM_MAIN_IMPL=cuda), against Triton's read-copy launch
-                    # (the server's today) and the conventional fp32 decode (the row's "conv"); Triton's pre launch,
-                    # which knows the copies' rc_valid; the copies current (steady state), fp32 records
+                    # (the server's today) and the conventional fp32 decode (the row's "conv"); the pre launch as the
+                    # server's (GDN: CUDA's since session 37, which reads rc_valid too; _tpre: Triton's); the copies
+                    # current (steady state), fp32 records
                     from replayssm_sglang.kernels import cuda_main as _cm_rc
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     shapes = _cm_rc.XL_RC_CONFIGS[kind]
@@ -1158,6 +1159,11 @@ def main():
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name))
                             rc_names.append(f"{tag}_cu_{name}")
+                        if kind == "gdn":  # (GDN's pre launch is CUDA's beside the CUDA main launch: Triton's too)
+                            arms[f"{tag}_cu_{shapes[0]}_tpre"] = arm_ours(
+                                c, torch.float32, impl="v3", read_dtype=rd, **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl="triton"))
+                            rc_names.append(f"{tag}_cu_{shapes[0]}_tpre")
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

@@ -117,20 +117,29 @@ def test_emulation_refuses_the_bulk_copy_shapes():
 
 # issue 7's read copy in the XL layout (session 36): GDN's default shape and KDA's fp32 default, fp8 and bf16 copies
 # (the last: two V-tiles per head and two value heads per key head, as the real shapes have; x16w4c2_m5 walks both
-# tiles in one block)
-RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}), ("gdn", "x16w4c1_m5", "bf16", {}),
-            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}), ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128)),
-            ("gdn", "x16w4c2_m5", "fp8_e4m3", dict(H=2, HV=4, V=128))]
+# tiles in one block); Triton's pre launch, and the CUDA one (session 37: it reads rc_valid too)
+RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5", "bf16", {}, "triton"),
+            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}, "triton"),
+            ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "triton"),
+            ("gdn", "x16w4c2_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "triton"),
+            ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
+            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}, "cuda"), ("gdn", "x16w4c1_m5", "bf16", {}, "cuda")]
 
 
-@pytest.mark.parametrize("kind,cfg,read_dtype,shape", RC_CASES, ids=str)
-def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, monkeypatch):
+@pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)
+def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, monkeypatch):
     """The CUDA main launch with a read copy (XL, fp32 checkpoint), emulated: 14 steps against the float64 two-copy
     reference (precision.TwoCopyReference), slow decays. The Harness checks every step's outputs, the checkpoint and
     the read copy of every row that folded (round(fold), its fp8 scales), every other copy bit-identical, rc_valid
-    set; the copies start stale and poisoned with NaN, so a row reading one before its first fold fails."""
-    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7, **shape)
+    set; the copies start stale and poisoned with NaN, so a row reading one before its first fold fails. With the
+    CUDA pre launch (pre_impl "cuda") every step's pre launch is CUDA's."""
+    pre_calls = []
+    real_pre = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real_pre(**a))
+    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7,
+                             pre_impl=pre_impl, **shape)
     st = hz.run(14)
+    assert len(pre_calls) == (14 if pre_impl == "cuda" else 0)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert st["stale_only"] > 0, st  # (rows whose stale copy alone makes them flush: the launch must see rc_valid)
     # every current copy is exactly the rounding of the checkpoint its fold wrote beside it (decode_v3's rule: bf16 to
