@@ -850,17 +850,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         }
     };
     load_rc(0);
-    // the step is bound by its chain of round trips rather than by bandwidth here, so the records of tile 0 (ru, as
-    // load_rows(0) below loads them, x_v aside) come now too, every position's before h_old is known; those at h_old
-    // or past it are dropped where they are used (rec)
-    float ru[RPL][JX];
-    {
-        const U_T* bu = ring_u + (rrow * HV_ + hv) * CAP_ * V_ + s * JX * V_ + row0 + lrow;
-#pragma unroll
-        for (int i = 0; i < RPL; ++i)
-#pragma unroll
-            for (int t = 0; t < JX; ++t) ru[i][t] = to_f(bu[t * V_ + i]);
-    }
 #endif
     auto load_tile = [&](int ch) {
 #if HAS_RC
@@ -953,21 +942,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
     const X_T* pv = px + 2 * H_ * K_ + hv * V_;
     const int j0 = s * JX;
-#if !HAS_RC
     float ru[RPL][JX];
-#endif
     float x_v;
-    auto load_rows = [&](int ch, bool recs = true) {
+    auto load_rows = [&](int ch) {
         const int v0 = row0 + ch * VT + lrow;
 #pragma unroll
         for (int i = 0; i < RPL; ++i)
 #pragma unroll
-            for (int t = 0; t < JX; ++t)
-                if (recs) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
+            for (int t = 0; t < JX; ++t) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
         x_v = to_f(pv[row0 + ch * VT + frow]);
     };
-    load_rows(0, !HAS_RC);  // (with a read copy the records of tile 0 are in already)
-    auto rec = [&](int i, int t) { return !HAS_RC || j0 + t < h_old ? ru[i][t] : 0.0f; };  // (the dots' records)
+    load_rows(0);
 
     // the pre launch's coefficients of this (row, value head): positions j0 .., e^{G_t}, <k~, q~>
     float cq[JX], ck[JX], e_t = 1.0f, kq = 0.0f;
@@ -1058,8 +1043,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             float sq = 0.0f, sk = 0.0f;
 #pragma unroll
             for (int t = 0; t < JX; ++t) {
-                sq += rec(i, t) * cq[t];
-                sk += rec(i, t) * ck[t];
+                sq += ru[i][t] * cq[t];
+                sk += ru[i][t] * ck[t];
             }
             val[2 * i] = aq[i] * wq + sq;
             val[2 * i + 1] = ak[i] * wk + sk;

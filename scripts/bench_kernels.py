@@ -1164,6 +1164,12 @@ def main():
                                 c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl="triton"))
                             rc_names.append(f"{tag}_cu_{shapes[0]}_tpre")
+                    # the fp8 copy's step split (the first shape): each launch alone, the main launch without its
+                    # folds (nofold) and its streaming floor (stream: the tile read and its dots only; timing only)
+                    for dg in ("pre", "main", "post", "nofold", "stream"):
+                        arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
+                            c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
+                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
