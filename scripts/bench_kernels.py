@@ -1151,13 +1151,15 @@ def main():
                     from replayssm_sglang.kernels import cuda_main as _cm_rc
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     shapes = _cm_rc.XL_RC_CONFIGS[kind]
+                    pre_srv = "cuda" if kind in _cm_rc.PRE_AUTO_KINDS else "triton"  # (the server's, by default)
                     rc_names = []
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
                         rc_names.append(tag)
                         for name in shapes:
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
-                                                                v3_opts=dict(main_impl="cuda", cuda_config=name))
+                                                                v3_opts=dict(main_impl="cuda", cuda_config=name,
+                                                                             pre_impl=pre_srv))
                             rc_names.append(f"{tag}_cu_{name}")
                         if kind == "gdn":  # (GDN's pre launch is CUDA's beside the CUDA main launch: Triton's too)
                             arms[f"{tag}_cu_{shapes[0]}_tpre"] = arm_ours(
@@ -1169,7 +1171,7 @@ def main():
                     for dg in ("pre", "main", "post", "nofold", "stream"):
                         arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
-                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg))
+                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

@@ -113,7 +113,7 @@ def combos():
                           dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
                           ridx_dtype=ridx, state_dtype=F32, kind=kind, rc_dtype=rc_dtype)
 
-    out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd in CUDA_MAIN_RC_CASES]
+    out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
             for n in names for rcd in RC.values()]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring

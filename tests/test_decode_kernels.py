@@ -1458,9 +1458,10 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
+    pre = {"pre_impl": harness_kw.pop("pre_impl")} if "pre_impl" in harness_kw else {}
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
-                       v3_opts=dict(main_impl="cuda", cuda_config=cfg), **harness_kw)
+                       v3_opts=dict(main_impl="cuda", cuda_config=cfg, **pre), **harness_kw)
     st = hz.run(steps)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == steps, "every step's main launch must be the CUDA one"
@@ -1702,20 +1703,28 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
 # REPLAYSSM_MAIN_IMPL=cuda): GDN's default shape and its 128-register one, KDA's fp32 default; fp8 and bf16 copies;
 # the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows). Checked on the CPU by
 # tests/test_cuda_emu.py; not yet run on a GPU.
-CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3"), ("gdn", "x16w4c1_m5", "bf16"),
-                      ("gdn", "x16w4c1_m4", "fp8_e4m3"), ("kda", "x16w4c1_m4_gp", "fp8_e4m3")]
+CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m5", "bf16", "cuda"),
+                      ("gdn", "x16w4c1_m5", "fp8_e4m3", "triton"), ("gdn", "x16w4c2_m4", "fp8_e4m3", "cuda"),
+                      ("kda", "x16w4c1_m4_gp", "fp8_e4m3", "triton")]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,cfg,read_dtype", CUDA_MAIN_RC_CASES, ids=str)
-def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, monkeypatch):
+@pytest.mark.parametrize("kind,cfg,read_dtype,pre_impl", CUDA_MAIN_RC_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, monkeypatch):
     """The CUDA main launch with a read copy at the real head sizes, against the float64 two-copy reference over 26
     steps (the Harness checks the outputs, the checkpoint and the read copy of every folding row, every other copy
-    bit-identical, rc_valid), slow decays; rows whose stale copy alone makes them flush among them."""
+    bit-identical, rc_valid), slow decays; rows whose stale copy alone makes them flush among them. pre_impl: the pre
+    launch (GDN's server takes the CUDA one beside the CUDA main launch, which reads rc_valid since session 37)."""
+    from replayssm_sglang.kernels import cuda_main
+
+    pre_calls = []
+    real_pre = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: pre_calls.append(1) or real_pre(**kw))
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=7, kind=kind,
-                             read_dtype=read_dtype, decay="slow")
+                             read_dtype=read_dtype, decay="slow", pre_impl=pre_impl)
     assert st["stale_only"] > 0, st
+    assert len(pre_calls) == (26 if pre_impl == "cuda" else 0)
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
