@@ -166,16 +166,9 @@ def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):
     return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype, kind)
 
 
+# (a ring with a read copy, issue 7, takes the CUDA main launch as any other since session 37, the XL layout: opt-in
+# in session 36 until its float64 GPU cases passed (kernels-20261204-1153) and it served (e2e-20261204-1159))
 MAIN_IMPLS = ("auto", "cuda", "triton")
-# a ring with a read copy (issue 7) takes the CUDA main launch (the XL layout, since session 36) only where asked,
-# main_impl="cuda" or this: checked against float64 in the CPU emulation, not yet on a GPU
-RC_OPT_IN = "REPLAYSSM_MAIN_IMPL=cuda"
-
-
-def read_copy_not_opted_in(ring) -> bool:
-    """The ring has a read copy and the environment has not asked for the CUDA main launch (RC_OPT_IN): a launch
-    that names no main launch takes Triton's (decode_v3.launch), and the server's log says so (preference_note)."""
-    return ring.rc is not None and env_main_impl() != "cuda"
 
 
 def env_main_impl() -> str:
@@ -588,8 +581,6 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    if read_copy_not_opted_in(ring):
-        return f"Triton (with a read copy the CUDA one is opt-in: {RC_OPT_IN})"
     why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind))
     if why:
         return f"Triton (the CUDA one: {why})"

@@ -1160,8 +1160,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
-    if impl_main == "cuda" and main_impl is None and cuda_main.read_copy_not_opted_in(ring):
-        impl_main = "triton"  # (a read copy's CUDA main launch is opt-in: cuda_main.RC_OPT_IN)
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
     def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step

@@ -1144,8 +1144,8 @@ def main():
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "rccu" in variants and B >= 128 and sdt == "float32":
                     # issue 7: the read copies (fp8 e4m3 with per-V-row scales, bf16) read by the CUDA main launch in
-                    # the XL layout (session 36; opt-in, REPLAYSSM_MAIN_IMPL=cuda), against Triton's read-copy launch
-                    # (the server's today) and the conventional fp32 decode (the row's "conv"); the pre launch as the
+                    # the XL layout (session 36; the server's since session 37), against Triton's read-copy launch
+                    # (the server's before) and the conventional fp32 decode (the row's "conv"); the pre launch as the
                     # server's (GDN: CUDA's since session 37, which reads rc_valid too; _tpre: Triton's); the copies
                     # current (steady state), fp32 records
                     from replayssm_sglang.kernels import cuda_main as _cm_rc

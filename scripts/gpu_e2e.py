@@ -96,8 +96,10 @@ ARMS = {
     # issue 7: the two-precision state (a low-precision read copy; the recurrence stays fp32)
     "ours_rc_bf16": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "bf16"],
     "ours_rc_fp8": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
-    # the same fp8 copy read by the CUDA main launch in the XL layout (session 36; opt-in: REPLAYSSM_MAIN_IMPL=cuda)
+    # the same fp8 copy read by the CUDA main launch in the XL layout (session 36; opt-in until session 37, the
+    # default since: ours_rc_fp8 takes it too), and by Triton's main launch (the server's before session 37)
     "ours_rc_fp8_cu": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    "ours_rc_fp8_tr": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}; KDA's
     # default without speculative decoding, as `ours`)
     "ours_rawkeys": ["--enable-linear-replayssm"],
@@ -134,6 +136,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_bf16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
+           "ours_rc_fp8_tr": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "triton"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},

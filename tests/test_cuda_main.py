@@ -193,19 +193,21 @@ def test_read_copy_refusals():
     assert why(st32, "x16w4c1_m5") in (None, "it needs a CUDA GPU")  # (the layout takes it: only the device is missing)
 
 
-def test_read_copy_cuda_launch_is_opt_in(monkeypatch):
-    """With a read copy the server takes the CUDA main launch only where REPLAYSSM_MAIN_IMPL=cuda asks (checked on the
-    CPU by emulation, not yet timed on a GPU), and its log says so; decode_v3.launch follows the same rule."""
+def test_read_copy_takes_the_cuda_launch(monkeypatch):
+    """With a read copy the server takes the CUDA main launch as without one (opt-in in session 36, the default since
+    its GPU cases passed and it served, session 37), REPLAYSSM_MAIN_IMPL=triton Triton's, and its log says which;
+    decode_v3.launch follows the same rule."""
     from replayssm_sglang import ring as ringmod
 
     lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
     ring = lay.allocate(2, read_dtype="fp8_e4m3")
     st = torch.zeros(2, 2, 128, 128)
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")
+    assert cuda_main.preference_note("gdn", st, ring, 128, 128) == "Triton (REPLAYSSM_MAIN_IMPL=triton)"
     monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
-    assert "opt-in: REPLAYSSM_MAIN_IMPL=cuda" in cuda_main.preference_note("gdn", st, ring, 128, 128)
-    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
-    assert "opt-in" not in cuda_main.preference_note("gdn", st, ring, 128, 128)
-    # the launch itself, emulated: unset -> Triton's main launch; "cuda" -> the CUDA one
+    # (this machine has no GPU: the note names that, not a read copy)
+    assert cuda_main.preference_note("gdn", st, ring, 128, 128) == "Triton (the CUDA one: it needs a CUDA GPU)"
+    # the launch itself, emulated: unset and "cuda" -> the CUDA main launch; "triton" -> Triton's
     from replayssm_sglang import reference as R
     from replayssm_sglang.kernels.decode import replay_decode
 
@@ -216,7 +218,7 @@ def test_read_copy_cuda_launch_is_opt_in(monkeypatch):
     real = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(1) or real(**a))
     x = R.random_decode_inputs("gdn", 2, 1, 2, 128, 128, generator=torch.Generator().manual_seed(0))
-    for env, want in (("", 0), ("cuda", 1)):
+    for env, want in (("", 1), ("cuda", 1), ("triton", 0)):
         monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", env)
         calls.clear()
         replay_decode("gdn", *x, st.clone(), ring, torch.arange(2, dtype=torch.int32), L=16, impl="v3")

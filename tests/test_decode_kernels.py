@@ -1699,10 +1699,10 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
     assert (st["rebase"] > 0) == (min_g is not None), st
 
 
-# issue 7's read copy read by the CUDA main launch (the XL layout, session 36; opt-in in the server,
-# REPLAYSSM_MAIN_IMPL=cuda): GDN's default shape and its 128-register one, KDA's fp32 default; fp8 and bf16 copies;
+# issue 7's read copy read by the CUDA main launch (the XL layout, session 36; the server's since session 37): GDN's
+# default shape and its two-tile one, KDA's fp32 default; fp8 and bf16 copies; GDN's CUDA pre launch and Triton's;
 # the server's arguments (fp32 records, bf16 inputs, the ring keyed by its own rows). Checked on the CPU by
-# tests/test_cuda_emu.py; not yet run on a GPU.
+# tests/test_cuda_emu.py; on the H200 5/5 at 046c988 (kernels-20261204-1153).
 CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m5", "bf16", "cuda"),
                       ("gdn", "x16w4c1_m5", "fp8_e4m3", "triton"), ("gdn", "x16w4c2_m4", "fp8_e4m3", "cuda"),
                       ("kda", "x16w4c1_m4_gp", "fp8_e4m3", "triton")]
