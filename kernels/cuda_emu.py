@@ -29,7 +29,7 @@ SMEM_BYTES = 1 << 17  # the runner's stand-in for a block's dynamic shared memor
 
 # the main launch's parameters in gdn_main.cu's order (replay_gdn_main), as C types of the build's defines
 _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
-                "const KR_T*", "const float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
+                "SP_CONST KR_T*", "SP_CONST float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
                 "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*")
 

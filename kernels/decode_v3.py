@@ -1099,14 +1099,17 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     main_opts = _maxnreg_opts("main_maxnreg", main_maxnreg if main_maxnreg is not None else tuned.get("main_maxnreg"),
                               mixed_qkv.device)
     # self_pre: the caller's, else the environment's preference (REPLAYSSM_SELF_PRE=1: wherever this launch can take
-    # it and its main launch is Triton's, as REPLAYSSM_MAIN_IMPL does for the CUDA main launch), else V3_TUNED's
-    env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip() if self_pre is None else ""
-    if env_sp not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_SELF_PRE must be 0 or 1, got {env_sp!r}")
+    # it and its main launch is Triton's, as REPLAYSSM_MAIN_IMPL does for the CUDA main launch; =cuda: gdn_main.cu's
+    # SELF_PRE wherever the CUDA main launch runs and can take it, below), else V3_TUNED's
+    env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower() if self_pre is None else ""
+    if env_sp not in ("", "0", "1", "cuda"):
+        raise ValueError(f"REPLAYSSM_SELF_PRE must be 0, 1 or cuda, got {env_sp!r}")
     env_cuda = main_impl is None and cuda_main.env_main_impl() == "cuda"  # (asked by name; "auto" yields to self_pre)
-    sp_why = ("GDN only" if kind != "gdn" else "an fp32 state" if state.element_size() != 4 else
-              "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else
-              "Triton's main launch (main_impl='triton')" if main_impl == "cuda" else None)
+    # (with the CUDA main launch asked by name, self_pre is gdn_main.cu's SELF_PRE: its conditions are the launch's,
+    # cuda_main.unavailable_reason)
+    cuda_sp = main_impl == "cuda"
+    sp_why = ("GDN only" if kind != "gdn" else None if cuda_sp else "an fp32 state" if state.element_size() != 4 else
+              "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else None)
     if self_pre is None:
         self_pre = bool(tuned.get("self_pre", False)) or (env_sp == "1" and sp_why is None and not env_cuda)
     self_pre = bool(self_pre)
@@ -1154,19 +1157,26 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     impl_main = main_impl if main_impl is not None else ("triton" if env_impl == "triton" else "cuda")
     if impl_main not in ("triton", "cuda"):
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
-    if self_pre:
-        impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form)
+    if self_pre and not cuda_sp:
+        impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form here)
+    cuda_sp = cuda_sp and self_pre
+    pdl_main = pdl and not cuda_sp  # (without a pre launch the CUDA main launch waits for nothing: no PDL)
     cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
+    if (env_sp == "cuda" and impl_main == "cuda" and main_impl is None and not self_pre and isinstance(cuda_cfg, tuple)
+            and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=True) is None):
+        self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
+        pdl_main = False
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
     def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
-            BC=BC, pdl=pdl, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound)
+            BC=BC, pdl=pdl_main, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
+            self_pre=cuda_sp)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
@@ -1176,7 +1186,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == nf):
             raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
                              f"gt_pre[, xl[, nch]]]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
-        why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg)
+        why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
         main_defs = cuda_defines(cuda_cfg, diag_stream)
@@ -1272,7 +1282,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
-                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl,
+                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl_main,
                          config=cuda_cfg, diag_stream=diag_stream, kind=kind, lower_bound=lower_bound, gts=gts,
                          defs=main_defs)
     elif run_main:

@@ -73,6 +73,17 @@
 #ifndef NCH
 #define NCH 1  // XL: V-tiles of RPW x NWARPS rows a block walks in turn (its setup paid once, the next tile prefetched)
 #endif
+#ifndef SELF_PRE
+#define SELF_PRE 0  // XL, GDN: no pre launch; every warp makes the pre launch's coefficients of its (row, value head)
+#endif              // itself, and one block per head appends the token's record (docs/design.md "Session 37")
+#if SELF_PRE && (IS_KDA || !XL || RPW != 16 || LATE_COEF || USE_PDL || CAP_ > 16)
+#error "SELF_PRE: GDN's XL layout with 16 rows per warp, a ring capacity of at most 16, no pre launch to wait for"
+#endif
+#if SELF_PRE
+#define SP_CONST  // (the main launch appends the token's record: it writes ring_k and ring_g)
+#else
+#define SP_CONST const
+#endif
 #ifndef HAS_RC
 #define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
 #endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and writes both)
@@ -339,8 +350,8 @@ __device__ __forceinline__ void fold_rows(float4 (&c)[NR], float4 (&rk)[KB], con
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
-    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    ST_T* __restrict__ state, U_T* __restrict__ ring_u, SP_CONST KR_T* __restrict__ ring_k,
+    SP_CONST float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
@@ -790,8 +801,8 @@ __device__ __forceinline__ float xl_reduce(float (&v)[NVAL], int lane) {
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
-    ST_T* __restrict__ state, U_T* __restrict__ ring_u, const KR_T* __restrict__ ring_k,
-    const float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+    ST_T* __restrict__ state, U_T* __restrict__ ring_u, SP_CONST KR_T* __restrict__ ring_k,
+    SP_CONST float* __restrict__ ring_g, const int* __restrict__ ring_h, const int* __restrict__ h_rows,
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
@@ -865,7 +876,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             for (int t = 0; t < NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
         }
     };
-#if !HAS_RC
+#if !HAS_RC && !SELF_PRE
     load_tile(0);
 #endif
 
@@ -887,7 +898,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     bool flush = (h_eff + 1 >= L) || is_forced;
 #if HAS_RC
     from_rc = !(flush || prefold);
+#if !SELF_PRE
     if (!from_rc) load_tile(0);
+#endif
 #endif
     bool rebase = false;  // KDA: a head past the predecayed keys' floor, folded through this token alone
     bool fold = (flush || prefold) && DIAG_STREAM == 0;
@@ -956,6 +969,70 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     // the pre launch's coefficients of this (row, value head): positions j0 .., e^{G_t}, <k~, q~>
     float cq[JX], ck[JX], e_t = 1.0f, kq = 0.0f;
+#if SELF_PRE
+    // ... made here instead (no pre launch), as replay_gdn_pre makes them: the record dots <k_j, q~>, <k_j, k~> for
+    // j < h_old, group g on positions 4g .. 4g + 3 with its 8 lanes' 16 columns each, reduce-scattered so that lane s
+    // holds the dot of position 4g + s / 2 with q~ (s even) or k~ (s odd), then shared through the warp's sp_dots
+    static_assert(NVAL == 8, "SELF_PRE: 4 positions x 2 dots per group, one per lane after the reduction");
+    __shared__ float sp_dots[NWARPS][32];
+    auto load_coef = [&]() {
+        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
+        float v[NVAL];
+        float qk = 0.0f;  // this lane's part of <k, q> (its 16 columns)
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int j = 4 * g + p;
+            float f[16];
+            if (j < h_old && j < CAP_) {
+                load16(base_k + static_cast<long long>(j) * K_, s, f);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; ++e) f[e] = 0.0f;  // (a stale record past h may hold anything)
+            }
+            float pq = 0.0f, pk = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                pq += f[e] * qk_sm[qk_at(xl_col(s, e))];
+                pk += f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
+            }
+            v[2 * p] = pq * s_q;
+            v[2 * p + 1] = pk * s_k;
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e) qk += qk_sm[qk_at(xl_col(s, e))] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) qk += __shfl_xor_sync(0xffffffffu, qk, m);
+        const float d = xl_reduce(v, lane);
+        sp_dots[warp][(s & 1) * 16 + 4 * g + s / 2] = d;
+        __syncwarp();
+        // G_t of the value head (SGLang's gate), the lane's coefficients c_j = <k_j, q~> e^{G_t - G_j} and d_j,
+        // e^{G_t} and <k~, q~>
+        const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
+        const float G_last = h_old > 0 ? bg[h_old - 1] : 0.0f;
+        const float G_t = G_last + gate_of(to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]), __expf(to_f(A_log[hv])),
+                                           lower_bound);
+#pragma unroll
+        for (int t = 0; t < JX; ++t) {
+            const int j = j0 + t;
+            const float w = j < h_old ? __expf(G_t - bg[j]) : 0.0f;
+            cq[t] = sp_dots[warp][j] * w;
+            ck[t] = sp_dots[warp][16 + j] * w;
+        }
+        e_t = __expf(G_t);
+        kq = qk * s_q * s_k;
+        // a row that appends: the token's record at h_eff (past every position a block of this step reads), its key
+        // k~ by the first block of each key head, G_t by the first block of each value head
+        if (!flush && !prefold && i_v == 0 && warp == 0) {
+            if (hv % (HV_ / H_) == 0) {
+                KR_T* dst = ring_k + ((rrow * H_ + i_h) * CAP_ + h_eff) * K_ + 4 * lane;
+                const float* kr = qk_sm + QK_ROW + qk_at(4 * lane);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) from_f(dst + c, kr[c] * s_k);
+            }
+            if (lane == 0) ring_g[(rrow * HV_ + hv) * CAP_ + h_eff] = G_t;
+        }
+    };
+#else
     auto load_coef = [&]() {
 #if USE_PDL
         asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -980,8 +1057,18 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         kq = scal[nh * 2 + 1];
 #endif
     };
+#endif  // SELF_PRE
 #if !LATE_COEF
     load_coef();
+#endif
+#if SELF_PRE
+    // the checkpoint's tile after the record dots (both in flight at once would want ~128 registers: at 96 the
+    // dots spilled 152 bytes); a read copy's tile came before the flags, as without SELF_PRE
+#if HAS_RC
+    if (!from_rc) load_tile(0);
+#else
+    load_tile(0);
+#endif
 #endif
 #if IS_KDA
     // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q, k)

@@ -1172,6 +1172,16 @@ def main():
                         arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
+                    if kind == "gdn":
+                        # gdn_main.cu's SELF_PRE (session 37): no pre launch, the main launch makes its coefficients;
+                        # with the fp8 copy and without one (`same`, beside the same shape with its pre launch)
+                        arms[f"v3_sl_cu_{shapes[0]}"] = arm_ours(
+                            c, torch.float32, impl="v3", **srv,
+                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv))
+                        for rd, tag in ((None, "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
+                            arms[f"{tag}_cu_{shapes[0]}_sp"] = arm_ours(
+                                c, torch.float32, impl="v3", **({"read_dtype": rd} if rd else {}), **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

@@ -100,6 +100,10 @@ ARMS = {
     # default since: ours_rc_fp8 takes it too), and by Triton's main launch (the server's before session 37)
     "ours_rc_fp8_cu": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     "ours_rc_fp8_tr": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    # GDN without a pre launch: the CUDA main launch makes the coefficients itself (REPLAYSSM_SELF_PRE=cuda, session
+    # 37; KDA keeps its pre launch); with the fp8 copy too
+    "ours_cusp": ["--enable-linear-replayssm"],
+    "ours_rc_fp8_cusp": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}; KDA's
     # default without speculative decoding, as `ours`)
     "ours_rawkeys": ["--enable-linear-replayssm"],
@@ -137,6 +141,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_rc_fp8_tr": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "triton"},
+           "ours_cusp": {"REPLAYSSM_SELF_PRE": "cuda"},
+           "ours_rc_fp8_cusp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "cuda"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},
            "ours_rawkeys": {"REPLAYSSM_KDA_KEYS": "raw"},
            "ours_predkeys": {"REPLAYSSM_KDA_KEYS": "predecayed"},

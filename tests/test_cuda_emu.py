@@ -157,3 +157,42 @@ def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, mo
     assert torch.equal(rc.view(torch.uint8), want_rc.view(torch.uint8)), "a read copy is not round(its checkpoint)"
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
+
+
+# gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;
+# an fp32 state at both decays, a bf16 state, and the fp8 read copy (two value heads per key head, two V-tiles per head,
+# as the real shapes: the token's record is appended by the first block of each head only)
+SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same"), ("x16w4c1_m5", "float32", "fast", {}, "same"),
+                  ("x16w4c1_m6", "bfloat16", "slow", {}, "same"),
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "same"),
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3")]
+
+
+@pytest.mark.parametrize("cfg,state_dtype,decay,shape,read_dtype", SELF_PRE_CASES, ids=str)
+def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype, monkeypatch):
+    """The CUDA main launch without a pre launch (self_pre with main_impl="cuda"), emulated: 14 steps against float64
+    (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's."""
+    from replayssm_sglang.kernels import decode_v3
+
+    pre_calls = []
+    real_pre = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real_pre(**a))
+
+    class NoPre:  # (Triton's pre launch must not run either)
+        def __getitem__(self, grid):
+            raise AssertionError("Triton's pre launch ran under self_pre")
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", NoPre())
+    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    calls = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
+    hz = Harness("gdn", B=3, H=shape.get("H", 1), HV=shape.get("HV", 2), K=128, V=shape.get("V", 64), L=16, seed=11,
+                 windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
+                 qkv_dtype=torch.bfloat16, decay=decay,
+                 v3_opts=dict(main_impl="cuda", cuda_config=cfg, self_pre=True), **kw)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert not pre_calls
+    assert len(calls) == 14, "every step: the CUDA main launch"

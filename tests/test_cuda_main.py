@@ -56,7 +56,7 @@ def test_kda_g_t_from_the_pre_launch(monkeypatch):
     got = []
     real_why = cuda_main.unavailable_reason
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: got.append(kw))  # (the CUDA kernel needs a GPU)
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     B, H, HV, K, V, L = 3, 2, 2, 128, 128, 16
     lay = ringmod.RingLayout.for_layer("kda", L=L, H=H, HV=HV, K=K, V=V)
     ring = lay.allocate(B, kda_keys="predecayed")
@@ -225,6 +225,55 @@ def test_read_copy_takes_the_cuda_launch(monkeypatch):
         assert len(calls) == want, env
 
 
+
+def test_self_pre_cuda_by_environment(monkeypatch):
+    """REPLAYSSM_SELF_PRE=cuda: a GDN launch that takes the CUDA main launch by preference takes it without a pre
+    launch (gdn_main.cu's SELF_PRE, session 37), where that can run; KDA keeps its pre launch; the server's log says
+    which; other values are refused with the choices."""
+    from replayssm_sglang import reference as R
+    from replayssm_sglang import ring as ringmod
+    from replayssm_sglang.kernels import decode_v3
+    from replayssm_sglang.kernels.decode import replay_decode
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    for var in ("REPLAYSSM_MAIN_IMPL", "REPLAYSSM_PRE_IMPL"):  # (the server's defaults: conftest asks for Triton's)
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, device: None)  # (no cubin to load on a CPU)
+    monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
+    builds, pres = [], []
+    real, real_pre = cuda_main.launch, cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: builds.append(a["defs"]) or real(**a))
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(1) or real_pre(**a))
+    triton_pre = decode_v3.replay_decode_v3_pre_kernel
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    st = torch.zeros(2, 2, 128, 128)
+    x = R.random_decode_inputs("gdn", 2, 1, 2, 128, 128, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setenv("REPLAYSSM_SELF_PRE", "cuda")
+    assert cuda_main.pre_preference_note("gdn", st, lay.allocate(2), 128, 16).startswith("none (REPLAYSSM_SELF_PRE")
+
+    class NoPre:
+        def __getitem__(self, grid):
+            raise AssertionError("a pre launch ran under REPLAYSSM_SELF_PRE=cuda")
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", NoPre())
+    replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
+    assert len(builds) == 1 and builds[0].get("SELF_PRE") == 1 and builds[0]["USE_PDL"] == 0 and not pres
+    # unset: the pre launch runs (GDN's CUDA one), the main launch's build has no SELF_PRE
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", triton_pre)
+    monkeypatch.delenv("REPLAYSSM_SELF_PRE")
+    builds.clear()
+    replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
+    assert len(builds) == 1 and "SELF_PRE" not in builds[0] and len(pres) == 1
+    monkeypatch.setenv("REPLAYSSM_SELF_PRE", "yes")
+    with pytest.raises(ValueError, match="0, 1 or cuda"):
+        replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
+    # where the CUDA main launch cannot take it (KDA) the note names the pre launch as without it
+    monkeypatch.setenv("REPLAYSSM_SELF_PRE", "cuda")
+    kda = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(2, kda_keys="predecayed")
+    assert not cuda_main.pre_preference_note("kda", st, kda, 128, 16).startswith("none")
+    why = cuda_main.unavailable_reason("kda", st, kda, None, 128, 128, *cuda_main.CUDA_DEFAULT_KDA, self_pre=True)
+    assert "self_pre" in why
+
 def test_smem_fits_an_sm():
     for name, cfg in cuda_main.CUDA_CONFIGS.items():
         kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
@@ -261,7 +310,7 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
         assert calls == [] and torch.equal(o, o_ref) and torch.equal(s, s_ref), pref
     # where it could run, the preference takes it (the availability check pretended true: no GPU here), unset too
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     run()
     assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")  # Triton's, even where the CUDA one could run
@@ -293,7 +342,7 @@ def test_preference_falls_back_where_the_kernel_does_not_build(monkeypatch, capl
 
     monkeypatch.setattr(cuda_main, "_FAILED", {})
     monkeypatch.setattr(cuda_main, "_OBTAINABLE", {})
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)  # (no GPU here: pretend it could run)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)  # (no GPU here: pretend it could run)
     monkeypatch.setattr(cuda_main, "find_nvcc", lambda: "/nonexistent/nvcc")
     tried = []
 
@@ -363,7 +412,7 @@ def test_diag_parts_split_the_step_by_launch(monkeypatch, parts, want):
             return lambda *a, **kw: ran.__setitem__(self.name, ran[self.name] + 1)
 
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: ran.__setitem__("main", ran["main"] + 1))
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", _Kernel("pre"))
     monkeypatch.setattr(decode_v3, "replay_decode_v2_post_kernel", _Kernel("post"))
     _launch(_diag_parts=parts)
@@ -382,7 +431,7 @@ def test_preference_note_for_the_server_log(monkeypatch):
     state = torch.zeros(2, 2, 128, 128)
     monkeypatch.delenv("REPLAYSSM_MAIN_IMPL", raising=False)
     assert cuda_main.preference_note("gdn", state, ring, 128, 128) == "Triton (the CUDA one: it needs a CUDA GPU)"
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     assert cuda_main.preference_note("gdn", state, ring, 128, 128).startswith("CUDA (kernels/gdn_main.cu")
     assert "shape x16w4c1_m5;" in cuda_main.preference_note("gdn", state, ring, 128, 128)

@@ -1458,7 +1458,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {"pre_impl": harness_kw.pop("pre_impl")} if "pre_impl" in harness_kw else {}
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre") if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
                        v3_opts=dict(main_impl="cuda", cuda_config=cfg, **pre), **harness_kw)
@@ -1619,7 +1619,7 @@ def test_cuda_pre_environment_preference(monkeypatch):
     # auto: only beside the CUDA main launch (stood in for: no GPU here), with that launch's own build
     mains = []
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: mains.append(kw["defs"]))
-    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a: None)
+    monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     for env in ("", "auto"):
         monkeypatch.setenv("REPLAYSSM_PRE_IMPL", env)
         ran.clear()
@@ -1726,6 +1726,29 @@ def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, mo
     assert st["stale_only"] > 0, st
     assert len(pre_calls) == (26 if pre_impl == "cuda" else 0)
 
+
+# gdn_main.cu's SELF_PRE (session 37; decode_v3 self_pre with main_impl="cuda", or REPLAYSSM_SELF_PRE=cuda): GDN's XL
+# main launch without a pre launch, fp32 and bf16 states and the fp8 read copy, the server's arguments. Checked on the
+# CPU by tests/test_cuda_emu.py; not yet run on a GPU.
+CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "bfloat16", "same"),
+                            ("x16w4c1_m5", "float32", "fp8_e4m3")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg,state_dtype,read_dtype", CUDA_MAIN_SELF_PRE_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkeypatch):
+    """The CUDA main launch making the pre launch's coefficients itself, at the real head sizes against float64 over
+    26 steps, slow decays; no pre launch runs."""
+    from replayssm_sglang.kernels import cuda_main
+
+    pres = []
+    real_pre = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: pres.append(1) or real_pre(**kw))
+    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
+    _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype), seed=13,
+                        decay="slow", self_pre=True, **kw)
+    assert not pres
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these

@@ -197,7 +197,7 @@ def test_read_copy_arms_force_the_buffered_window():
 
     from replayssm_sglang import policy
 
-    for arm in ("ours_rc_bf16", "ours_rc_fp8", "ours_rc_fp8_cu", "ours_rc_fp8_tr"):
+    for arm in ("ours_rc_bf16", "ours_rc_fp8", "ours_rc_fp8_cu", "ours_rc_fp8_tr", "ours_rc_fp8_cusp"):
         assert "--linear-replayssm-read-dtype" in g.ARMS[arm]
         w = int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"])
         assert w > 1
