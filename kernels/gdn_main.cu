@@ -741,8 +741,9 @@ __device__ __forceinline__ uint32_t f_to_e4m3(float x) {
     u += 0x7ffffu + ((u >> 20) & 1u);  // the mantissa rounded at its third bit, ties to even (a carry: the exponent)
     return sgn | ((((u >> 23) - 120u) & 0xfu) << 3) | ((u >> 20) & 7u);
 }
-// two floats -> two e4m3 codes (x in the low byte): on the GPU one instruction, the same rounding (to nearest even,
-// saturating at +-448; a NaN's code 0x7f, its sign dropped), elsewhere f_to_e4m3
+// two floats -> two e4m3 codes (x in the low byte): on the GPU one instruction with the same rounding (to nearest
+// even, saturating at +-448; a NaN stays a NaN code), elsewhere f_to_e4m3. The GPU's float64 cases check its codes
+// against round(fold) (test_gpu_real_shapes_cuda_main_read_copy)
 __device__ __forceinline__ uint32_t f2_to_e4m3x2(float x, float y) {
 #ifdef __CUDA_ARCH__
     unsigned short h;
