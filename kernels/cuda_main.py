@@ -118,9 +118,9 @@ KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 # 140.3 / 267.6; its float64 GPU cases passed, the slow-decay one and the CUDA-graph-against-eager one among them;
 # not yet served
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 # the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
 XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp")}
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")

@@ -1071,7 +1071,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     SELF_PRE), as upstream's single launch does. The work is redundant over the key head's V / BV x HV / H
     programs, and no program waits for another. GDN only, Triton's main launch, fp32 state, no read copy, the
     pipelined read (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the
-    step produces what it reads."""
+    step produces what it reads. With main_impl="cuda" (or REPLAYSSM_SELF_PRE=cuda, a preference where the CUDA main
+    launch runs and can take it) it is gdn_main.cu's SELF_PRE instead (session 37): GDN's XL shapes with 16 rows per
+    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1193,6 +1195,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
             main_defs = None
+            if cuda_sp:  # (REPLAYSSM_SELF_PRE=cuda was a preference for that kernel: Triton's keeps its pre launch)
+                self_pre = cuda_sp = False
+                pdl_main = pdl
     # the pre launch's implementation: the caller's, else the environment's preference (REPLAYSSM_PRE_IMPL, default
     # "auto": the CUDA pre launch where the main launch is the CUDA one and the pre launch can run; "cuda": wherever it
     # can run and its kernel builds and loads; "triton": Triton's always). A preference never fails a launch.

@@ -269,6 +269,19 @@ def test_self_pre_cuda_by_environment(monkeypatch):
         replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
     # where the CUDA main launch cannot take it (KDA) the note names the pre launch as without it
     monkeypatch.setenv("REPLAYSSM_SELF_PRE", "cuda")
+    # a CUDA kernel that cannot be had: Triton's main launch with its pre launch (the preference lapses)
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, device: "no kernel here")
+    tpre = []
+
+    class CountPre:
+        def __getitem__(self, grid):
+            tpre.append(1)
+            return triton_pre[grid]
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", CountPre())
+    builds.clear()
+    replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
+    assert not builds and tpre
     kda = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(2, kda_keys="predecayed")
     assert not cuda_main.pre_preference_note("kda", st, kda, 128, 16).startswith("none")
     why = cuda_main.unavailable_reason("kda", st, kda, None, 128, 128, *cuda_main.CUDA_DEFAULT_KDA, self_pre=True)
