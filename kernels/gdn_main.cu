@@ -933,16 +933,25 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     }
     __syncwarp();
     float n_q = 0.0f, n_k = 0.0f;
+#if SELF_PRE
+    float qk = 0.0f;  // <k, q> (SELF_PRE's <k~, q~>, below), from the same reads
+#endif
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
         const float qe = qk_sm[qk_at(xl_col(s, e))], ke = qk_sm[QK_ROW + qk_at(xl_col(s, e))];
         n_q += qe * qe;
         n_k += ke * ke;
+#if SELF_PRE
+        qk += qe * ke;
+#endif
     }
 #pragma unroll
     for (int m = 1; m < 8; m <<= 1) {  // over the 8 lanes of the group (each group holds all 128 columns)
         n_q += __shfl_xor_sync(0xffffffffu, n_q, m);
         n_k += __shfl_xor_sync(0xffffffffu, n_k, m);
+#if SELF_PRE
+        qk += __shfl_xor_sync(0xffffffffu, qk, m);
+#endif
     }
     const float s_q = scale / sqrtf(n_q + 1e-6f);
     const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
@@ -979,7 +988,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     auto load_coef = [&]() {
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
         float v[NVAL];
-        float qk = 0.0f;  // this lane's part of <k, q> (its 16 columns)
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
             const int j = 4 * g + p;
@@ -999,10 +1007,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             v[2 * p] = pq * s_q;
             v[2 * p + 1] = pk * s_k;
         }
-#pragma unroll
-        for (int e = 0; e < 16; ++e) qk += qk_sm[qk_at(xl_col(s, e))] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
-#pragma unroll
-        for (int m = 1; m < 8; m <<= 1) qk += __shfl_xor_sync(0xffffffffu, qk, m);
         const float d = xl_reduce(v, lane);
         sp_dots[warp][(s & 1) * 16 + 4 * g + s / 2] = d;
         __syncwarp();
