@@ -195,6 +195,13 @@ def env_pre_impl() -> str:
     return os.environ.get("REPLAYSSM_PRE_IMPL", "").strip().lower() or "auto"
 
 
+def env_self_pre() -> str:
+    """REPLAYSSM_SELF_PRE (a server's preference for a decode step without its pre launch), stripped and lower-cased:
+    "" (unset), "0", "1" (Triton's main launch doing the pre launch's work) or "cuda" (gdn_main.cu's SELF_PRE);
+    decode_v3.launch refuses other values."""
+    return os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower()
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"
@@ -602,7 +609,7 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     """Which pre launch a decode step of this layer takes by the environment's preference (REPLAYSSM_PRE_IMPL), for
     the server's log: "CUDA (...)" or "Triton (why)"."""
     impl = env_pre_impl()
-    if (os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower() == "cuda" and prefers_cuda() and _obtainable()
+    if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
             and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *default_config(state.dtype, kind),
                                    self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"

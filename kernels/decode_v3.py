@@ -1103,7 +1103,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # self_pre: the caller's, else the environment's preference (REPLAYSSM_SELF_PRE=1: wherever this launch can take
     # it and its main launch is Triton's, as REPLAYSSM_MAIN_IMPL does for the CUDA main launch; =cuda: gdn_main.cu's
     # SELF_PRE wherever the CUDA main launch runs and can take it, below), else V3_TUNED's
-    env_sp = os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower() if self_pre is None else ""
+    env_sp = cuda_main.env_self_pre() if self_pre is None else ""
     if env_sp not in ("", "0", "1", "cuda"):
         raise ValueError(f"REPLAYSSM_SELF_PRE must be 0, 1 or cuda, got {env_sp!r}")
     env_cuda = main_impl is None and cuda_main.env_main_impl() == "cuda"  # (asked by name; "auto" yields to self_pre)
@@ -1161,8 +1161,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         raise ValueError(f"main_impl must be 'triton' or 'cuda', got {impl_main!r}")
     if self_pre and not cuda_sp:
         impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form here)
-    cuda_sp = cuda_sp and self_pre
-    pdl_main = pdl and not cuda_sp  # (without a pre launch the CUDA main launch waits for nothing: no PDL)
+    cuda_sp = cuda_sp and self_pre  # (below: without a pre launch the CUDA main launch waits for nothing: no PDL)
     cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
@@ -1170,14 +1169,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if (env_sp == "cuda" and impl_main == "cuda" and main_impl is None and not self_pre and isinstance(cuda_cfg, tuple)
             and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=True) is None):
         self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
-        pdl_main = False
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
     def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
-            BC=BC, pdl=pdl_main, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
+            BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
             self_pre=cuda_sp)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
@@ -1197,7 +1195,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             main_defs = None
             if cuda_sp:  # (REPLAYSSM_SELF_PRE=cuda was a preference for that kernel: Triton's keeps its pre launch)
                 self_pre = cuda_sp = False
-                pdl_main = pdl
     # the pre launch's implementation: the caller's, else the environment's preference (REPLAYSSM_PRE_IMPL, default
     # "auto": the CUDA pre launch where the main launch is the CUDA one and the pre launch can run; "cuda": wherever it
     # can run and its kernel builds and loads; "triton": Triton's always). A preference never fails a launch.
@@ -1287,9 +1284,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)
         cuda_main.launch(mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state,
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
-                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC, pdl=pdl_main,
-                         config=cuda_cfg, diag_stream=diag_stream, kind=kind, lower_bound=lower_bound, gts=gts,
-                         defs=main_defs)
+                         scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC,
+                         pdl=pdl and not cuda_sp, config=cuda_cfg, diag_stream=diag_stream, kind=kind,
+                         lower_bound=lower_bound, gts=gts, defs=main_defs)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](
