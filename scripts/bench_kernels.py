@@ -1178,9 +1178,9 @@ def main():
                         arms[f"v3_sl_cu_{shapes[0]}"] = arm_ours(
                             c, torch.float32, impl="v3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv))
-                        for rd, tag in ((None, "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
+                        for rd, tag in (("same", "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
                             arms[f"{tag}_cu_{shapes[0]}_sp"] = arm_ours(
-                                c, torch.float32, impl="v3", **({"read_dtype": rd} if rd else {}), **srv,
+                                c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")

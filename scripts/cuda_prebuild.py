@@ -117,11 +117,12 @@ def combos():
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
             for n in names for rcd in RC.values()]
     # gdn_main.cu's SELF_PRE (session 37): test_gpu_real_shapes_cuda_main_self_pre, and the benchmark's _sp arms (the
-    # server's arguments: GDN's default shape, no copy and the fp8 copy)
+    # server's arguments: the first of GDN's read-copy shapes, no copy and the fp8 copy)
     from test_decode_kernels import CUDA_MAIN_SELF_PRE_CASES
 
-    out += [rc_build("gdn", c, RC.get(rd), F32, I32, getattr(torch, sdt), True) for c, sdt, rd in CUDA_MAIN_SELF_PRE_CASES]
-    out += [rc_build("gdn", "x16w4c1_m5", rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
+    out += [rc_build("gdn", c, RC.get(rd), F32, I32, getattr(torch, sdt), True)
+            for c, sdt, rd in CUDA_MAIN_SELF_PRE_CASES]
+    out += [rc_build("gdn", cm.XL_RC_CONFIGS["gdn"][0], rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
