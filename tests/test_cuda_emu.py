@@ -26,25 +26,39 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
-                 **kw):
+                 self_pre=False, **kw):
+    """The harness with the CUDA main launch (shape cfg) emulated; returns it, the configs of its main launches and
+    a list that gets a 1 for each CUDA pre launch. self_pre: gdn_main.cu's SELF_PRE, no pre launch (Triton's
+    must not run either)."""
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
-    calls = []
-    real = cuda_main.launch
+    calls, pres = [], []
+    real, real_pre = cuda_main.launch, cuda_main.pre_launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(1) or real_pre(**a))
+    opts = dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl)
+    if self_pre:
+        from replayssm_sglang.kernels import decode_v3
+
+        opts["self_pre"] = True
+
+        class NoPre:
+            def __getitem__(self, grid):
+                raise AssertionError("Triton's pre launch ran under self_pre")
+
+        monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", NoPre())
     extra = dict(kda_keys="predecayed") if kind == "kda" else {}
     hz = Harness(kind, B=B, H=H or (1 if kind == "gdn" else HV), HV=HV, K=128, V=V, L=16, seed=seed,
                  windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
                  qkv_dtype=torch.bfloat16, decay=decay,
-                 v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl),
-                 **extra, **kw)
-    return hz, calls
+                 v3_opts=opts, **extra, **kw)
+    return hz, calls, pres
 
 
 @pytest.mark.parametrize("kind,cfg,state_dtype,decay", EMU_CASES, ids=str)
 def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
     """The CUDA main launch (its block shape cfg) emulated on the CPU, 14 steps against float64: window switching
     (16, 1, 4), forced flushes, pre-folds, padded rows, staggered cursors, the ring keyed by its own rows."""
-    hz, calls = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch)
+    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
@@ -56,10 +70,7 @@ def test_cuda_main_emulated(kind, cfg, state_dtype, decay, monkeypatch):
 def test_cuda_pre_emulated(kind, cfg, state_dtype, monkeypatch):
     """The CUDA pre launch (replay_gdn_pre, GDN's default beside the CUDA main launch; replay_kda_pre, opt-in)
     emulated too, feeding the emulated main launch: 14 steps against float64, slow decays, every pre launch CUDA's."""
-    pre_calls = []
-    real = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real(**a))
-    hz, _ = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda")
+    hz, _, pre_calls = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda")
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0, st
     assert len(pre_calls) == 14
@@ -71,7 +82,7 @@ def test_cuda_main_emulated_kda_rebase(monkeypatch):
     from replayssm_sglang.kernels import decode_v3
 
     monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
-    hz, _ = _emu_harness("kda", "x16w4c1_m5_gp", "float32", "fast", monkeypatch, seed=9)
+    hz, _, _ = _emu_harness("kda", "x16w4c1_m5_gp", "float32", "fast", monkeypatch, seed=9)
     st = hz.run(14)
     assert st["rebase"] > 0 and st["ovf"] > 0, st
 
@@ -88,7 +99,7 @@ def test_emulation_fails_a_wrong_kernel(monkeypatch, tmp_path):
     bad.write_text(src.replace(old, "const float o = P + u_t * kq * 1.0001f;"))
     monkeypatch.setattr(cuda_emu, "SRC", bad)
     monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
-    hz, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch)
+    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch)
     with pytest.raises(AssertionError, match="output rms ratio"):
         hz.run(6)
 
@@ -133,11 +144,8 @@ def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, mo
     the read copy of every row that folded (round(fold), its fp8 scales), every other copy bit-identical, rc_valid
     set; the copies start stale and poisoned with NaN, so a row reading one before its first fold fails. With the
     CUDA pre launch (pre_impl "cuda") every step's pre launch is CUDA's."""
-    pre_calls = []
-    real_pre = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real_pre(**a))
-    hz, calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7,
-                             pre_impl=pre_impl, **shape)
+    hz, calls, pre_calls = _emu_harness(kind, cfg, "float32", "slow", monkeypatch, read_dtype=read_dtype, seed=7,
+                                        pre_impl=pre_impl, **shape)
     st = hz.run(14)
     assert len(pre_calls) == (14 if pre_impl == "cuda" else 0)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
@@ -172,26 +180,9 @@ SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same"), ("x16w4c1_m5", 
 def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype, monkeypatch):
     """The CUDA main launch without a pre launch (self_pre with main_impl="cuda"), emulated: 14 steps against float64
     (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's."""
-    from replayssm_sglang.kernels import decode_v3
-
-    pre_calls = []
-    real_pre = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pre_calls.append(1) or real_pre(**a))
-
-    class NoPre:  # (Triton's pre launch must not run either)
-        def __getitem__(self, grid):
-            raise AssertionError("Triton's pre launch ran under self_pre")
-
-    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", NoPre())
     kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
-    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
-    calls = []
-    real = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
-    hz = Harness("gdn", B=3, H=shape.get("H", 1), HV=shape.get("HV", 2), K=128, V=shape.get("V", 64), L=16, seed=11,
-                 windows=(16, 16, 16, 1, 4), impl="v3", ring_idx=True, state_dtype=getattr(torch, state_dtype),
-                 qkv_dtype=torch.bfloat16, decay=decay,
-                 v3_opts=dict(main_impl="cuda", cuda_config=cfg, self_pre=True), **kw)
+    hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, decay, monkeypatch, seed=11, self_pre=True,
+                                        **shape, **kw)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert not pre_calls

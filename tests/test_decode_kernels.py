@@ -1451,12 +1451,14 @@ def test_gpu_real_shapes_cuda_main(cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, 
 def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows, state_dtype, seed, kind="gdn",
                         **harness_kw):
     """26 steps of the real-shape harness with the CUDA main launch in shape cfg, against float64 (window switching,
-    forced flushes, pre-folds, staggered cursors), every step's main launch the CUDA one. KDA: predecayed keys."""
+    forced flushes, pre-folds, staggered cursors), every step's main launch the CUDA one. KDA: predecayed keys.
+    Returns the harness's stats and, under "cuda_pre_launches", how many CUDA pre launches ran."""
     from replayssm_sglang.kernels import cuda_main
 
-    calls = []
-    real_launch = cuda_main.launch
+    calls, pres = [], []
+    real_launch, real_pre = cuda_main.launch, cuda_main.pre_launch
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: calls.append(1) or real_launch(**kw))
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: pres.append(1) or real_pre(**kw))
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
@@ -1467,7 +1469,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     st = hz.run(steps)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == steps, "every step's main launch must be the CUDA one"
-    return st
+    return {**st, "cuda_pre_launches": len(pres)}
 
 
 # the pre launch in CUDA (gdn_main.cu's replay_gdn_pre, decode_v3 pre_impl="cuda"; session 31): beside the CUDA main
@@ -1718,15 +1720,10 @@ def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, mo
     steps (the Harness checks the outputs, the checkpoint and the read copy of every folding row, every other copy
     bit-identical, rc_valid), slow decays; rows whose stale copy alone makes them flush among them. pre_impl: the pre
     launch (GDN's server takes the CUDA one beside the CUDA main launch, which reads rc_valid since session 37)."""
-    from replayssm_sglang.kernels import cuda_main
-
-    pre_calls = []
-    real_pre = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: pre_calls.append(1) or real_pre(**kw))
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=7, kind=kind,
                              read_dtype=read_dtype, decay="slow", pre_impl=pre_impl)
     assert st["stale_only"] > 0, st
-    assert len(pre_calls) == (26 if pre_impl == "cuda" else 0)
+    assert st["cuda_pre_launches"] == (26 if pre_impl == "cuda" else 0)
 
 
 # gdn_main.cu's SELF_PRE (session 37; decode_v3 self_pre with main_impl="cuda", or REPLAYSSM_SELF_PRE=cuda): GDN's XL
@@ -1742,15 +1739,10 @@ CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "b
 def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkeypatch):
     """The CUDA main launch making the pre launch's coefficients itself, at the real head sizes against float64 over
     26 steps, slow decays; no pre launch runs."""
-    from replayssm_sglang.kernels import cuda_main
-
-    pres = []
-    real_pre = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: pres.append(1) or real_pre(**kw))
     kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
-    _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype), seed=13,
-                        decay="slow", self_pre=True, **kw)
-    assert not pres
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
+                             seed=13, decay="slow", self_pre=True, **kw)
+    assert st["cuda_pre_launches"] == 0
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these
