@@ -96,7 +96,7 @@ XL_FP32_CONFIGS = ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_late", "x16w2c1_m10",
 XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
 XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3")
-# KDA in the XL layout (session 34, built and compiled offline, not yet run on a GPU: benchmarks.md "Next GPU runs"):
+# KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
 XL_KDA_BF16_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m6_gp")

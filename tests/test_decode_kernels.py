@@ -1728,7 +1728,7 @@ def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, mo
 
 # gdn_main.cu's SELF_PRE (session 37; decode_v3 self_pre with main_impl="cuda", or REPLAYSSM_SELF_PRE=cuda): GDN's XL
 # main launch without a pre launch, fp32 and bf16 states and the fp8 read copy, the server's arguments. Checked on the
-# CPU by tests/test_cuda_emu.py; not yet run on a GPU.
+# CPU by tests/test_cuda_emu.py; on the H200 in session 38 (kernels-20261204-1404: passed, and slower than the pre launch).
 CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "bfloat16", "same"),
                             ("x16w4c1_m5", "float32", "fp8_e4m3")]
 
@@ -1750,7 +1750,7 @@ def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkey
 # arguments (fp32 records, bf16 inputs, the ring keyed by its own rows), 48 steps at window 16 with window 1 and 4
 # steps between
 CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", "float32"),
-                        # (KDA's fp32 default since session 36; not yet run on a GPU)
+                        # (KDA's fp32 default since session 36)
                         ("kda", "x16w4c1_m4_gp", "float32"),
                         ("kda", "x16w4c1_m6_gp", "bfloat16"), ("gdn", "x16w4c1_m5", "float32"),
                         ("gdn", "x16w4c1_m6", "bfloat16")]
