@@ -31,14 +31,13 @@ SMEM_BYTES = 1 << 17  # the runner's stand-in for a block's dynamic shared memor
 _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
                 "SP_CONST KR_T*", "SP_CONST float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
-                "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*", "int*")
+                "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*")
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
-_PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*", "int*", "int"),
-               1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*",
-                               "int*", "int")}
+_PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*"),
+               1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*")}
 
 _RUNNER = r"""
 #include "cuda_emu.h"
@@ -46,10 +45,8 @@ _RUNNER = r"""
 #include <thread>
 #include <vector>
 thread_local emu_dim3 threadIdx, blockIdx;
-emu_dim3 gridDim;
 EmuWarp* emu_warps = nullptr;
 std::barrier<>* emu_block_bar = nullptr;
-int emu_fault = 0;
 alignas(128) unsigned char emu_smem[%(SMEM)s];
 #include "kernel_src.cu"
 
@@ -57,7 +54,6 @@ template <typename F>
 static int emu_grid(int gx, int gy, int gz, int nthreads, F kernel) {
     if (nthreads % 32 || nthreads <= 0) return 1;
     const int nw = nthreads / 32;
-    gridDim = {static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz)};
     std::unique_ptr<EmuWarp[]> warps(new EmuWarp[nw]);
     std::barrier<> block_bar(nthreads);
     emu_warps = warps.get();
@@ -79,9 +75,7 @@ static int emu_grid(int gx, int gy, int gz, int nthreads, F kernel) {
 }
 
 extern "C" int emu_run_main(int gx, int gy, int gz, int nthreads, void** p) {
-    emu_fault = 0;
-    const int rc = emu_grid(gx, gy, gz, nthreads, [p] { replay_gdn_main(%(ARGS)s); });
-    return rc ? rc : (emu_fault ? 3 : 0);
+    return emu_grid(gx, gy, gz, nthreads, [p] { replay_gdn_main(%(ARGS)s); });
 }
 %(PRE)s
 """
@@ -179,8 +173,5 @@ def run_main(defs: dict, grid: tuple, nthreads: int, params) -> None:
                            f"{smem_bytes(defs)}")
     rc = build(defs).emu_run_main(int(grid[0]), int(grid[1]), int(grid[2]), int(nthreads),
                                   ctypes.cast(params, ctypes.c_void_p))
-    if rc == 3:
-        raise RuntimeError("a main-launch warp found its (row, key head)'s pre flag down (PRE_FLAGS: the pre launch "
-                           "did not raise it)")
     if rc != 0:
         raise RuntimeError(f"the CPU emulation refused the launch ({nthreads} threads per block)")

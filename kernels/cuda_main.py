@@ -258,18 +258,15 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False, rc_dtype=None, self_pre=False, pre_flags=False) -> dict:
+            lower_bound=False, rc_dtype=None, self_pre=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
-    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
-    pre_flags: the main launch waits for its (row, key head)'s flag from the pre launch instead of the whole pre
-    launch (GDN's XL layout; PRE_FLAGS, session 38: only where set)."""
+    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
-    rc |= {"PRE_FLAGS": 1} if pre_flags else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -520,14 +517,10 @@ def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, gt_pre=0, xl=0, nch=1, self_pre=False, pre_flags=False) -> str | None:
-    """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE);
-    pre_flags: waiting for the pre launch's per-(row, key head) flags (PRE_FLAGS)."""
+                       late_coef=0, gt_pre=0, xl=0, nch=1, self_pre=False) -> str | None:
+    """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if pre_flags and (kind != "gdn" or not xl or self_pre or getattr(ring, "pre_flags", None) is None):
-        return ("waiting for the pre launch's flags (pre_flags) is GDN's eight-lanes-per-row layout (xl) beside its "
-                "CUDA pre launch, with a ring that has pre_flags")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -649,7 +642,7 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, pre_flags=False) -> dict:
+                   self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
                                                                                                        kind))
@@ -662,8 +655,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=ring.rc.dtype if ring.rc is not None else None, self_pre=self_pre,
-                   pre_flags=pre_flags)
+                   rc_dtype=ring.rc.dtype if ring.rc is not None else None, self_pre=self_pre)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -722,32 +714,12 @@ def pre_name(defs: dict) -> str:
     return "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
 
 
-# PRE_FLAGS: the pre launch's warps in flight, at most (H x rows of its grid): about an eighth of an H200's warps
-# (132 SMs x 64), so that the main launch's blocks start beside it (a grid of B x H one-warp blocks, B = 256, fills
-# every SM's 32 block slots and its registers: no main block starts before it ends)
-PRE_FLAG_WARPS = 1024
-
-
-def pre_flag_rows(B: int, heads: int, warps: int | None = None) -> int:
-    """PRE_FLAGS: the rows of the pre launch's grid (each warp walks B / rows of them), for about ``warps`` warps
-    (None: REPLAYSSM_PRE_FLAG_WARPS, else PRE_FLAG_WARPS)."""
-    if warps is None:
-        warps = int(os.environ.get("REPLAYSSM_PRE_FLAG_WARPS", PRE_FLAG_WARPS))
-    return max(1, min(int(B), warps // max(1, int(heads))))
-
-
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, B, gts=None, min_g=0.0, flag_warps=None) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
-    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head); with PRE_FLAGS (GDN) (H,
-    pre_flag_rows(B, H, flag_warps)), each warp walking rows and raising ring.pre_flags for each (row, key head) it
-    finishes."""
-    flags = defs.get("PRE_FLAGS", 0)
-    if flags and (ring.pre_flags is None or ring.pre_flags.dtype != torch.int32 or not ring.pre_flags.is_contiguous()
-                  or ring.pre_flags.shape[-1] != defs["H_"]):
-        raise ValueError("PRE_FLAGS: the ring needs its pre_flags, int32 [rows, H], contiguous, zero between launches")
+    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head)."""
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
@@ -762,18 +734,16 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     else:
         args = head + [ctypes.c_float(scale), lb]
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
-             ptr(ring.rc_valid if ring.rc is not None else None), ptr(ring.pre_flags if flags else None),
-             ctypes.c_int(int(B))]
+             ptr(ring.rc_valid if ring.rc is not None else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
-    rows = pre_flag_rows(B, heads, flag_warps) if flags else B
     if emulated(mixed_qkv.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
 
-        cuda_emu.run_pre(defs, (heads, rows), params)
+        cuda_emu.run_pre(defs, (heads, B), params)
         return
     f = function(defs, mixed_qkv.device, name)
-    cfg = _LaunchConfig(heads, rows, 1, 32, 1, 1, 0,
+    cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
                         ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), None, 0)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
 
@@ -808,8 +778,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
-            ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
-            ptr(ring.pre_flags if defs.get("PRE_FLAGS", 0) else None)]
+            ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

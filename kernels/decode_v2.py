@@ -230,15 +230,13 @@ def replay_decode_v2_post_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None,
-    PRED: tl.constexpr = False, HVP: tl.constexpr = 1, pre_flags=None, HAS_PRE_FLAGS: tl.constexpr = False,
+    PRED: tl.constexpr = False, HVP: tl.constexpr = 1,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
     programmatic dependent of the decode launch): waits for it first. HAS_RC (decode v3 with a read copy): the
     rule counts a stale copy as a forced flush, as the decode launch did, and every real row's copy is marked
-    current (rc_valid[ring row] = 1) once the decode launch has written it. HAS_PRE_FLAGS (decode v3's CUDA launches
-    with PRE_FLAGS): the row's pre flags (pre_flags [ring rows, HK]), raised by the pre launch and waited for by the
-    main launch, are lowered for the next launch."""
+    current (rc_valid[ring row] = 1) once the decode launch has written it."""
     if USE_PDL:
         gdc_wait()
     i_n = tl.program_id(0)
@@ -269,9 +267,6 @@ def replay_decode_v2_post_kernel(
                             tl.store(ring_k + ((rrow * HK + hv) * CAP + j) * K + o_k,
                                      tl.zeros([BK], dtype=tl.float32).to(ring_k.dtype.element_ty), mask=o_k < K)
                         tl.store(p_f + hv, 0)
-        if HAS_PRE_FLAGS:
-            o_f = tl.arange(0, HVP)
-            tl.store(pre_flags + rrow * HK + o_f, tl.zeros([HVP], dtype=tl.int32), mask=o_f < HK)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
         if HAS_RC:

@@ -993,7 +993,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None, pre_flags=None, pre_flag_warps=None):
+           pre_impl=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1073,14 +1073,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pipelined read (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the
     step produces what it reads. With main_impl="cuda" (or REPLAYSSM_SELF_PRE=cuda, a preference where the CUDA main
     launch runs and can take it) it is gdn_main.cu's SELF_PRE instead (session 37): GDN's XL shapes with 16 rows per
-    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason).
-    pre_flags (None: the environment's REPLAYSSM_PRE_FLAGS, "1" or "0", else V3_TUNED's; session 38): where GDN's
-    main and pre launches are both CUDA's (XL shapes, the whole step: _diag_parts "all") and the ring has pre_flags,
-    the pre launch runs on a fraction of the GPU's warps (cuda_main.pre_flag_rows), raising one flag per (row, key
-    head) it finishes, and each main-launch warp waits for its own flag instead of the whole pre launch, so the main
-    launch's blocks start beside the pre launch (gdn_main.cu's PRE_FLAGS). A preference: where it cannot run, the
-    launch waits as before. pre_flag_warps: the warps the pre launch aims at then (None: cuda_main.pre_flag_rows's
-    default)."""
+    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1178,12 +1171,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
-    def cuda_defines(config, diag, pre_flags=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
+    def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp, pre_flags=pre_flags)
+            self_pre=cuda_sp)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
@@ -1228,22 +1221,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 cuda_main.default_config(state.dtype, kind), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
-    # PRE_FLAGS: the main launch waits for its own (row, key head)'s flag rather than the whole pre launch, where both
-    # launches are CUDA's (one module) and the whole step runs
-    if pre_flags is None:
-        env_pf = os.environ.get("REPLAYSSM_PRE_FLAGS", "").strip()
-        if env_pf not in ("", "0", "1"):
-            raise ValueError(f"REPLAYSSM_PRE_FLAGS must be 0 or 1, got {env_pf!r}")
-        pre_flags = env_pf == "1" if env_pf else bool(tuned.get("pre_flags", False))
-    # (the post launch lowers the flags again: it must run)
-    if (pre_flags and pre_defs is not None and pre_defs is main_defs and _diag_parts == "all"
-            and (advance_h or may_prefold)
-            and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp,
-                                             pre_flags=True) is None):
-        flag_defs = cuda_defines(cuda_cfg, diag_stream, pre_flags=True)
-        if cuda_main.emulated(state.device) or not cuda_main.load_failure(flag_defs, state.device):
-            main_defs = pre_defs = flag_defs
-    flags_on = bool(main_defs is not None and main_defs.get("PRE_FLAGS", 0))
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     if B == 0:
@@ -1294,7 +1271,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
                              scale=float(scale), lower_bound=lower_bound, L=L, B=B, gts=gts,
-                             min_g=PREDECAYED_MIN_G, flag_warps=pre_flag_warps)
+                             min_g=PREDECAYED_MIN_G)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -1335,8 +1312,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
             rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, ovf=ring.ovf if pred else None, PRED=pred,
-            HVP=triton.next_power_of_2(HV), **_pdl_kw(pdl), pre_flags=ring.pre_flags if flags_on else None,
-            HAS_PRE_FLAGS=flags_on,
+            HVP=triton.next_power_of_2(HV), **_pdl_kw(pdl),
         )
     elif has_rc and _diag_parts == "all":
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)

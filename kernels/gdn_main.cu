@@ -79,12 +79,6 @@
 #if SELF_PRE && (IS_KDA || !XL || RPW != 16 || LATE_COEF || USE_PDL || CAP_ > 16)
 #error "SELF_PRE: GDN's XL layout with 16 rows per warp, a ring capacity of at most 16, no pre launch to wait for"
 #endif
-#ifndef PRE_FLAGS
-#define PRE_FLAGS 0  // XL, GDN: the main launch waits for its (row, key head)'s coefficients by a flag the pre launch
-#endif               // raises (pre_flags [ring rows, H]), not for the whole pre launch (docs/design.md "Session 38")
-#if PRE_FLAGS && (IS_KDA || !XL || SELF_PRE)
-#error "PRE_FLAGS: GDN's XL main launch beside its CUDA pre launch"
-#endif
 #if SELF_PRE
 #define SP_CONST  // (the main launch appends the token's record: it writes ring_k and ring_g)
 #else
@@ -273,55 +267,6 @@ __device__ __forceinline__ void slot_and_ring_row(const SLOT_T* __restrict__ slo
 #endif
 }
 
-#if PRE_FLAGS
-// PRE_FLAGS (session 38): the pre launch walks the rows with a fraction of the GPU's warps (grid (H, Y), rows n, n + Y,
-// ...) and raises pre_flags[ring row, key head] to 1 for each (row, key head) it finishes; each main-launch warp waits
-// for its own flag (not for the whole pre launch: griddepcontrol.wait) before it reads the coefficients, and the post
-// launch (after the main launch) lowers the row's flags again, so they are 0 between launches (a padded row is
-// skipped by all three). The main launch's blocks thus start beside the pre launch's warps and wait only where their
-// own row is not ready yet. Deadlock-free under PDL: the main launch starts only once every pre block has run its
-// griddepcontrol.launch_dependents, i.e. is resident or done.
-// the flag as it stands (no ordering: read early, beside the row's other loads; looked at later)
-__device__ __forceinline__ int flag_peek(const int* f) {
-#ifdef __CUDA_ARCH__
-    int v;
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-    return v;
-#else
-    return __atomic_load_n(f, __ATOMIC_ACQUIRE);
-#endif
-}
-// the flag once it is raised (acquire: the pre launch's writes before it are visible after it); a flag that stays
-// down for ~2^26 polls (seconds) traps, a launch error instead of a hung server (the CPU emulation, which runs the
-// pre launch first, counts it in emu_fault)
-__device__ __forceinline__ int flag_wait(const int* f) {
-#ifdef __CUDA_ARCH__
-    int v = 0;
-#pragma unroll 1
-    for (int i = 0; i < (1 << 26); ++i) {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-        if (v != 0) return v;
-    }
-    __trap();
-    return v;
-#else
-    const int v = __atomic_load_n(f, __ATOMIC_ACQUIRE);
-    if (v == 0) emu_fault = 1;
-    return v;
-#endif
-}
-// raise the flag after every lane's writes of this (row, key head)
-__device__ __forceinline__ void flag_raise(int* f, int lane) {
-    __threadfence();
-    __syncwarp();
-#ifdef __CUDA_ARCH__
-    if (lane == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(f), "r"(1) : "memory");
-#else
-    if (lane == 0) __atomic_store_n(f, 1, __ATOMIC_RELEASE);
-#endif
-}
-#endif
-
 // What the pre launch writes (coef, scal, ovf, gts) is read only after griddepcontrol.wait, and the kernels take those
 // pointers without __restrict__: with it, nvcc compiles their loads as invariant (LDG.CONSTANT) and may schedule them
 // above the wait, where under PDL they read what the pre launch has not written yet (the scratch of an earlier launch).
@@ -410,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid, int* pre_flags) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -862,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid, int* pre_flags) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
@@ -934,10 +879,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     };
 #if !HAS_RC && !SELF_PRE
     load_tile(0);
-#endif
-#if PRE_FLAGS
-    // this (row, key head)'s flag, read beside the row's h and flags (looked at before the coefficients, below)
-    int flag_seen = flag_peek(pre_flags + rrow * H_ + i_h);
 #endif
 
 #if HAS_H_ROWS
@@ -1098,25 +1039,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     };
 #else
     auto load_coef = [&]() {
-#if PRE_FLAGS
-        if (flag_seen == 0) flag_seen = flag_wait(pre_flags + rrow * H_ + i_h);
-        // the coefficients' addresses made to depend on the flag's value, so that neither nvcc nor the GPU reads
-        // them before it is known; read from L2 (__ldcg: a line of scal holds other key heads' entries, which an
-        // L1 copy could hold from before their flags)
-        int dep = 0;  // (0, as nvcc sees it a function of the flag's value)
-#ifdef __CUDA_ARCH__
-        asm volatile("" : "+r"(dep) : "r"(flag_seen));
-#endif
-        const float* pc = coef + nh * 2 * BC_ + dep;
-        const float* psc = scal + nh * 2 + dep;
-#pragma unroll
-        for (int t = 0; t < JX; ++t) {
-            cq[t] = __ldcg(pc + j0 + t);
-            ck[t] = __ldcg(pc + BC_ + j0 + t);
-        }
-        e_t = __ldcg(psc);
-        kq = __ldcg(psc + 1);
-#else
 #if USE_PDL
         asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -1126,7 +1048,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             cq[t] = pc[j0 + t];
             ck[t] = pc[BC_ + j0 + t];
         }
-#endif  // PRE_FLAGS
 #if IS_KDA
         kq = scal[nh * 2 + 1];  // (e^{G_t} is per column, on q and k: e_t stays 1)
         // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that
@@ -1136,7 +1057,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         prefold = prefold && ov_row == 0;
         rebase = ov_head != 0 && !flush && !prefold;
         fold = (flush || prefold || rebase) && DIAG_STREAM == 0;
-#elif !PRE_FLAGS
+#else
         e_t = scal[nh * 2];
         kq = scal[nh * 2 + 1];
 #endif
@@ -1417,13 +1338,21 @@ __device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, in
 //   head: G_t = G_{h-1} + g_t, the coefficients c_j = <k_j, q~> e^{G_t - G_j}, d_j = <k_j, k~> e^{G_t - G_j}
 //   (coef), e^{G_t} and <k~, q~> (scal), and on a row that appends, G_t into the ring; then the token's key k~.
 // Padded rows write nothing. With USE_PDL it lets the main launch (its programmatic dependent) start at once.
-// replay_gdn_pre's work for one (row n, key head i_h) whose ring row is rrow
-__device__ __forceinline__ void gdn_pre_item(
+extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const ALOG_T* __restrict__ A_log,
     const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
-    const int* __restrict__ ring_h, const int* __restrict__ h_rows, const FORCED_T* __restrict__ forced,
-    float* __restrict__ coef, float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv,
-    long long stride_a, const int* __restrict__ rc_valid, int lane, int i_h, int n, long long rrow) {
+    const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
+    const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
+    float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
+    const int* __restrict__ rc_valid) {
+#if USE_PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    const int lane = threadIdx.x;
+    const int i_h = blockIdx.x, n = blockIdx.y;
+    long long slot, rrow;
+    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
+    if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
     const PreRule rule = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow, L);
     const int h_old = rule.h_old, h_eff = rule.h_eff;
     const bool append = rule.append;
@@ -1465,39 +1394,6 @@ __device__ __forceinline__ void gdn_pre_item(
         from_f(dst + 3, k.w);
     }
 }
-
-// the kernel: one (row, key head) per block as above, or with PRE_FLAGS each warp walks rows and flags each done
-extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
-    const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const ALOG_T* __restrict__ A_log,
-    const DTB_T* __restrict__ dt_bias, KR_T* __restrict__ ring_k, float* __restrict__ ring_g,
-    const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
-    const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
-    float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    const int* __restrict__ rc_valid, int* __restrict__ pre_flags, int B) {
-#if USE_PDL
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    const int lane = threadIdx.x;
-    const int i_h = blockIdx.x;
-#if PRE_FLAGS
-    // rows blockIdx.y, + gridDim.y, ... (the launch's grid has fewer rows than B), each (row, key head) flagged done
-    for (int n = blockIdx.y; n < B; n += gridDim.y) {
-        long long slot, rrow;
-        slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
-        if (slot < 0) continue;  // padding: nothing written, no flag (the main launch's padded blocks wait for none)
-        gdn_pre_item(mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, forced, coef, scal, scale,
-                     lower_bound, L, stride_qkv, stride_a, rc_valid, lane, i_h, n, rrow);
-        flag_raise(pre_flags + rrow * H_ + i_h, lane);
-    }
-#else
-    const int n = blockIdx.y;
-    long long slot, rrow;
-    slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
-    if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
-    gdn_pre_item(mixed_qkv, a, A_log, dt_bias, ring_k, ring_g, ring_h, h_rows, forced, coef, scal, scale, lower_bound,
-                 L, stride_qkv, stride_a, rc_valid, lane, i_h, n, rrow);
-#endif
-}
 #endif
 
 #if IS_KDA && CAP_ <= 16 && BC_ <= 16
@@ -1525,8 +1421,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
-    float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
-    int* __restrict__ pre_flags, int B) {  // (pre_flags, B: GDN's PRE_FLAGS; unused here)
+    float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid) {
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

@@ -132,8 +132,6 @@ class RingLayout:
             rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
             ovf=(torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed"
                  else None),
-            pre_flags=(torch.zeros(slots, self.HK, dtype=torch.int32, device=device) if self.kind == "gdn"
-                       else None),
         )
 
 
@@ -175,10 +173,6 @@ class Ring:
     # column per row (flush); 0 between launches.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
-    # pre_flags [slots, HK] int32 (GDN rings): decode v3's CUDA launches with PRE_FLAGS (kernels/gdn_main.cu) raise one per
-    # (ring row, key head) in the pre launch and take it down in the main launch; 0 between launches. None: those
-    # launches wait for the whole pre launch instead.
-    pre_flags: torch.Tensor | None = None
 
     @property
     def predecayed(self) -> bool:

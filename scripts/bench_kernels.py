@@ -1182,16 +1182,6 @@ def main():
                             arms[f"{tag}_cu_{shapes[0]}_sp"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
-                        # gdn_main.cu's PRE_FLAGS (session 38): the pre launch on ~1024 warps (512, 2048: _pf512,
-                        # _pf2048) raising a flag per (row, key head), each main-launch warp waiting for its own
-                        for rd, tag in (("same", "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
-                            for w, sfx in ((None, ""), (512, "512"), (2048, "2048")):
-                                if w is not None and rd != "same":
-                                    continue
-                                arms[f"{tag}_cu_{shapes[0]}_pf{sfx}"] = arm_ours(
-                                    c, torch.float32, impl="v3", read_dtype=rd, **srv,
-                                    v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv,
-                                                 pre_flags=True, pre_flag_warps=w))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

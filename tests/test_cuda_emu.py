@@ -26,7 +26,7 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
-                 self_pre=False, pre_flags=None, **kw):
+                 self_pre=False, **kw):
     """The harness with the CUDA main launch (shape cfg) emulated; returns it, the configs of its main launches and
     a list that gets a 1 for each CUDA pre launch. self_pre: gdn_main.cu's SELF_PRE, no pre launch (Triton's
     must not run either)."""
@@ -36,8 +36,6 @@ def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(1) or real_pre(**a))
     opts = dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl)
-    if pre_flags is not None:
-        opts["pre_flags"] = pre_flags
     if self_pre:
         from replayssm_sglang.kernels import decode_v3
 
@@ -167,77 +165,6 @@ def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, mo
     assert torch.equal(rc.view(torch.uint8), want_rc.view(torch.uint8)), "a read copy is not round(its checkpoint)"
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
-
-
-# gdn_main.cu's PRE_FLAGS (session 38): the CUDA pre launch walking the rows (one grid row here, so that each warp takes
-# every row in turn) and raising one flag per (row, key head); the main launch waiting for its own; the post launch
-# lowering them. fp32 and bf16 states, the fp8 copy, two value heads per key head over two V-tiles (the real shapes')
-PRE_FLAGS_CASES = [("x16w4c1_m5", "float32", {}, "same"), ("x16w4c1_m6", "bfloat16", {}, "same"),
-                   ("x16w4c1_m5", "float32", dict(H=2, HV=4, V=128), "same"),
-                   ("x16w4c1_m5", "float32", dict(H=2, HV=4, V=128), "fp8_e4m3")]
-
-
-def _flag_watch(monkeypatch, hz, *, drop=False):
-    """Wraps the (already wrapped) CUDA pre and main launches: after each pre launch, the flags of exactly the batch's
-    real rows are raised (all key heads; drop: then lowered again, a pre launch that raised none); each main launch is
-    a PRE_FLAGS build. Returns the counts (pre launches checked, main launches with PRE_FLAGS)."""
-    seen = {"pre": 0, "main": 0}
-    pre, main = cuda_main.pre_launch, cuda_main.launch
-
-    def watch_pre(**a):
-        pre(**a)
-        f = hz.ring.pre_flags.cpu()
-        rows = a["ring_idx"].long().cpu()[(a["slot_idx"].cpu() >= 0) & (a["ring_idx"].cpu() >= 0)]
-        want = torch.zeros_like(f)
-        want[rows] = 1
-        assert torch.equal(f, want), "the pre launch raised other flags than its real rows' (every key head)"
-        seen["pre"] += 1
-        if drop:
-            hz.ring.pre_flags.zero_()
-
-    def watch_main(**a):
-        seen["main"] += int(a["defs"].get("PRE_FLAGS", 0) == 1)
-        return main(**a)
-
-    monkeypatch.setattr(cuda_main, "pre_launch", watch_pre)
-    monkeypatch.setattr(cuda_main, "launch", watch_main)
-    return seen
-
-
-@pytest.mark.parametrize("cfg,state_dtype,shape,read_dtype", PRE_FLAGS_CASES, ids=str)
-def test_cuda_pre_flags_emulated(cfg, state_dtype, shape, read_dtype, monkeypatch):
-    """PRE_FLAGS, emulated: 14 steps against float64 (forced flushes, pre-folds, staggered cursors, padded rows); each
-    pre launch raises exactly its real rows' flags, and they are all down again after each step (the post launch)."""
-    monkeypatch.setenv("REPLAYSSM_PRE_FLAG_WARPS", "1")  # (pre_flag_rows: a grid of one row; each warp walks them all)
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
-    hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda", seed=17,
-                                        pre_flags=True, **shape, **kw)
-    seen = _flag_watch(monkeypatch, hz)
-    for _ in range(14):
-        hz.run(1)
-        assert int(hz.ring.pre_flags.abs().sum()) == 0, "a flag stayed up after the step"
-    st = hz.stats
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
-    # every step at window 16 or 4 ran both CUDA launches with flags (window 1 is the conventional update: neither)
-    assert seen["pre"] == len(pre_calls) == seen["main"] > 0, (seen, len(pre_calls))
-
-
-def test_cuda_pre_flags_missing_flag_fails(monkeypatch):
-    """The check can fail: a pre launch that raises no flag makes the emulated main launch refuse (on a GPU its
-    warps would wait, then trap)."""
-    monkeypatch.setenv("REPLAYSSM_PRE_FLAG_WARPS", "1")
-    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch, pre_impl="cuda", seed=17,
-                            pre_flags=True)
-    _flag_watch(monkeypatch, hz, drop=True)
-    with pytest.raises(RuntimeError, match="pre flag down"):
-        hz.run(14)
-
-
-def test_pre_flag_rows():
-    """The pre launch's grid rows under PRE_FLAGS: about PRE_FLAG_WARPS warps, at least 1, at most B."""
-    assert cuda_main.pre_flag_rows(256, 16) == cuda_main.PRE_FLAG_WARPS // 16
-    assert cuda_main.pre_flag_rows(8, 16) == 8
-    assert cuda_main.pre_flag_rows(256, 4096) == 1
 
 
 # gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;

@@ -1462,8 +1462,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "pre_flags", "pre_flag_warps")
-           if k in harness_kw}  # (decode_v3's options)
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre") if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
                        v3_opts=dict(main_impl="cuda", cuda_config=cfg, **pre), **harness_kw)
@@ -1744,24 +1743,6 @@ def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkey
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
                              seed=13, decay="slow", self_pre=True, **kw)
     assert st["cuda_pre_launches"] == 0
-
-# gdn_main.cu's PRE_FLAGS (session 38): the main launch waiting for its (row, key head)'s flag from the CUDA pre launch
-# (which walks the rows on a few warps; 32 here: each warp takes several rows), under PDL: the two launches run at
-# once, so this is where the flags' memory ordering is checked; fp32 and bf16 states, the fp8 read copy
-CUDA_MAIN_PRE_FLAGS_CASES = [("x16w4c1_m5", "float32", "same", 32), ("x16w4c1_m6", "bfloat16", "same", 32),
-                             ("x16w4c1_m5", "float32", "fp8_e4m3", 32), ("x16w4c1_m5", "float32", "same", None)]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg,state_dtype,read_dtype,warps", CUDA_MAIN_PRE_FLAGS_CASES, ids=str)
-def test_gpu_real_shapes_cuda_main_pre_flags(cfg, state_dtype, read_dtype, warps, monkeypatch):
-    """PRE_FLAGS at the real head sizes against float64 over 26 steps, slow decays; every step's pre launch CUDA's."""
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
-    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
-                             seed=19, decay="slow", pre_impl="cuda", pre_flags=True, pre_flag_warps=warps, **kw)
-    assert st["cuda_pre_launches"] == 26
-
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these

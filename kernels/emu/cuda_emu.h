@@ -15,7 +15,6 @@ struct emu_dim3 {
     unsigned x, y, z;
 };
 extern thread_local emu_dim3 threadIdx, blockIdx;
-extern emu_dim3 gridDim;
 
 struct float2 {
     float x, y;
@@ -82,13 +81,6 @@ struct EmuWarp {
 extern EmuWarp* emu_warps;
 extern std::barrier<>* emu_block_bar;
 extern unsigned char emu_smem[];
-
-// PRE_FLAGS' flags (gdn_main.cu): a fence, L2-only loads; emu_fault: a main-launch warp found its flag down (here the
-// pre launch runs to its end before the main launch starts, so that is a missing flag, never a race)
-extern int emu_fault;
-inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-template <typename T>
-inline T __ldcg(const T* p) { return *p; }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_warps[threadIdx.x / 32].bar.arrive_and_wait(); }
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }

@@ -144,10 +144,9 @@ def ring_bytes_per_row(cache_params: Any, L: int, num_layers: int | None = None,
     if effective_read_dtype(read_dtype, cache_params.dtype.temporal) != "same":
         rc = precision.read_copy_bytes(lay.HV, lay.V, lay.K, read_dtype) + 4  # + rc_valid (int32)
     # per layer: records + h + arrive (int32 each) [+ read copy + scales + rc_valid] [+ KDA's ovf flags, int32 per
-    # head and one per row] [+ GDN's pre_flags, int32 per key head]; per row: ``fresh``
+    # head and one per row]; per row: ``fresh``
     ovf = 4 * (lay.HV + 1) if lay.kind == "kda" else 0
-    flags = 4 * lay.HK if lay.kind == "gdn" else 0  # GDN's pre_flags (int32 per key head)
-    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc + ovf + flags) + 4
+    return n * (lay.cap * lay.record_bytes(rec) + 4 + 4 + rc + ovf) + 4
 
 
 ring_bytes_per_slot = ring_bytes_per_row  # the name patch 0005 used while the ring was per slot
@@ -231,9 +230,6 @@ class ReplayPool:
     # (ring_bytes_per_row) do not depend on the layout.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
-    # pre_flags [layers, rows, H] int32 (GDN pools): ring.Ring.pre_flags per layer (decode v3's PRE_FLAGS launches; 0
-    # between launches)
-    pre_flags: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
@@ -252,8 +248,7 @@ class ReplayPool:
         return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
                    g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
                    track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
-                   ovf=z((rows, layout.HV + 1), torch.int32) if layout.kind == "kda" else None,
-                   pre_flags=z((rows, layout.HK), torch.int32) if layout.kind == "gdn" else None)
+                   ovf=z((rows, layout.HV + 1), torch.int32) if layout.kind == "kda" else None)
 
     # --- shape facts ---------------------------------------------------------------------------
     @property
@@ -276,7 +271,7 @@ class ReplayPool:
 
     def nbytes(self) -> int:
         ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid, self.fresh,
-              self.ovf, self.pre_flags)
+              self.ovf)
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def ring(self, layer_idx: int) -> ringmod.Ring:
@@ -285,8 +280,7 @@ class ReplayPool:
         return ringmod.Ring(layout=self.layout, u=self.u[i], k=self.k[i], g=self.g[i], h=self.h[i],
                             arrive=self.arrive[i], rc=pick(self.rc), rc_scale=pick(self.rc_scale),
                             rc_valid=pick(self.rc_valid), kda_keys=self.kda_keys,
-                            ovf=pick(self.ovf) if self.kda_keys == "predecayed" else None,
-                            pre_flags=pick(self.pre_flags))
+                            ovf=pick(self.ovf) if self.kda_keys == "predecayed" else None)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _rows_of(self, rows) -> torch.Tensor:
