@@ -1593,6 +1593,8 @@ def test_cuda_pre_plumbing(kind, monkeypatch):
         go(pre_impl="cuda")
 
 
+@pytest.mark.skipif(ON_GPU, reason="checks the preference where no GPU can take the CUDA pre launch (CPU tensors "
+                    "through Triton's interpreter); on a GPU machine Triton refuses them")
 def test_cuda_pre_environment_preference(monkeypatch):
     """REPLAYSSM_PRE_IMPL (the server's preference): "auto" (the default) takes the CUDA pre launch beside the CUDA main
     launch and Triton's beside Triton's; "cuda" takes it beside either; where it cannot run (here: no GPU) or its kernel
