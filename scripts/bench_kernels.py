@@ -1182,6 +1182,16 @@ def main():
                             arms[f"{tag}_cu_{shapes[0]}_sp"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
+                    # gdn_main.cu's FOLD_STAGE (session 38, opt-in): a folding block folds the tile it read for its dots
+                    # (kept in shared memory) instead of reading it again; `same` and the fp8 copy, beside the same
+                    # shape without it
+                    arms[f"v3_sl_cu_{shapes[0]}"] = arm_ours(
+                        c, torch.float32, impl="v3", **srv,
+                        v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv))
+                    for rd, tag in (("same", "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
+                        arms[f"{tag}_cu_{shapes[0]}_fs"] = arm_ours(
+                            c, torch.float32, impl="v3", read_dtype=rd, **srv,
+                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv, fold_stage=True))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
