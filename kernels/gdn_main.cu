@@ -819,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
 #if FOLD_STAGE
-    float* tsm = uasm + VT;  // [VT, K]: a folding block's tile as its dots read it (FOLD_STAGE; 16-byte aligned: VT % 4 == 0)
+    float* tsm = uasm + VT;  // [VT, K]: a folding block's tile as its dots read it (16-byte aligned: VT % 4 == 0)
 #endif
 
     const int lane = threadIdx.x & 31;
@@ -1223,11 +1223,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int r0 = 0; r0 < RPW; r0 += 8) {
                 float4 cf[8];
-#pragma unroll
 #if FOLD_STAGE
-                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)  // (the tile the dots read, from shared memory: no second read)
                     cf[i] = *reinterpret_cast<const float4*>(tsm + (warp * RPW + r0 + i) * K_ + 4 * lane);
 #else
+#pragma unroll
                 for (int i = 0; i < 8; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
 #endif
                 float4 rk[KB];
