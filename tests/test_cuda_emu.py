@@ -182,10 +182,9 @@ FOLD_STAGE_CASES = [("gdn", "x16w4c1_m5", "float32", {}, "same"), ("kda", "x16w4
 def test_cuda_fold_stage_emulated(kind, cfg, state_dtype, shape, read_dtype, monkeypatch):
     """FOLD_STAGE, emulated: 14 steps against float64 (forced flushes, pre-folds, staggered cursors, padded rows), every
     step's main launch a FOLD_STAGE build; the harness poisons what no step should read."""
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
     builds = []
     hz, calls, _ = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, seed=23, fold_stage=True,
-                                pre_impl="cuda" if kind == "gdn" else "triton", **shape, **kw)
+                                pre_impl="cuda" if kind == "gdn" else "triton", **shape, read_dtype=read_dtype)
     inner = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: builds.append(a["defs"].get("FOLD_STAGE", 0)) or inner(**a))
     st = hz.run(14)
@@ -223,9 +222,8 @@ SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same"), ("x16w4c1_m5", 
 def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype, monkeypatch):
     """The CUDA main launch without a pre launch (self_pre with main_impl="cuda"), emulated: 14 steps against float64
     (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's."""
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
     hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, decay, monkeypatch, seed=11, self_pre=True,
-                                        **shape, **kw)
+                                        **shape, read_dtype=read_dtype)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert not pre_calls

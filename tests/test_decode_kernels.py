@@ -1731,7 +1731,8 @@ def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, mo
 
 # gdn_main.cu's SELF_PRE (session 37; decode_v3 self_pre with main_impl="cuda", or REPLAYSSM_SELF_PRE=cuda): GDN's XL
 # main launch without a pre launch, fp32 and bf16 states and the fp8 read copy, the server's arguments. Checked on the
-# CPU by tests/test_cuda_emu.py; on the H200 in session 38 (kernels-20261204-1404: passed, and slower than the pre launch).
+# CPU by tests/test_cuda_emu.py; on the H200 in session 38 (kernels-20261204-1404: passed, and slower than the pre
+# launch).
 CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "bfloat16", "same"),
                             ("x16w4c1_m5", "float32", "fp8_e4m3")]
 
@@ -1742,9 +1743,8 @@ CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "b
 def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkeypatch):
     """The CUDA main launch making the pre launch's coefficients itself, at the real head sizes against float64 over
     26 steps, slow decays; no pre launch runs."""
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
-                             seed=13, decay="slow", self_pre=True, **kw)
+                             seed=13, decay="slow", self_pre=True, read_dtype=read_dtype)
     assert st["cuda_pre_launches"] == 0
 
 # gdn_main.cu's FOLD_STAGE (session 38, opt-in): a folding block folds the tile it read for its dots, kept in shared
@@ -1759,9 +1759,8 @@ CUDA_MAIN_FOLD_STAGE_CASES = [("gdn", "x16w4c1_m5", "same"), ("gdn", "x16w4c1_m5
 @pytest.mark.parametrize("kind,cfg,read_dtype", CUDA_MAIN_FOLD_STAGE_CASES, ids=str)
 def test_gpu_real_shapes_cuda_main_fold_stage(kind, cfg, read_dtype, monkeypatch):
     """FOLD_STAGE at the real head sizes against float64 over 26 steps, slow decays, fp32 state."""
-    kw = dict(read_dtype=read_dtype) if read_dtype != "same" else {}
     _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=29, kind=kind,
-                        decay="slow", fold_stage=True, **kw)
+                        decay="slow", fold_stage=True, read_dtype=read_dtype)
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
