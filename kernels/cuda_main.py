@@ -258,18 +258,15 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False, rc_dtype=None, self_pre=False, fold_stage=False) -> dict:
+            lower_bound=False, rc_dtype=None, self_pre=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
-    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
-    fold_stage: a folding block folds the tile it read for its dots, kept in shared memory, instead of reading it again
-    (the XL layout, fp32 checkpoint; FOLD_STAGE, session 38: only where set)."""
+    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
-    rc |= {"FOLD_STAGE": 1} if fold_stage else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -283,10 +280,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 def smem_bytes(defs: dict) -> int:
     """Dynamic shared memory of a block: the [VT, K] tile (read into shared memory), the fold's [VT, BC] decayed
-    records and [VT] u_t, FOLD_STAGE's [VT, K] tile."""
+    records and [VT] u_t."""
     vt = defs["RPW"] * defs["NWARPS"]
-    stage = vt * 128 * defs.get("FOLD_STAGE", 0)  # (FOLD_STAGE: a folding block's tile, [VT, K] fp32)
-    return 4 * (vt * 128 * (1 - defs["LOAD_REG"]) + vt * defs["BC_"] + vt + stage)
+    return 4 * (vt * 128 * (1 - defs["LOAD_REG"]) + vt * defs["BC_"] + vt)
 
 
 def _key(defs: dict, arch: str) -> str:
@@ -521,14 +517,10 @@ def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, gt_pre=0, xl=0, nch=1, self_pre=False, fold_stage=False) -> str | None:
-    """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE);
-    fold_stage: folding from the tile kept in shared memory (FOLD_STAGE)."""
+                       late_coef=0, gt_pre=0, xl=0, nch=1, self_pre=False) -> str | None:
+    """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if fold_stage and (not xl or state.dtype != torch.float32):
-        return ("folding from the tile kept in shared memory (fold_stage) is the eight-lanes-per-row layout's (xl), with "
-                "an fp32 state")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -650,7 +642,7 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, fold_stage=False) -> dict:
+                   self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
                                                                                                        kind))
@@ -663,8 +655,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=ring.rc.dtype if ring.rc is not None else None, self_pre=self_pre,
-                   fold_stage=fold_stage)
+                   rc_dtype=ring.rc.dtype if ring.rc is not None else None, self_pre=self_pre)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)

@@ -993,7 +993,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None, fold_stage=None):
+           pre_impl=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1073,12 +1073,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pipelined read (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the
     step produces what it reads. With main_impl="cuda" (or REPLAYSSM_SELF_PRE=cuda, a preference where the CUDA main
     launch runs and can take it) it is gdn_main.cu's SELF_PRE instead (session 37): GDN's XL shapes with 16 rows per
-    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason).
-    fold_stage (None: the environment's REPLAYSSM_FOLD_STAGE, "1" or "0", else V3_TUNED's, off; opt-in, session 38):
-    with the CUDA main launch in the XL layout and an fp32 state (GDN or KDA, with or without a read copy), a block
-    whose row writes its checkpoint this step folds the tile it read for its dots, kept in shared memory (VT x K fp32
-    per block), instead of reading it from global memory a second time (gdn_main.cu's FOLD_STAGE). Asked for by the
-    caller where it cannot run, the launch says why; the environment's preference lapses there."""
+    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1176,24 +1171,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
-    # fold_stage: the caller's, else the environment's preference (REPLAYSSM_FOLD_STAGE), else V3_TUNED's
-    fs_asked = fold_stage is not None
-    if not fs_asked:
-        env_fs = os.environ.get("REPLAYSSM_FOLD_STAGE", "").strip()
-        if env_fs not in ("", "0", "1"):
-            raise ValueError(f"REPLAYSSM_FOLD_STAGE must be 0 or 1, got {env_fs!r}")
-        fold_stage = env_fs == "1" if env_fs else bool(tuned.get("fold_stage", False))
-    fold_stage = bool(fold_stage)
-
     def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp, fold_stage=fold_stage and impl_main == "cuda")
+            self_pre=cuda_sp)
 
-    if fs_asked and fold_stage and impl_main != "cuda":
-        raise ValueError("fold_stage is the CUDA main launch's (main_impl='cuda'); this launch runs Triton's")
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
         nf = len(cuda_main.CONFIG_FIELDS)
@@ -1205,12 +1189,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
-        if fold_stage:
-            why_fs = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp,
-                                                  fold_stage=True)
-            if why_fs and fs_asked:
-                raise ValueError(f"fold_stage cannot run this launch: {why_fs} (fold_stage=False can)")
-            fold_stage = why_fs is None
         main_defs = cuda_defines(cuda_cfg, diag_stream)
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)

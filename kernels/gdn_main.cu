@@ -84,12 +84,6 @@
 #else
 #define SP_CONST const
 #endif
-#ifndef FOLD_STAGE
-#define FOLD_STAGE 0  // XL, fp32 checkpoint: a folding block keeps the tile it read for its dots in shared memory (its
-#endif                // warps' rows, VT x K floats) and folds from there, not from a second read (session 38)
-#if FOLD_STAGE && !XL
-#error "FOLD_STAGE is XL's"
-#endif
 #ifndef HAS_RC
 #define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
 #endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and writes both)
@@ -120,7 +114,6 @@
 #error "the ring capacity must be a multiple of 4 x (32 / RPW): each lane loads its records' coefficients as float4"
 #endif
 static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
-static_assert(!FOLD_STAGE || sizeof(ST_T) == 4, "FOLD_STAGE keeps an fp32 checkpoint's tile");
 static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
 static_assert(!HAS_RC || sizeof(ST_T) == 4, "a read copy is kept beside an fp32 checkpoint only");
 #if (V_ % (VT * NCH)) != 0
@@ -818,9 +811,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
-#if FOLD_STAGE
-    float* tsm = uasm + VT;  // [VT, K]: a folding block's tile as its dots read it (16-byte aligned: VT % 4 == 0)
-#endif
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -1122,17 +1112,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         } else
 #endif
         {
-#if FOLD_STAGE
-            // a folding block: the tile's words where the fold (below, the warp's own rows) takes them, row lrow + i,
-            // columns CPA s + 8 CPA t as loaded
-            if (fold) {
-#pragma unroll
-                for (int i = 0; i < RPL; ++i)
-#pragma unroll
-                    for (int t = 0; t < NACC; ++t)
-                        *reinterpret_cast<uint4*>(tsm + (lrow + i) * K_ + CPA * s + 8 * CPA * t) = c[i][t];
-            }
-#endif
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
                 float f[16];
@@ -1223,14 +1202,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int r0 = 0; r0 < RPW; r0 += 8) {
                 float4 cf[8];
-#if FOLD_STAGE
-#pragma unroll
-                for (int i = 0; i < 8; ++i)  // (the tile the dots read, from shared memory: no second read)
-                    cf[i] = *reinterpret_cast<const float4*>(tsm + (warp * RPW + r0 + i) * K_ + 4 * lane);
-#else
 #pragma unroll
                 for (int i = 0; i < 8; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
-#endif
                 float4 rk[KB];
 #pragma unroll
                 for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);

@@ -1172,20 +1172,17 @@ def main():
                         arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
-                    # the first shape's opt-in forms, with the fp8 copy and without one (`same`, beside the same shape
+                    # the first shape's opt-in form, with the fp8 copy and without one (`same`, beside the same shape
                     # as the server runs it): gdn_main.cu's SELF_PRE (GDN, session 37: no pre launch, the main launch
-                    # makes its coefficients; `_sp`) and FOLD_STAGE (session 38: a folding block folds the tile it read
-                    # for its dots, kept in shared memory, instead of reading it again; `_fs`)
-                    arms[f"v3_sl_cu_{shapes[0]}"] = arm_ours(
-                        c, torch.float32, impl="v3", **srv,
-                        v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv))
-                    opt_in = ({"_sp": dict(self_pre=True)} if kind == "gdn" else {}) | {
-                        "_fs": dict(pre_impl=pre_srv, fold_stage=True)}
-                    for rd, tag in (("same", "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
-                        for sfx, opts in opt_in.items():
-                            arms[f"{tag}_cu_{shapes[0]}{sfx}"] = arm_ours(
+                    # makes its coefficients; `_sp`)
+                    if kind == "gdn":
+                        arms[f"v3_sl_cu_{shapes[0]}"] = arm_ours(
+                            c, torch.float32, impl="v3", **srv,
+                            v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], pre_impl=pre_srv))
+                        for rd, tag in (("same", "v3_sl"), ("fp8_e4m3", "v3_rc_fp8_sl")):
+                            arms[f"{tag}_cu_{shapes[0]}_sp"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype=rd, **srv,
-                                v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], **opts))
+                                v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
                     if "curr" in variants:  # round-robin, medians
                         per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

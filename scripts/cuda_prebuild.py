@@ -105,14 +105,13 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, fold_stage=False):  # (io: a, b, output;
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False):  # (io: a, b and the output's type;
         rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=True,
                           has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32,
                           dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
-                          ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype, self_pre=self_pre,
-                          fold_stage=fold_stage)
+                          ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype, self_pre=self_pre)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -124,12 +123,6 @@ def combos():
     out += [rc_build("gdn", c, RC.get(rd), F32, I32, getattr(torch, sdt), True)
             for c, sdt, rd in CUDA_MAIN_SELF_PRE_CASES]
     out += [rc_build("gdn", cm.XL_RC_CONFIGS["gdn"][0], rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
-    # gdn_main.cu's FOLD_STAGE (session 38): test_gpu_real_shapes_cuda_main_fold_stage and the benchmark's _fs arms
-    from test_decode_kernels import CUDA_MAIN_FOLD_STAGE_CASES
-
-    out += [rc_build(kind, c, RC.get(rd), F32, I32, F32, fold_stage=True) for kind, c, rd in CUDA_MAIN_FOLD_STAGE_CASES]
-    out += [rc_build(kind, names[0], rcd, BF16, I64, F32, fold_stage=True) for kind, names in cm.XL_RC_CONFIGS.items()
-            for rcd in (None, RC["fp8_e4m3"])]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:

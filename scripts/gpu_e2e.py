@@ -102,8 +102,6 @@ ARMS = {
     "ours_rc_fp8_tr": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # GDN without a pre launch: the CUDA main launch makes the coefficients itself (REPLAYSSM_SELF_PRE=cuda, session
     # 37; KDA keeps its pre launch); with the fp8 copy too
-    # the fold from the tile already read (REPLAYSSM_FOLD_STAGE=1, session 38; XL, fp32 state, GDN and KDA)
-    "ours_fs": ["--enable-linear-replayssm"],
     "ours_cusp": ["--enable-linear-replayssm"],
     "ours_rc_fp8_cusp": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # KDA's ring with raw key records (k_j and G_j per record); ours_predkeys: predecayed ones (k_j e^{-G_j}; KDA's
@@ -143,7 +141,6 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_rc_fp8_tr": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "triton"},
-           "ours_fs": {"REPLAYSSM_FOLD_STAGE": "1"},
            "ours_cusp": {"REPLAYSSM_SELF_PRE": "cuda"},
            "ours_rc_fp8_cusp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "cuda"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},

@@ -26,7 +26,7 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
-                 self_pre=False, fold_stage=None, **kw):
+                 self_pre=False, **kw):
     """The harness with the CUDA main launch (shape cfg) emulated; returns it, the configs of its main launches and
     a list that gets a 1 for each CUDA pre launch. self_pre: gdn_main.cu's SELF_PRE, no pre launch (Triton's
     must not run either)."""
@@ -36,8 +36,6 @@ def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=
     monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(1) or real_pre(**a))
     opts = dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre_impl)
-    if fold_stage is not None:
-        opts["fold_stage"] = fold_stage
     if self_pre:
         from replayssm_sglang.kernels import decode_v3
 
@@ -167,46 +165,6 @@ def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, mo
     assert torch.equal(rc.view(torch.uint8), want_rc.view(torch.uint8)), "a read copy is not round(its checkpoint)"
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
-
-
-# gdn_main.cu's FOLD_STAGE (session 38): a folding block folds the tile it read for its dots, kept in shared memory;
-# GDN (with its CUDA pre launch, the server's pair) and KDA, the fp8 read copy (whose folding rows read the fp32
-# checkpoint), two value heads per key head over two V-tiles and two tiles per block (NCH 2: the staged tile is each
-# tile's own)
-FOLD_STAGE_CASES = [("gdn", "x16w4c1_m5", "float32", {}, "same"), ("kda", "x16w4c1_m4_gp", "float32", {}, "same"),
-                    ("gdn", "x16w4c1_m5", "float32", dict(H=2, HV=4, V=128), "fp8_e4m3"),
-                    ("gdn", "x16w4c2_m4", "float32", dict(V=128), "fp8_e4m3")]
-
-
-@pytest.mark.parametrize("kind,cfg,state_dtype,shape,read_dtype", FOLD_STAGE_CASES, ids=str)
-def test_cuda_fold_stage_emulated(kind, cfg, state_dtype, shape, read_dtype, monkeypatch):
-    """FOLD_STAGE, emulated: 14 steps against float64 (forced flushes, pre-folds, staggered cursors, padded rows), every
-    step's main launch a FOLD_STAGE build; the harness poisons what no step should read."""
-    builds = []
-    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, seed=23, fold_stage=True,
-                                pre_impl="cuda" if kind == "gdn" else "triton", **shape, read_dtype=read_dtype)
-    inner = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: builds.append(a["defs"].get("FOLD_STAGE", 0)) or inner(**a))
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
-    assert len(calls) == 14 and set(builds) == {1}, "every step: the CUDA main launch with FOLD_STAGE"
-
-
-def test_fold_stage_refusals(monkeypatch):
-    """fold_stage asked for where it cannot run names why: a bf16 state, Triton's main launch; a wrong
-    REPLAYSSM_FOLD_STAGE is refused."""
-    hz, _, _ = _emu_harness("gdn", "x16w4c1_m6", "bfloat16", "slow", monkeypatch, fold_stage=True)
-    with pytest.raises(ValueError, match="fold_stage cannot run this launch: .*fp32 state"):
-        hz.run(1)
-    monkeypatch.undo()
-    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch)
-    hz.v3_opts = dict(main_impl="triton", fold_stage=True)
-    with pytest.raises(ValueError, match="fold_stage is the CUDA main launch's"):
-        hz.run(1)
-    monkeypatch.setenv("REPLAYSSM_FOLD_STAGE", "yes")
-    hz.v3_opts = dict(main_impl="cuda", cuda_config="x16w4c1_m5")
-    with pytest.raises(ValueError, match="REPLAYSSM_FOLD_STAGE must be 0 or 1"):
-        hz.run(1)
 
 
 # gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;

@@ -1462,8 +1462,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "fold_stage")
-           if k in harness_kw}  # (decode_v3's options)
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre") if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
                        v3_opts=dict(main_impl="cuda", cuda_config=cfg, **pre), **harness_kw)
@@ -1746,22 +1745,6 @@ def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkey
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
                              seed=13, decay="slow", self_pre=True, read_dtype=read_dtype)
     assert st["cuda_pre_launches"] == 0
-
-# gdn_main.cu's FOLD_STAGE (session 38, opt-in): a folding block folds the tile it read for its dots, kept in shared
-# memory; GDN with and without the fp8 read copy, KDA; the server's arguments. Checked on the CPU by
-# tests/test_cuda_emu.py; not yet run on a GPU.
-CUDA_MAIN_FOLD_STAGE_CASES = [("gdn", "x16w4c1_m5", "same"), ("gdn", "x16w4c1_m5", "fp8_e4m3"),
-                              ("kda", "x16w4c1_m4_gp", "same")]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,cfg,read_dtype", CUDA_MAIN_FOLD_STAGE_CASES, ids=str)
-def test_gpu_real_shapes_cuda_main_fold_stage(kind, cfg, read_dtype, monkeypatch):
-    """FOLD_STAGE at the real head sizes against float64 over 26 steps, slow decays, fp32 state."""
-    _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=29, kind=kind,
-                        decay="slow", fold_stage=True, read_dtype=read_dtype)
-
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these
