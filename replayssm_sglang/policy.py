@@ -54,10 +54,13 @@ SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
 #   session 35's PDL fix (kernels-20261204-0327): 1.24x / 1.32x / 1.36x at B = 128 / 256 / 512.
 # - KDA (since session 36, its XL default x16w4c1_m6_gp, kernels-20261204-0327): 1.19x / 1.22x / 1.14x at B = 128 /
 #   256 / 512 (round-robin 1.16-1.19x), where the layout before it was 1.04-1.06x and Triton's 0.52x.
-# B = 64 was timed for neither, so window 1 stays up to 64.
+# - B = 32 and 64 (session 39, kernels-20261204-1714 / -1715, the server's launches, bf16 records): at B = 64 the
+#   buffered CUDA launch is 1.11x (GDN) / 1.13x (KDA) conventional against window 1's 1.02x / 1.03x; at B = 32 it is
+#   0.93x / 1.03x against 1.05x / 1.06x. Served at B = 64 (e2e-20261204-1649 / -1657, one server each): window 16
+#   1.01x / 1.03x, the policy's window 1 then 0.98x / 0.98x. So window 1 up to 32, the buffered window above.
 CUDA_SMALL_BATCH_MAX: dict[tuple[str, int], int] = {
-    ("gdn", 2): 64,
-    ("kda", 2): 64,
+    ("gdn", 2): 32,
+    ("kda", 2): 32,
 }
 
 

@@ -49,7 +49,7 @@ Arms (per layer kind, state dtype and batch size B):
   v3_sl_cu_* (--variants cudakda, KDA, fp32 or bf16 state, B >= 128) the server's launch (predecayed keys) with
               KDA's main launch in CUDA (gdn_main.cu's IS_KDA), in its state's shapes; _r16, _nopdl, _main, _pre,
               _premain, _stream, _nofold as above; with --variants cudakda,curr the shapes and v3_sl round-robin
-  v3_sl[_cu]_cpre (--variants cudapre, GDN and KDA, fp32 or bf16 state, B >= 64) the server's launch with the pre
+  v3_sl[_cu]_cpre (--variants cudapre, GDN and KDA, fp32 or bf16 state, B >= 32) the server's launch with the pre
               launch in CUDA (gdn_main.cu's replay_gdn_pre, GDN's default beside the CUDA main launch since session
               32; replay_kda_pre, KDA's predecayed keys, opt-in; decode_v3 pre_impl "cuda"), beside the CUDA main launch
               (v3_sl_cu_cpre, against v3_sl_cu with Triton's pre) and Triton's (v3_sl_cpre, against v3_sl);
@@ -1097,7 +1097,7 @@ def main():
                         meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                     for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
-                if v3 and "cudapre" in variants and B >= 64:  # (B = 64: the bf16 policy's threshold, beside w1)
+                if v3 and "cudapre" in variants and B >= 32:  # (B = 32 and 64: the bf16 policy's threshold, beside w1)
                     # the pre launch in CUDA (GDN session 31, KDA session 32): does a one-wave pre launch (64
                     # registers for GDN, 72 for KDA, the loads that do not need h issued before it) shorten the step?
                     # (GDN: 12.8 -> 7.3 us, the step 175.5 -> 171.9 at fp32, run 1602.) Beside both main launches,

@@ -127,10 +127,11 @@ ARMS = {
     "ours_w16_kg8": ["--enable-linear-replayssm"],
     # a bf16 recurrent state (SGLang's --mamba-ssm-dtype): conventional, and ours with the CUDA main launch
     # (REPLAYSSM_MAIN_IMPL=cuda, which reads a bf16 checkpoint; window 16 forced so that the correctness task's batch
-    # of 16 runs the buffered decode too: the policy's own window there is 1, and 16 above B = 64)
+    # of 16 runs the buffered decode too: the policy's own window there is 1, and 16 above B = 32)
     "conventional_bf16": ["--mamba-ssm-dtype", "bfloat16"],
     "ours_bf16_cu": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
-    # the same at the policy's windows (1 up to B = 64, 16 above where the CUDA main launch runs)
+    # the same at the policy's windows (1 up to B = 32, 16 above where the CUDA main launch runs; 64 until session
+    # 39, when e2e-20261204-1649 / -1657 ran it)
     "ours_bf16_cu_policy": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,

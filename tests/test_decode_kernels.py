@@ -1179,7 +1179,8 @@ def test_policy_windows(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="a CPU test: its tensors are on the CPU, the CUDA main launch stubbed out")
 def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     """Where the buffered launch would run the CUDA main launch, the bf16 states (GDN's; KDA's since session 36) take
-    its thresholds (buffered above B = 64); fp32 states keep the plain ones. replay_decode(L="auto") asks for them
+    its thresholds (buffered above B = 32 since session 39: B = 64 timed buffered-faster, 32 window-1-faster); fp32
+    states keep the plain ones. replay_decode(L="auto") asks for them
     only when the environment prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; not
     "triton") and cuda_main can run the launch."""
     from replayssm_sglang import policy
@@ -1187,15 +1188,16 @@ def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
 
     monkeypatch.delenv("REPLAYSSM_DECODE_WINDOW", raising=False)
     assert policy.decode_window("gdn", 128, torch.bfloat16, 16, cuda_main=True) == 16
-    assert policy.decode_window("gdn", 64, torch.bfloat16, 16, cuda_main=True) == 1
+    assert policy.decode_window("gdn", 64, torch.bfloat16, 16, cuda_main=True) == 16
+    assert policy.decode_window("gdn", 32, torch.bfloat16, 16, cuda_main=True) == 1
     assert policy.decode_window("gdn", 128, torch.bfloat16, 16) == 1
     for kind in ("gdn", "kda"):
         for B in (32, 64):  # fp32 states: no CUDA thresholds, the plain ones
             assert policy.decode_window(kind, B, torch.float32, 16, cuda_main=True) == policy.decode_window(
                 kind, B, torch.float32, 16)
-    # KDA's bf16 state: buffered above B = 64 with the CUDA main launch (its XL default), never with Triton's
-    assert policy.decode_window("kda", 128, torch.bfloat16, 16, cuda_main=True) == 16
-    assert policy.decode_window("kda", 64, torch.bfloat16, 16, cuda_main=True) == 1
+    # KDA's bf16 state: buffered above B = 32 with the CUDA main launch (its XL default), never with Triton's
+    assert policy.decode_window("kda", 64, torch.bfloat16, 16, cuda_main=True) == 16
+    assert policy.decode_window("kda", 32, torch.bfloat16, 16, cuda_main=True) == 1
     assert policy.decode_window("kda", 512, torch.bfloat16, 16) == 1
 
     seen = []
