@@ -204,6 +204,25 @@ def arm_conv_cuda(c: Case):
 _KDA_CUDA = {}
 
 
+def _stub_ipython() -> None:
+    """Where IPython is absent (the GPU image), a stand-in for what SGLang's KDA import chain and matplotlib ask of
+    it: IPython.display's HTML / display (no-ops), get_ipython() (None: no shell), and version_info, which matplotlib
+    reads when it makes a canvas (>= 8.24 needs nothing more; without it the GPU runs' PNGs failed with "module
+    'IPython' has no attribute 'version_info'", sessions 37-39)."""
+    try:
+        import IPython.display  # noqa: F401
+    except ImportError:
+        import types
+        ip = types.ModuleType("IPython")
+        disp = types.ModuleType("IPython.display")
+        disp.HTML = disp.display = lambda *a, **k: None
+        ip.display = disp
+        ip.get_ipython = lambda: None
+        ip.version_info = (8, 24, 0)
+        sys.modules.setdefault("IPython", ip)
+        sys.modules.setdefault("IPython.display", disp)
+
+
 def _kda_cuda_module():
     """SGLang's KDA CUDA row-streaming path (JIT through tvm-ffi). Its import chain needs SGLang's
     utils; IPython.display is stubbed when absent (used there only for notebook display helpers)."""
@@ -211,17 +230,7 @@ def _kda_cuda_module():
         return _KDA_CUDA["mod"]
     mod = None
     try:
-        try:
-            import IPython.display  # noqa: F401
-        except ImportError:
-            import types
-            ip = types.ModuleType("IPython")
-            disp = types.ModuleType("IPython.display")
-            disp.HTML = disp.display = lambda *a, **k: None
-            ip.display = disp
-            ip.get_ipython = lambda: None  # matplotlib asks it when picking a backend (the PNG failed without)
-            sys.modules.setdefault("IPython", ip)
-            sys.modules.setdefault("IPython.display", disp)
+        _stub_ipython()
         import importlib
         mod = importlib.import_module("sglang.kernels.ops.attention.kda_packed_decode")
         mod._jit_kda_packed_decode_module()

@@ -175,3 +175,30 @@ def test_rccu_arm_runs_the_cuda_read_copy_launch(kind, cfg, monkeypatch):
     assert torch.isfinite(cu_rc).all() and cu_rc.abs().max() > 0
     rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
     assert rel(cu_rc, tri_rc) < 1.5 * rel(cu, tri) + 1e-4, (rel(cu_rc, tri_rc), rel(cu, tri))
+
+
+def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
+    """Where IPython is absent (the GPU image), the stand-in the KDA baseline's import installs must still let
+    matplotlib draw the run's PNG (sessions 37-39 lost every GPU PNG to a stand-in without version_info)."""
+    pytest.importorskip("matplotlib")
+    for name in ("IPython", "IPython.display"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+
+    def no_ipython(name, *a, **k):  # IPython not installed, as on the GPU image
+        if name.split(".")[0] == "IPython" and not isinstance(sys.modules.get("IPython"), type(sys)):
+            raise ImportError("no IPython here")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr("builtins.__import__", no_ipython)
+    bk._stub_ipython()
+    monkeypatch.setattr("builtins.__import__", real_import)
+    assert getattr(sys.modules["IPython"], "__file__", None) is None, "the stand-in, not a real IPython"
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
+                       "kernels-20261204-1715.json")
+    js = tmp_path / "run.json"
+    js.write_bytes(open(src, "rb").read())
+    monkeypatch.setattr(sys, "argv", ["bench_kernels.py", "--plot", str(js)])
+    bk.main()
+    png = tmp_path / "run.png"
+    assert png.exists() and png.stat().st_size > 1000
