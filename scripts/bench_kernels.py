@@ -207,8 +207,8 @@ _KDA_CUDA = {}
 def _stub_ipython() -> None:
     """Where IPython is absent (the GPU image), a stand-in for what SGLang's KDA import chain and matplotlib ask of
     it: IPython.display's HTML / display (no-ops), get_ipython() (None: no shell), and version_info, which matplotlib
-    reads when it makes a canvas (>= 8.24 needs nothing more; without it the GPU runs' PNGs failed with "module
-    'IPython' has no attribute 'version_info'", sessions 37-39)."""
+    reads when it makes a canvas (>= 8.24 needs nothing more; without it the PNGs of the GPU runs that loaded the KDA
+    baseline failed with "module 'IPython' has no attribute 'version_info'", sessions 37-39)."""
     try:
         import IPython.display  # noqa: F401
     except ImportError:

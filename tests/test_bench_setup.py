@@ -179,7 +179,8 @@ def test_rccu_arm_runs_the_cuda_read_copy_launch(kind, cfg, monkeypatch):
 
 def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
     """Where IPython is absent (the GPU image), the stand-in the KDA baseline's import installs must still let
-    matplotlib draw the run's PNG (sessions 37-39 lost every GPU PNG to a stand-in without version_info)."""
+    matplotlib draw the run's PNG (sessions 37-39's GPU runs that loaded the KDA baseline lost their PNGs to a
+    stand-in without version_info)."""
     pytest.importorskip("matplotlib")
     for name in ("IPython", "IPython.display"):
         monkeypatch.delitem(sys.modules, name, raising=False)
