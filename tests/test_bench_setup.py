@@ -2,7 +2,9 @@
 row through ring_idx, a forced-flush mask) must give the same decode as the plain setup (ring keyed by slot), so
 that a timing difference between the two is the kernels' and not a different computation."""
 
+import builtins
 import os
+import shutil
 import sys
 
 import pytest
@@ -184,21 +186,21 @@ def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     for name in ("IPython", "IPython.display"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    real_import = builtins.__import__
 
     def no_ipython(name, *a, **k):  # IPython not installed, as on the GPU image
         if name.split(".")[0] == "IPython" and not isinstance(sys.modules.get("IPython"), type(sys)):
             raise ImportError("no IPython here")
         return real_import(name, *a, **k)
 
-    monkeypatch.setattr("builtins.__import__", no_ipython)
+    monkeypatch.setattr(builtins, "__import__", no_ipython)
     bk._stub_ipython()
-    monkeypatch.setattr("builtins.__import__", real_import)
+    monkeypatch.setattr(builtins, "__import__", real_import)
     assert getattr(sys.modules["IPython"], "__file__", None) is None, "the stand-in, not a real IPython"
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
                        "kernels-20261204-1715.json")
     js = tmp_path / "run.json"
-    js.write_bytes(open(src, "rb").read())
+    shutil.copyfile(src, js)
     monkeypatch.setattr(sys, "argv", ["bench_kernels.py", "--plot", str(js)])
     bk.main()
     png = tmp_path / "run.png"
