@@ -30,6 +30,16 @@ Kernels (one item's loads and maths are shared helpers, so every kernel computes
 - ``persist_tl``: the same walk written plainly, one item per iteration, left to Triton's software pipeliner
   (``tl.range(num_stages=S)``).
 
+CUDA arms (``scripts/stream_persist.cu``, compiled by nvcc for sm_90, loaded through the driver as the CUDA main
+launch is; session 40):
+- ``cutile_bvN``: one block of N / 16 warps per item, every load straight from global memory into registers (the
+  per-item form of gdn_main.cu's XL launch: 16 rows per warp, 8 lanes per row);
+- ``cupersist_pM_sS_bvN``: M persistent blocks per SM, each one producer warp and N / 16 consumer warps: the producer
+  loads the slots, ring rows and h of 32 items at once (the next 32's in flight meanwhile) and copies each item's
+  tile, records, q, k, coefficients and v into a ring of S shared-memory stages with bulk asynchronous copies
+  (``cp.async.bulk``, completion counted on an mbarrier per stage); the consumers compute from the stages and free
+  them. The bytes in flight per SM are then set by the stages (M x S x ~13 KB for fp8 at N = 64), not by registers.
+
 Each kernel's output is checked against float64 (fresh random inputs, NaN-poisoned outputs, padded rows that must
 come back zero); then the median time over CUDA-graph replays at B = 256, HV = 32, K = V = 128 (GDN's state:
 256 MiB bf16, 128 MiB fp8), the tiles' bytes per second and their fraction of the copy peak. ``--offline`` compiles for sm_90 without a
@@ -255,6 +265,8 @@ def parse_arm(name: str) -> dict:
     ``_bv64``)."""
     parts = name.split("_")
     kind = "persist_tl" if name.startswith("persist_tl") else parts[0]
+    if kind in ("cutile", "cupersist"):
+        return _parse_cu_arm(name, kind, parts)
     if kind not in ("tile", "stream", "persist", "persist_tl"):
         raise ValueError(f"unknown arm kind in {name!r}")
     arm = dict(kind=kind, hgate="hgate" in parts, per_sm=None, stages=None, warps=2, BV=32, chunk_bytes=None)
@@ -278,6 +290,137 @@ def parse_arm(name: str) -> dict:
     return arm
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the CUDA arms (scripts/stream_persist.cu)
+# ---------------------------------------------------------------------------------------------------------------
+CU_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_persist.cu")
+
+
+def _parse_cu_arm(name: str, kind: str, parts: list) -> dict:
+    """``cutile_bvN`` / ``cupersist_pM_sS_bvN`` (BV 64 unless given; warps: BV / 16 consumers, + 1 producer)."""
+    arm = dict(kind=kind, hgate=False, per_sm=None, stages=None, warps=None, BV=64, chunk_bytes=None)
+    for p in parts[1:]:
+        if p.startswith("p") and p[1:].isdigit() and kind == "cupersist":
+            arm["per_sm"] = int(p[1:])
+        elif p.startswith("s") and p[1:].isdigit() and kind == "cupersist":
+            arm["stages"] = int(p[1:])
+        elif p.startswith("bv") and p[2:].isdigit():
+            arm["BV"] = int(p[2:])
+        else:
+            raise ValueError(f"{name!r}: unknown part {p!r} (cutile_bvN, cupersist_pM_sS_bvN)")
+    if arm["BV"] not in (32, 64, 128):
+        raise ValueError(f"{name!r}: BV must be 32, 64 or 128")
+    if kind == "cupersist" and (arm["per_sm"] is None or arm["stages"] is None):
+        raise ValueError(f"{name!r}: a persistent CUDA arm needs pM (blocks per SM) and sS (stages)")
+    arm["warps"] = arm["BV"] // 16 + (kind == "cupersist")
+    return arm
+
+
+def cu_defines(arm: dict, tile_dtype: torch.dtype) -> dict:
+    return {"TILE_FP8": int(tile_dtype == torch.float8_e4m3fn), "BV": arm["BV"],
+            "STAGES": arm["stages"] or 1, "PERSIST": int(arm["kind"] == "cupersist")}
+
+
+def cu_smem_bytes(defs: dict) -> int:
+    """Dynamic shared memory of a persistent block: STAGES stages (stream_persist.cu's STAGE_BYTES) and 2 mbarriers
+    per stage."""
+    if not defs["PERSIST"]:
+        return 0
+    bv = defs["BV"]
+    stage = bv * K_DIM * (1 if defs["TILE_FP8"] else 2) + CAP * bv * 4 + 2 * K_DIM * 2 + 2 * CAP * 4
+    stage += (bv * 2 + 15) // 16 * 16 + 16
+    return defs["STAGES"] * (stage + 16)
+
+
+def _cu_cubin(defs: dict, verbose: bool = False):
+    """(path of the cubin of this build, ptxas's report or None): compiled once into the CUDA main launch's cubin
+    cache (REPLAYSSM_CUBIN_DIR), which a GPU call can carry prebuilt."""
+    import hashlib
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from kernels import cuda_main as cm
+
+    h = hashlib.sha1(open(CU_SRC, "rb").read())
+    h.update(repr(sorted(defs.items())).encode())
+    path = cm.cache_dir() / f"stream_persist-{h.hexdigest()[:20]}.cubin"
+    if path.is_file() and not verbose:
+        return path, None
+    nvcc = cm.find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("the CUDA arms need nvcc (REPLAYSSM_NVCC, PATH, /usr/local/cuda) or a prebuilt cubin")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as td:
+        tmp = str(Path(td) / "k.cubin")
+        cmd = [nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-o", tmp, CU_SRC, "-Xptxas", "-v"]
+        r = subprocess.run(cmd + [f"-D{k}={v}" for k, v in defs.items()], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on stream_persist.cu:\n{r.stderr[-3000:]}")
+        os.replace(tmp, path)
+    return path, r.stdout + r.stderr
+
+
+_CU_FUNCS: dict = {}
+
+
+def _cu_function(defs: dict):
+    import ctypes
+
+    from kernels import cuda_main as cm
+
+    key = tuple(sorted(defs.items()))
+    if key not in _CU_FUNCS:
+        data = _cu_cubin(defs)[0].read_bytes()
+        torch.cuda.init()
+        lib = cm._cuda()
+        ctx = ctypes.c_void_p()
+        cm._check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            torch.cuda.synchronize()  # (makes PyTorch's primary context current on this thread)
+        mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+        cm._check(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "cuModuleLoadData")
+        cm._check(lib.cuModuleGetFunction(ctypes.byref(f), mod, b"stream_persist"), "cuModuleGetFunction")
+        if cu_smem_bytes(defs):
+            cm._check(lib.cuFuncSetAttribute(f, cm._FUNC_ATTR_MAX_DYNAMIC_SHARED, cu_smem_bytes(defs)),
+                      "cuFuncSetAttribute (the stages' shared memory)")
+        _CU_FUNCS[key] = (mod, f)
+    return _CU_FUNCS[key][1]
+
+
+def cu_launch(arm: dict, d: dict, out: torch.Tensor, n_sm: int) -> None:
+    import ctypes
+
+    from kernels import cuda_main as cm
+
+    if d["state"].device.type != "cuda":
+        raise RuntimeError("the CUDA arms run on a GPU only (scripts/stream_persist.cu)")
+    defs = cu_defines(arm, d["state"].dtype)
+    f = _cu_function(defs)
+    T = d["B"] * HV_DIM * (V_DIM // arm["BV"])
+    grid = T if arm["kind"] == "cutile" else min(T, n_sm * arm["per_sm"])
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    args = [ptr(d["state"]), ptr(d["x"]), ptr(d["coef"]), ptr(d["ring_u"]), ptr(d["ring_h"]), ptr(d["slot_idx"]),
+            ptr(d["ring_idx"]), ptr(out), ctypes.c_int(T), ctypes.c_int(d["x"].stride(0))]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
+    stream = ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)
+    cfg = cm._LaunchConfig(grid, 1, 1, 32 * arm["warps"], 1, 1, cu_smem_bytes(defs), stream, None, 0)
+    cm._check(cm._cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx (stream_persist)")
+
+
+def cu_offline(name: str, tile_dtype: torch.dtype) -> dict:
+    """ptxas's registers and spills for a CUDA arm (and its cubin, into the cache a GPU call can carry)."""
+    import re
+
+    defs = cu_defines(parse_arm(name), tile_dtype)
+    _, rep = _cu_cubin(defs, verbose=True)
+    reg = re.search(r"Used (\d+) registers", rep)
+    spill = re.search(r"(\d+) bytes spill stores", rep)
+    return dict(arm=name, registers=int(reg.group(1)) if reg else None,
+                spill_bytes=int(spill.group(1)) if spill else None, sass=None, smem=cu_smem_bytes(defs))
+
+
 def _bkt(arm: dict, element_size: int) -> int:
     """K elements per chunk of a chunked arm."""
     return min(K_DIM, max(16, arm["chunk_bytes"] // element_size))
@@ -286,6 +429,8 @@ def _bkt(arm: dict, element_size: int) -> int:
 def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
     """Run arm ``name`` over every item of the problem d (make_problem)."""
     arm = parse_arm(name)
+    if arm["kind"] in ("cutile", "cupersist"):
+        return cu_launch(arm, d, out, n_sm)
     B, HV, V, K = d["B"], HV_DIM, V_DIM, K_DIM
     T = B * HV * (V // arm["BV"])
     kw = dict(H=H_DIM, HV=HV, K=K, V=V, BV=arm["BV"], BC=CAP, CAP=CAP, CHAIN=arm["kind"] != "stream",
@@ -375,6 +520,10 @@ def gpu(arms: list[str], B: int, seed: int, tile_dtype: torch.dtype) -> list[dic
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
     errs = check(arms, tile_dtype, dev, seed, B=16, pad_rows=3, n_sm=n_sm)
+    # (again on 3 "SMs": persistent grids then walk ~100-700 items per program, past every stage's reuse and the CUDA
+    # producer's batches of 32; the worse of the two errors counts)
+    errs3 = check(arms, tile_dtype, dev, seed + 7, B=16, pad_rows=3, n_sm=3)
+    errs = {a: max(errs[a], errs3[a]) for a in arms}
     for name, e in errs.items():
         print(f"check {name:26s} relative error vs float64 {e:.2e} {'ok' if e < 1e-5 else 'FAILED'}", flush=True)
     d = make_problem(B, tile_dtype, dev, torch.Generator().manual_seed(seed + 1))
@@ -403,6 +552,11 @@ def offline(arms: list[str], tile_dtype: str) -> list[dict]:
     rows = []
     for name in arms:
         arm = parse_arm(name)
+        if arm["kind"] in ("cutile", "cupersist"):
+            rows.append(cu_offline(name, TILE_DTYPES[tile_dtype]))
+            print(f"{name:26s} regs {rows[-1]['registers']:4d} spill {rows[-1]['spill_bytes']:4d} B  "
+                  f"smem {rows[-1]['smem']} B", flush=True)
+            continue
         fn = {"tile": tile_kernel, "stream": tile_kernel, "persist": persist_kernel,
               "persist_tl": persist_tl_kernel}[arm["kind"]]
         if arm["chunk_bytes"]:
@@ -438,7 +592,8 @@ def plot(paths: list[str], png: str) -> None:
         meta = d["meta"]
         commits += [meta["commit"]] if meta["commit"] not in commits else []
         by_dtype.setdefault(d["meta"]["tile_dtype"], {}).update({r["arm"]: r for r in d["rows"]})
-    colors = {"stream": "tab:gray", "tile": "tab:blue", "persist": "tab:red", "persist_tl": "tab:orange"}
+    colors = {"stream": "tab:gray", "tile": "tab:blue", "persist": "tab:red", "persist_tl": "tab:orange",
+              "cutile": "tab:cyan", "cupersist": "tab:green"}
     fig, axes = plt.subplots(1, len(by_dtype), figsize=(6.5 * len(by_dtype), 0.28 * max(map(len, by_dtype.values()))
                                                           + 1.6), squeeze=False)
     for ax, (td, rows) in zip(axes[0], sorted(by_dtype.items())):

@@ -63,3 +63,67 @@ def test_plot_draws_every_dtype(tmp_path):
     png = tmp_path / "out.png"
     S.plot(paths, str(png))
     assert png.stat().st_size > 1000
+
+
+# ----- the CUDA arms (scripts/stream_persist.cu; session 40): they run on a GPU only, where the study checks them
+# against float64 before timing; here their names, their shared-memory sizes and that they compile -----
+
+def test_cuda_arm_names():
+    assert S.parse_arm("cupersist_p4_s4_bv64") == dict(kind="cupersist", hgate=False, per_sm=4, stages=4, warps=5,
+                                                       BV=64, chunk_bytes=None)
+    assert S.parse_arm("cutile_bv32") == dict(kind="cutile", hgate=False, per_sm=None, stages=None, warps=2, BV=32,
+                                              chunk_bytes=None)
+    assert S.parse_arm("cutile")["BV"] == 64
+    for bad in ("cupersist_p4_bv64", "cupersist_s4_bv64", "cupersist_p4_s4_bv48", "cutile_p4", "cutile_w2"):
+        with pytest.raises(ValueError):
+            S.parse_arm(bad)
+
+
+def test_cuda_arms_refuse_the_cpu():
+    d = S.make_problem(2, torch.float8_e4m3fn, torch.device("cpu"), torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="GPU only"):
+        S.launch("cutile_bv64", d, torch.empty(2, S.HV_DIM, S.V_DIM), 1)
+
+
+def _cu_stage_bytes(defs: dict) -> int:
+    """STAGE_BYTES as the .cu's preprocessor computes it, read from the source's #defines (not a copy of
+    cu_smem_bytes' formula): a change on either side that breaks the agreement fails here."""
+    import re
+
+    src = open(S.CU_SRC).read()
+    macros = dict(re.findall(r"^#define (\w+) (\(.*\)|\d+|[A-Z_][A-Z0-9_]*)\s*(?://.*)?$", src, re.M))
+    macros.update({k: str(v) for k, v in defs.items()})
+    macros.update(H_="16", HV_="32", K_="128", V_="128", CAP="16")
+
+    e = "STAGE_BYTES"
+    for _ in range(20):  # expand the macros (a number bare, an expression in its parentheses) until none is left
+        e2 = re.sub(r"\b([A-Z_][A-Z0-9_]*)\b", lambda m: macros.get(m.group(1), m.group(1)), e)
+        if e2 == e:
+            break
+        e = e2
+    assert not re.search(r"[A-Za-z_]", e), e
+    # C to Python: integer division, then the ternaries (innermost first: `(c ? a : b)` with plain operands)
+    e = e.replace("/", "//")
+    while "?" in e:
+        e = re.sub(r"\(\s*([^()?:]+?)\s*\?\s*([^()?:]+?)\s*:\s*([^()?:]+?)\s*\)", r"((\2) if (\1) else (\3))", e)
+    return int(eval(e))
+
+
+@pytest.mark.parametrize("fp8", [1, 0])
+@pytest.mark.parametrize("bv,stages", [(32, 3), (64, 4), (128, 2)])
+def test_cuda_smem_size_matches_the_source(fp8, bv, stages):
+    defs = dict(TILE_FP8=fp8, BV=bv, STAGES=stages, PERSIST=1)
+    assert S.cu_smem_bytes(defs) == stages * (_cu_stage_bytes(defs) + 16)
+    assert S.cu_smem_bytes(dict(defs, PERSIST=0)) == 0
+
+
+@pytest.mark.parametrize("arm,td", [("cupersist_p4_s4_bv64", "fp8_e4m3"), ("cutile_bv64", "bf16")])
+def test_cuda_arms_compile_without_spills(arm, td, tmp_path, monkeypatch):
+    from kernels import cuda_main as cm
+
+    if cm.find_nvcc() is None:
+        pytest.skip("no nvcc (scripts/setup-nvcc)")
+    monkeypatch.setenv("REPLAYSSM_CUBIN_DIR", str(tmp_path))
+    row = S.cu_offline(arm, S.TILE_DTYPES[td])
+    assert row["registers"] and row["registers"] <= 72 and row["spill_bytes"] == 0, row
+    assert list(tmp_path.glob("stream_persist-*.cubin"))
