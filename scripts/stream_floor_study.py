@@ -297,7 +297,9 @@ CU_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_persis
 
 
 def _parse_cu_arm(name: str, kind: str, parts: list) -> dict:
-    """``cutile_bvN`` / ``cupersist_pM_sS_bvN`` (BV 64 unless given; warps: BV / 16 consumers, + 1 producer)."""
+    """``cutile_bvN[_oO]`` / ``cupersist_pM_sS_bvN`` (BV 64 unless given; warps: BV / 16 consumers, + 1 producer).
+    ``_oO``: at most O blocks per SM (shared memory the kernel does not use, requested so that no more fit: what a
+    register budget of 65536 / (O x threads) would allow, without changing the code)."""
     arm = dict(kind=kind, hgate=False, per_sm=None, stages=None, warps=None, BV=64, chunk_bytes=None)
     for p in parts[1:]:
         if p.startswith("p") and p[1:].isdigit() and kind == "cupersist":
@@ -306,10 +308,14 @@ def _parse_cu_arm(name: str, kind: str, parts: list) -> dict:
             arm["stages"] = int(p[1:])
         elif p.startswith("bv") and p[2:].isdigit():
             arm["BV"] = int(p[2:])
+        elif p.startswith("o") and p[1:].isdigit() and kind == "cutile":
+            arm["occupancy"] = int(p[1:])
         else:
-            raise ValueError(f"{name!r}: unknown part {p!r} (cutile_bvN, cupersist_pM_sS_bvN)")
+            raise ValueError(f"{name!r}: unknown part {p!r} (cutile_bvN[_oO], cupersist_pM_sS_bvN)")
     if arm["BV"] not in (32, 64, 128):
         raise ValueError(f"{name!r}: BV must be 32, 64 or 128")
+    if arm.get("occupancy") is not None and not 1 <= arm["occupancy"] <= 16:
+        raise ValueError(f"{name!r}: oO takes 1 .. 16 blocks per SM")
     if kind == "cupersist" and (arm["per_sm"] is None or arm["stages"] is None):
         raise ValueError(f"{name!r}: a persistent CUDA arm needs pM (blocks per SM) and sS (stages)")
     arm["warps"] = arm["BV"] // 16 + (kind == "cupersist")
@@ -319,6 +325,17 @@ def _parse_cu_arm(name: str, kind: str, parts: list) -> dict:
 def cu_defines(arm: dict, tile_dtype: torch.dtype) -> dict:
     return {"TILE_FP8": int(tile_dtype == torch.float8_e4m3fn), "BV": arm["BV"],
             "STAGES": arm["stages"] or 1, "PERSIST": int(arm["kind"] == "cupersist")}
+
+
+SM_SMEM = 233472  # shared memory per SM on sm_90 (228 KiB), of which the driver reserves 1 KiB per block
+MAX_BLOCK_SMEM = 232448  # the most one block may take (227 KiB)
+
+
+def cu_occupancy_smem(occupancy: int | None) -> int:
+    """Dynamic shared memory that lets at most ``occupancy`` blocks share an SM (0: no limit)."""
+    if not occupancy:
+        return 0
+    return min(MAX_BLOCK_SMEM, SM_SMEM // occupancy - 1024 - 128)
 
 
 def cu_smem_bytes(defs: dict) -> int:
@@ -382,9 +399,9 @@ def _cu_function(defs: dict):
         mod, f = ctypes.c_void_p(), ctypes.c_void_p()
         cm._check(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "cuModuleLoadData")
         cm._check(lib.cuModuleGetFunction(ctypes.byref(f), mod, b"stream_persist"), "cuModuleGetFunction")
-        if cu_smem_bytes(defs):
-            cm._check(lib.cuFuncSetAttribute(f, cm._FUNC_ATTR_MAX_DYNAMIC_SHARED, cu_smem_bytes(defs)),
-                      "cuFuncSetAttribute (the stages' shared memory)")
+        # (the most a block may take: the stages of a persistent block, or an occupancy limit's unused bytes)
+        cm._check(lib.cuFuncSetAttribute(f, cm._FUNC_ATTR_MAX_DYNAMIC_SHARED, MAX_BLOCK_SMEM),
+                  "cuFuncSetAttribute (dynamic shared memory)")
         _CU_FUNCS[key] = (mod, f)
     return _CU_FUNCS[key][1]
 
@@ -405,7 +422,10 @@ def cu_launch(arm: dict, d: dict, out: torch.Tensor, n_sm: int) -> None:
             ptr(d["ring_idx"]), ptr(out), ctypes.c_int(T), ctypes.c_int(d["x"].stride(0))]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     stream = ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)
-    cfg = cm._LaunchConfig(grid, 1, 1, 32 * arm["warps"], 1, 1, cu_smem_bytes(defs), stream, None, 0)
+    smem = max(cu_smem_bytes(defs), cu_occupancy_smem(arm.get("occupancy")))
+    if smem > MAX_BLOCK_SMEM:
+        raise ValueError(f"{arm}: {smem} bytes of shared memory per block, more than sm_90's {MAX_BLOCK_SMEM}")
+    cfg = cm._LaunchConfig(grid, 1, 1, 32 * arm["warps"], 1, 1, smem, stream, None, 0)
     cm._check(cm._cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx (stream_persist)")
 
 

@@ -74,7 +74,9 @@ def test_cuda_arm_names():
     assert S.parse_arm("cutile_bv32") == dict(kind="cutile", hgate=False, per_sm=None, stages=None, warps=2, BV=32,
                                               chunk_bytes=None)
     assert S.parse_arm("cutile")["BV"] == 64
-    for bad in ("cupersist_p4_bv64", "cupersist_s4_bv64", "cupersist_p4_s4_bv48", "cutile_p4", "cutile_w2"):
+    assert S.parse_arm("cutile_bv64_o5")["occupancy"] == 5
+    for bad in ("cupersist_p4_bv64", "cupersist_s4_bv64", "cupersist_p4_s4_bv48", "cutile_p4", "cutile_w2",
+                "cutile_o0", "cupersist_p4_s4_o5"):
         with pytest.raises(ValueError):
             S.parse_arm(bad)
 
@@ -127,3 +129,11 @@ def test_cuda_arms_compile_without_spills(arm, td, tmp_path, monkeypatch):
     row = S.cu_offline(arm, S.TILE_DTYPES[td])
     assert row["registers"] and row["registers"] <= 72 and row["spill_bytes"] == 0, row
     assert list(tmp_path.glob("stream_persist-*.cubin"))
+
+
+@pytest.mark.parametrize("o", [1, 2, 4, 5, 6, 8, 12, 16])
+def test_occupancy_limit_admits_exactly_o_blocks(o):
+    """``_oO``'s unused shared memory: O blocks fit on an SM (each with the driver's 1 KiB), O + 1 do not."""
+    smem = S.cu_occupancy_smem(o) + 1024
+    assert o * smem <= S.SM_SMEM < (o + 1) * smem or smem - 1024 == S.MAX_BLOCK_SMEM
+    assert S.cu_occupancy_smem(None) == 0
