@@ -75,7 +75,14 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m6_gp": (16, 4, 1, 6, 0, 1, 1, 1),
                 # for a read copy (issue 7): blocks that walk 2 V-tiles, the fp8 copy's two loaded at once (68 bytes
                 # of the fold spilled, ptxas sm_90; x16w4c2_m5 312, KDA's x16w4c2_m4_gp 132)
-                "x16w4c2_m4": (16, 4, 1, 4, 0, 0, 1, 2)}
+                "x16w4c2_m4": (16, 4, 1, 4, 0, 0, 1, 2),
+                # a read copy with the tile's registers sized for the copy (a ninth element, 1: gdn_main.cu's RC_LEAN;
+                # session 40): a folding block reads its fp32 tile one word per row at a time and folds 4 rows at a
+                # time, so the copy's rows fit tighter caps (ptxas sm_90, GDN fp8: m6 80 registers, no spill; m7 72,
+                # 16 bytes; m8 64, 52 bytes; m5 96, none, where x16w4c1_m5 spills 16)
+                "x16w4c1_m5_lean": (16, 4, 1, 5, 0, 0, 1, 1, 1), "x16w4c1_m6_lean": (16, 4, 1, 6, 0, 0, 1, 1, 1),
+                "x16w4c1_m7_lean": (16, 4, 1, 7, 0, 0, 1, 1, 1), "x16w4c1_m8_lean": (16, 4, 1, 8, 0, 0, 1, 1, 1),
+                "x16w4c1_m5_gp_lean": (16, 4, 1, 5, 0, 1, 1, 1, 1), "x16w4c1_m6_gp_lean": (16, 4, 1, 6, 0, 1, 1, 1, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -120,15 +127,18 @@ KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
 CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 # the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
-XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp")}
+# (and since session 40 the rc_lean shapes: registers sized for the copy, tighter caps)
+XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_lean", "x16w4c1_m6_lean",
+                         "x16w4c1_m7_lean", "x16w4c1_m8_lean"),
+                 "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp", "x16w4c1_m5_gp_lean", "x16w4c1_m6_gp_lean")}
 
 
-CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch")
-CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1)  # (the first two are required)
+CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch", "rc_lean")
+CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1, 0)  # (the first two are required)
 
 
 def full_config(config) -> tuple:
-    """A block shape of 2 to 8 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 8."""
+    """A block shape of 2 to 9 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 9."""
     return (*config, *CONFIG_DEFAULTS[len(config):])
 
 
@@ -254,7 +264,7 @@ def ctype(dtype: torch.dtype) -> str:
 
 
 def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, gt_pre=0, xl=0, nch=1,
-            diag_stream=0,
+            rc_lean=0, diag_stream=0,
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
@@ -263,10 +273,12 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
-    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set)."""
+    makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
+    rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
+    rc |= {"RC_LEAN": 1} if rc_lean else {}  # (likewise only where set: the other builds' cubins keep their keys)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -517,10 +529,13 @@ def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, gt_pre=0, xl=0, nch=1, self_pre=False) -> str | None:
+                       late_coef=0, gt_pre=0, xl=0, nch=1, rc_lean=0, self_pre=False) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
+    if rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
+        return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
+                "one V-tile per block and the pre launch's coefficients (no self_pre)")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -644,10 +659,10 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
-                                                                                                       kind))
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
+        config or default_config(state.dtype, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch,
+                   late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
@@ -754,11 +769,11 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch]]]]) (CONFIG_FIELDS; None:
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]]) (CONFIG_FIELDS; None:
     default_config(state.dtype, kind)); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
     them already (decode_v3.launch makes them once per step)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch = full_config(config or default_config(state.dtype,
-                                                                                                       kind))
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, _ = full_config(
+        config or default_config(state.dtype, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]

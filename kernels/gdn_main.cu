@@ -87,6 +87,13 @@
 #ifndef HAS_RC
 #define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
 #endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and writes both)
+#ifndef RC_LEAN
+#define RC_LEAN 0  // with a read copy: the tile's registers sized for the copy's words, not the checkpoint's; a folding
+#endif             // block reads its fp32 tile for the dots one 16-byte word per row at a time and folds 4 rows at a
+                   // time, so that the common path (the copy's rows) fits a smaller register budget (session 40)
+#if RC_LEAN && (!HAS_RC || NCH != 1 || SELF_PRE)
+#error "RC_LEAN: a read copy, one V-tile per block, the pre launch's coefficients"
+#endif
 #ifndef RC_FP8
 #define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
 #endif            // [rows, HV, V]); else bf16 values (RC_T __nv_bfloat16)
@@ -640,8 +647,8 @@ __device__ __forceinline__ void unpack16(const uint4 (&w)[NACC], float (&f)[16],
     }
 }
 // bf16 values from NA 16-byte words (8 each) from word o: a bf16 checkpoint's, and a bf16 read copy's (unpack16_rc)
-template <int NA>
-__device__ __forceinline__ void unpack_bf16(const uint4 (&w)[NACC], float (&f)[16], int o = 0) {
+template <int NA, int W>
+__device__ __forceinline__ void unpack_bf16(const uint4 (&w)[W], float (&f)[16], int o = 0) {
 #pragma unroll
     for (int t = 0; t < NA; ++t) {
         const uint32_t u[4] = {w[o + t].x, w[o + t].y, w[o + t].z, w[o + t].w};
@@ -697,6 +704,7 @@ __device__ __forceinline__ void load16(const T* row, int s, float (&f)[16]) {
 #define RCPA (16 / (int)sizeof(RC_T))  // read-copy columns per 16-byte access
 #define RC_NACC (16 / RCPA)             // accesses per row per lane
 #define RC_CH (NACC / RC_NACC)          // the copy's tiles in the registers of one checkpoint tile
+#define CW (RC_LEAN ? RC_NACC : NACC)   // the tile's 16-byte words a lane holds per row (RC_LEAN: the copy's)
 static_assert(NACC % RC_NACC == 0, "a read copy needs a checkpoint tile at least as wide as its own (fp32)");
 __device__ __forceinline__ int rc_col(int s, int e) { return RCPA * s + 8 * RCPA * (e / RCPA) + (e % RCPA); }
 // the 16 columns of lane s from its read-copy words w[o ..]: bf16 values, or the values of fp8 e4m3 codes (the row's
@@ -706,7 +714,7 @@ __device__ __forceinline__ int rc_col(int s, int e) { return RCPA * s + 8 * RCPA
 // A NaN code reads NaN on the GPU and 480 in the emulation, but a checkpoint row holding NaN never reaches a read this
 // way alone: the fold that wrote its copy read that row for its own output, so the step's u_t for the row, folded in (a
 // flush: the whole row NaN, so its scale) or appended (the window's later reads take it), is NaN
-__device__ __forceinline__ void unpack16_rc(const uint4 (&w)[NACC], float (&f)[16], int o) {
+__device__ __forceinline__ void unpack16_rc(const uint4 (&w)[CW], float (&f)[16], int o) {
 #if RC_FP8
     const uint32_t u[4] = {w[o].x, w[o].y, w[o].z, w[o].w};
 #pragma unroll
@@ -835,7 +843,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     const ST_T* src = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_;
     // the tile's words of this lane: rows lrow + i of tile ch, its NACC accesses
+#if HAS_RC
+    uint4 c[RPL][CW];
+#else
     uint4 c[RPL][NACC];
+#endif
 #if HAS_RC
     // with a read copy the tile's source depends on the row's flags: a row that writes no checkpoint this step reads
     // the copy (rsrc; fp8: rsc[cc][i] = the V-row's scale), the others the checkpoint. The copy's first RC_CH tiles
@@ -846,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float rsc[RC_CH][RPL];
     auto load_rc = [&](int ch0) {  // the copy's tiles ch0 .. ch0 + RC_CH - 1 (those the block has), at once
 #pragma unroll
-        for (int cc = 0; cc < RC_CH; ++cc) {
+        for (int cc = 0; cc < (RC_LEAN ? 1 : RC_CH); ++cc) {
             if (ch0 + cc >= NCH) break;
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
@@ -869,6 +881,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             if (ch % RC_CH == 0) load_rc(ch);  // (the others came with it)
             return;
         }
+#if RC_LEAN
+        return;  // (a folding block reads its checkpoint's words at the dots, one word per row at a time)
+#endif
 #endif
 #pragma unroll
         for (int i = 0; i < RPL; ++i) {
@@ -1111,6 +1126,32 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             }
         } else
 #endif
+#if RC_LEAN
+        {
+            // a folding block (1 row in L): the checkpoint's words of its rows, word t of each row at a time (the
+            // registers of one copy tile), its columns xl_col(s, 4t ..) dotted as they land
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) aq[i] = ak[i] = 0.0f;
+#pragma unroll 1
+            for (int t = 0; t < NACC; ++t) {
+                uint4 w[RPL];
+#pragma unroll
+                for (int i = 0; i < RPL; ++i)
+                    w[i] = __ldg(reinterpret_cast<const uint4*>(
+                        src + static_cast<long long>(row0 + ch * VT + lrow + i) * K_ + CPA * s + 8 * CPA * t));
+#pragma unroll
+                for (int i = 0; i < RPL; ++i) {
+                    const float f[4] = {__uint_as_float(w[i].x), __uint_as_float(w[i].y), __uint_as_float(w[i].z),
+                                        __uint_as_float(w[i].w)};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        aq[i] += f[e] * qk_sm[qk_at(xl_col(s, 4 * t + e))];
+                        ak[i] += f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, 4 * t + e))];
+                    }
+                }
+            }
+        }
+#else
         {
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
@@ -1125,6 +1166,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 }
             }
         }
+#endif
 #if LATE_COEF
         if (ch == 0) load_coef();
 #endif
@@ -1199,23 +1241,24 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
+            constexpr int FR = RC_LEAN ? 4 : 8;  // rows folded at a time (RC_LEAN: half the registers)
 #pragma unroll
-            for (int r0 = 0; r0 < RPW; r0 += 8) {
-                float4 cf[8];
+            for (int r0 = 0; r0 < RPW; r0 += FR) {
+                float4 cf[FR];
 #pragma unroll
-                for (int i = 0; i < 8; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
+                for (int i = 0; i < FR; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
                 float4 rk[KB];
 #pragma unroll
                 for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
-                fold_rows<8>(cf, rk, wsm, uasm, warp * RPW + r0, eG, eh, kn, base_k, h_old);
+                fold_rows<FR>(cf, rk, wsm, uasm, warp * RPW + r0, eG, eh, kn, base_k, h_old);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
+                for (int i = 0; i < FR; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
 #if HAS_RC
                 // the read copy from the same unrounded values (issue 7: written where the checkpoint is)
                 RC_T* rdst = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_ + wrow * K_ + 4 * lane;
                 float* sdst = RC_FP8 ? rc_scale + (rrow * HV_ + hv) * V_ + wrow : nullptr;  // (bf16: no scales)
 #pragma unroll
-                for (int i = 0; i < 8; ++i) rc_store_row(rdst + (r0 + i) * K_, sdst + r0 + i, cf[i], lane);
+                for (int i = 0; i < FR; ++i) rc_store_row(rdst + (r0 + i) * K_, sdst + r0 + i, cf[i], lane);
 #endif
             }
             __syncwarp();  // (wsm and uasm are taken again by the next tile)

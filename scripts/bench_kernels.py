@@ -1181,6 +1181,15 @@ def main():
                         arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
+                    # the rc_lean shapes' main launch alone and streaming floor (session 40: the copy-sized registers,
+                    # tighter caps)
+                    for name in shapes:
+                        if _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8]:
+                            for dg in ("main", "stream"):
+                                arms[f"v3_rc_fp8_sl_cu_{name}_{dg}"] = arm_ours(
+                                    c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
+                                    v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg,
+                                                 pre_impl=pre_srv))
                     # the first shape's opt-in form, with the fp8 copy and without one (`same`, beside the same shape
                     # as the server runs it): gdn_main.cu's SELF_PRE (GDN, session 37: no pre launch, the main launch
                     # makes its coefficients; `_sp`)

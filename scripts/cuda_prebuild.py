@@ -31,7 +31,8 @@ def combos():
 
     out = []
     # the benchmark: the server's arguments (bf16 inputs and output, fp32 records, int32 slots, int64 ring rows)
-    server = [(cfg, pdl, 0, F32) for n, cfg in cm.CUDA_CONFIGS.items() for pdl in (True, False) if n not in cm.KDA_ONLY]
+    server = [(cfg, pdl, 0, F32) for n, cfg in cm.CUDA_CONFIGS.items() for pdl in (True, False)
+              if n not in cm.KDA_ONLY and not cm.full_config(cfg)[8]]  # (rc_lean shapes: a read copy's, below)
     server += [(cm.CUDA_CONFIGS[n], True, d, F32) for n in ("g8w8", "g8w2") for d in (1, 2)]  # the diagnostics
     server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
     server = [(*x, F32) for x in server]
@@ -57,7 +58,7 @@ def combos():
                                                                        ("g8w4_m7_gp", BF16, BF16),
                                                                        ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cfg)
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
@@ -79,7 +80,7 @@ def combos():
     cases += [(cm.CUDA_CONFIGS[c], "float32", "bfloat16", True, False, getattr(torch, sdt))
               for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "gdn"]
     for cfg, rec, qkv, ri, hr, sdt in cases:
-        rpw, nw, lr, mb, late, _, xl, nch = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, _, xl, nch, lean = cm.full_config(cfg)
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, xl=xl, nch=nch,
                               has_h_rows=hr, has_forced=True,
@@ -91,7 +92,7 @@ def combos():
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES] + [
         (c, sdt, "float32", "bfloat16", True, None, None) for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "kda"]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
-        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
+        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
         out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt, xl=xl,
                               nch=nch, has_h_rows=False,
@@ -105,17 +106,23 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False):  # (io: a, b and the output's type;
-        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0):  # (io: a, b and the output's type;
+        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
-                          late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=True,
-                          has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32,
+                          late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
+                          has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32,
                           dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
-                          ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype, self_pre=self_pre)
+                          ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype, self_pre=self_pre,
+                          rc_lean=lean)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
             for n in names for rcd in RC.values()]
+    # the fp8 copy's step split (--variants rccu): the first shape's diagnostics, and the rc_lean shapes' streaming floor
+    out += [rc_build(kind, names[0], RC["fp8_e4m3"], BF16, I64, diag=d) for kind, names in cm.XL_RC_CONFIGS.items()
+            for d in (1, 2)]
+    out += [rc_build(kind, n, RC["fp8_e4m3"], BF16, I64, diag=1) for kind, names in cm.XL_RC_CONFIGS.items()
+            for n in names if cm.full_config(cm.CUDA_CONFIGS[n])[8]]
     # gdn_main.cu's SELF_PRE (session 37): test_gpu_real_shapes_cuda_main_self_pre, and the benchmark's _sp arms (the
     # server's arguments: the first of GDN's read-copy shapes, no copy and the fp8 copy)
     from test_decode_kernels import CUDA_MAIN_SELF_PRE_CASES
@@ -126,7 +133,7 @@ def combos():
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
-        rpw, nw, lr, mb, late, gt, xl, nch = cm.full_config(cm.CUDA_CONFIGS[c])
+        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,

@@ -134,7 +134,12 @@ RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5
             ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "triton"),
             ("gdn", "x16w4c2_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "triton"),
             ("gdn", "x16w4c1_m5", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
-            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}, "cuda"), ("gdn", "x16w4c1_m5", "bf16", {}, "cuda")]
+            ("kda", "x16w4c1_m4_gp", "fp8_e4m3", {}, "cuda"), ("gdn", "x16w4c1_m5", "bf16", {}, "cuda"),
+            # gdn_main.cu's RC_LEAN (session 40): the tile's registers sized for the copy, a folding block's fp32 tile
+            # read one word per row at a time and folded 4 rows at a time
+            ("gdn", "x16w4c1_m8_lean", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
+            ("gdn", "x16w4c1_m6_lean", "bf16", {}, "triton"),
+            ("kda", "x16w4c1_m5_gp_lean", "fp8_e4m3", {}, "cuda")]
 
 
 @pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)

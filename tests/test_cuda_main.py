@@ -135,10 +135,10 @@ def test_unavailable_reason_on_shapes():
 def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn",
                  rc_dtype=None):
     *rest, rec = late_gt_rec
-    late, gt, xl, nch = cuda_main.full_config((rpw, nwarps, load_reg, min_blocks, *rest))[4:]
+    late, gt, xl, nch, lean = cuda_main.full_config((rpw, nwarps, load_reg, min_blocks, *rest))[4:]
     H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
     return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late, gt_pre=gt, xl=xl, nch=nch,
+                             min_blocks=min_blocks, late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean,
                              has_h_rows=False,
                              has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
                              a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
@@ -149,7 +149,8 @@ def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=to
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
 @pytest.mark.parametrize("name,state_dtype,kind", [(n, torch.float32, "gdn") for n in cuda_main.CUDA_CONFIGS
-                                                   if n not in cuda_main.KDA_ONLY + cuda_main.XL_BF16_ONLY]
+                                                   if n not in cuda_main.KDA_ONLY + cuda_main.XL_BF16_ONLY
+                                                   and not cuda_main.full_config(cuda_main.CUDA_CONFIGS[n])[8]]
                          + [(n, torch.bfloat16, "gdn") for n in cuda_main.CUDA_BF16_CONFIGS + cuda_main.XL_BF16_CONFIGS]
                          + [(n, torch.float32, "kda") for n in cuda_main.CUDA_CONFIGS
                             if n.startswith("g") and "_m" not in n]  # (KDA's fp32 state: no bf16-state caps)
@@ -179,6 +180,21 @@ def test_read_copy_builds_compile(name, kind, rc_dtype):
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("name", [n for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]])
+@pytest.mark.parametrize("rc_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_read_copy_lean_builds_compile(name, rc_dtype):
+    """RC_LEAN (session 40): with the tile's registers sized for the copy, the caps up to 6 blocks per SM (80
+    registers) spill nothing where the checkpoint-sized registers spill 16-24 bytes at 96; tighter caps a little (the
+    fold's); ptxas sm_90."""
+    kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
+    cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
+    assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
+    limit = 0 if cap >= 80 else 128
+    assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
+
+
 def test_read_copy_refusals():
     """Where the CUDA main launch cannot read a read copy it says why (the XL layout and an fp32 state only)."""
     from replayssm_sglang import ring as ringmod
@@ -191,6 +207,9 @@ def test_read_copy_refusals():
     assert "xl" in why(st32, "g8w4")
     assert "fp32 state" in why(st16, "x16w4c1_m6")
     assert why(st32, "x16w4c1_m5") in (None, "it needs a CUDA GPU")  # (the layout takes it: only the device is missing)
+    assert why(st32, "x16w4c1_m6_lean") in (None, "it needs a CUDA GPU")
+    assert "rc_lean" in cuda_main.unavailable_reason("gdn", st32, lay.allocate(2), None, 128, 128,
+                                                     *cuda_main.CUDA_CONFIGS["x16w4c1_m6_lean"])  # (no read copy)
 
 
 def test_read_copy_takes_the_cuda_launch(monkeypatch):

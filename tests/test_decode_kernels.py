@@ -1713,7 +1713,10 @@ def test_gpu_real_shapes_cuda_main_kda(cfg, state_dtype, rec_dtype, qkv_dtype, r
 # tests/test_cuda_emu.py; on the H200 5/5 at 046c988 (kernels-20261204-1153).
 CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m5", "bf16", "cuda"),
                       ("gdn", "x16w4c1_m5", "fp8_e4m3", "triton"), ("gdn", "x16w4c2_m4", "fp8_e4m3", "cuda"),
-                      ("kda", "x16w4c1_m4_gp", "fp8_e4m3", "triton")]
+                      ("kda", "x16w4c1_m4_gp", "fp8_e4m3", "triton"),
+                      # RC_LEAN (session 40): the copy-sized tile registers, at the caps the benchmark times
+                      ("gdn", "x16w4c1_m8_lean", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m6_lean", "bf16", "cuda"),
+                      ("kda", "x16w4c1_m6_gp_lean", "fp8_e4m3", "triton")]
 
 
 @pytest.mark.gpu
