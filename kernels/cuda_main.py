@@ -159,21 +159,35 @@ def env_config(kind: str):
     return CUDA_CONFIGS[name]
 
 
-def default_config(state_dtype: torch.dtype, kind: str = "gdn") -> tuple:
-    """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind and the
-    checkpoint's element type."""
+# GDN with a read copy (issue 7) since session 40: the rc_lean shapes, the copy-sized tile registers under tighter caps
+# (H200, B = 256 / 128, us per layer-step, the server's arguments, kernels-20261204-1925: the fp8 copy x16w4c1_m7_lean
+# 113.9 / 66.8 against x16w4c1_m5's 124.0 / 70.4; the bf16 copy x16w4c1_m6_lean 127.3 / 71.7 against 131.3 / 72.3)
+CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_lean"], torch.bfloat16: CUDA_CONFIGS["x16w4c1_m6_lean"]}
+
+
+def rc_dtype_of(ring):
+    """The element type of a ring's read copy, None without one (what default_config's rc_dtype takes)."""
+    return ring.rc.dtype if getattr(ring, "rc", None) is not None else None
+
+
+def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None) -> tuple:
+    """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind, the
+    checkpoint's element type and the read copy's (rc_dtype, None without one: GDN's copies take CUDA_DEFAULT_RC)."""
     env = env_config(kind)
     if env is not None:
         return env
+    if kind == "gdn" and rc_dtype in CUDA_DEFAULT_RC and state_dtype == torch.float32:
+        return CUDA_DEFAULT_RC[rc_dtype]
     if kind == "kda":
         return CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
     return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
 
 
-def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn"):
+def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None):
     """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by
-    decode_v3.launch), None the default for the kind and the checkpoint's element type."""
-    return CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config else default_config(state_dtype, kind)
+    decode_v3.launch), None the default for the kind, the checkpoint's element type and the read copy's."""
+    return (CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
+            else default_config(state_dtype, kind, rc_dtype))
 
 
 # (a ring with a read copy, issue 7, takes the CUDA main launch as any other since session 37, the XL layout: opt-in
@@ -608,12 +622,12 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind))
+    why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind, rc_dtype_of(ring)))
     if why:
         return f"Triton (the CUDA one: {why})"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
-    cfg = default_config(state.dtype, kind)
+    cfg = default_config(state.dtype, kind, rc_dtype_of(ring))
     name = next((n for n, c in CUDA_CONFIGS.items() if full_config(c) == full_config(cfg)), str(cfg))
     shape = f"shape {name}" + (f" from {CONFIG_ENV[kind]}" if env_config(kind) is not None else "")
     return (f"CUDA (kernels/gdn_main.cu; {shape}; REPLAYSSM_MAIN_IMPL=triton for Triton's; "
@@ -625,7 +639,7 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     the server's log: "CUDA (...)" or "Triton (why)"."""
     impl = env_pre_impl()
     if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
-            and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *default_config(state.dtype, kind),
+            and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *default_config(state.dtype, kind, rc_dtype_of(ring)),
                                    self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     if impl == "triton":
@@ -636,7 +650,7 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     if impl == "auto" and kind not in PRE_AUTO_KINDS:
         return "Triton (its CUDA one is opt-in: REPLAYSSM_PRE_IMPL=cuda)"
     if impl == "auto" and (not prefers_cuda() or unavailable_reason(kind, state, ring, None, K, ring.layout.V,
-                                                                    *default_config(state.dtype, kind))):
+                                                                    *default_config(state.dtype, kind, rc_dtype_of(ring)))):
         return "Triton (beside Triton's main launch; REPLAYSSM_PRE_IMPL=cuda takes the CUDA one there too)"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
@@ -660,7 +674,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
-        config or default_config(state.dtype, kind))
+        config or default_config(state.dtype, kind, rc_dtype_of(ring)))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
                    late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
@@ -770,10 +784,10 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
     config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]]) (CONFIG_FIELDS; None:
-    default_config(state.dtype, kind)); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
+    default_config(state.dtype, kind, rc_dtype_of(ring))); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
     them already (decode_v3.launch makes them once per step)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, _ = full_config(
-        config or default_config(state.dtype, kind))
+        config or default_config(state.dtype, kind, rc_dtype_of(ring)))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]

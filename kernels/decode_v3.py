@@ -1055,7 +1055,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     REPLAYSSM_MAIN_IMPL=triton keeps Triton's main launch everywhere.
     cuda_config: its (rows per warp, warps per block[, 1 to read the tile into registers[, minimum blocks per SM[, 1
     to load the coefficients after the dots[, 1 (KDA) to take G_t per column from the pre launch[, 1 (GDN) for the
-    eight-lanes-per-row layout[, the V-tiles a block walks (with it)]]]]]]), or a name of cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind)).
+    eight-lanes-per-row layout[, the V-tiles a block walks (with it)]]]]]]), or a name of cuda_main.CUDA_CONFIGS (None: cuda_main.default_config(state.dtype, kind, the read copy's dtype)).
     _diag_parts "stream" / "nofold" (with main_impl "cuda"; wrong results): the CUDA main launch stops after the tile
     dots (the benchmark's streaming floor) / skips the fold.
     pre_impl (None: the environment's preference, REPLAYSSM_PRE_IMPL (cuda_main.env_pre_impl; default "auto": "cuda"
@@ -1162,7 +1162,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if self_pre and not cuda_sp:
         impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form here)
     cuda_sp = cuda_sp and self_pre  # (below: without a pre launch the CUDA main launch waits for nothing: no PDL)
-    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind)
+    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind, cuda_main.rc_dtype_of(ring))
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
@@ -1218,7 +1218,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # the build of the main launch it feeds where that is CUDA's (one module, loaded above), else of the
             # default CUDA shape
             pre_defs = main_defs if main_defs is not None else cuda_defines(
-                cuda_main.default_config(state.dtype, kind), 0)
+                cuda_main.default_config(state.dtype, kind, cuda_main.rc_dtype_of(ring)), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column

@@ -195,6 +195,27 @@ def test_read_copy_lean_builds_compile(name, rc_dtype):
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
+def test_read_copy_default_shapes(monkeypatch):
+    """GDN's read copies take the rc_lean shapes when no shape is asked (session 40: fp8 x16w4c1_m7_lean, bf16
+    x16w4c1_m6_lean); without a copy, for KDA and for a bf16 state the defaults are as before; the environment's
+    shape (REPLAYSSM_CUDA_CONFIG_GDN) still wins; the server's log names the shape."""
+    from replayssm_sglang import ring as ringmod
+
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    f32, fp8, bf16 = torch.float32, torch.float8_e4m3fn, torch.bfloat16
+    assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
+    assert cuda_main.default_config(f32, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_lean"]
+    assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT
+    assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_DEFAULT_KDA
+    assert cuda_main.asked_config(None, f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
+    assert cuda_main.asked_config("x16w4c1_m5", f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    ring = lay.allocate(2, read_dtype="fp8_e4m3")
+    assert cuda_main.rc_dtype_of(ring) == fp8 and cuda_main.rc_dtype_of(lay.allocate(2)) is None
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "x16w4c1_m5")
+    assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
+
+
 def test_read_copy_refusals():
     """Where the CUDA main launch cannot read a read copy it says why (the XL layout and an fp32 state only)."""
     from replayssm_sglang import ring as ringmod
@@ -625,6 +646,20 @@ def test_pre_outputs_read_after_the_wait(name, kind, state_dtype):
     """In the SASS (sm_90, the server's arguments, PDL on), no global load before the PDL wait takes its address from
     the pre launch's outputs."""
     d = _server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, state_dtype=state_dtype, kind=kind)
+    assert cuda_main.pdl_hazards(d) == []
+
+
+# the read copy's builds (issue 7; the server's since session 37), the rc_lean shapes among them (session 40)
+PDL_RC_CASES = [("x16w4c1_m5", "gdn", torch.float8_e4m3fn), ("x16w4c1_m5", "gdn", torch.bfloat16),
+                ("x16w4c1_m7_lean", "gdn", torch.float8_e4m3fn), ("x16w4c1_m6_lean", "gdn", torch.bfloat16),
+                ("x16w4c1_m4_gp", "kda", torch.float8_e4m3fn), ("x16w4c1_m6_gp_lean", "kda", torch.float8_e4m3fn)]
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,rc_dtype", PDL_RC_CASES, ids=str)
+def test_pre_outputs_read_after_the_wait_read_copy(name, kind, rc_dtype):
+    d = _server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype)
     assert cuda_main.pdl_hazards(d) == []
 
 
