@@ -69,6 +69,9 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # for a bf16 checkpoint (16-byte accesses of 8 columns)
                 "x8w4c1_m8": (8, 4, 1, 8, 0, 0, 1, 1), "x8w4c4_m6_late": (8, 4, 1, 6, 1, 0, 1, 4),
                 "x16w4c1_m6": (16, 4, 1, 6, 0, 0, 1, 1), "x16w4c2_m5": (16, 4, 1, 5, 0, 0, 1, 2),
+                # a bf16 checkpoint with bf16 records at 7 blocks per SM (72 registers, no spill; with fp32 records 48
+                # bytes; ptxas sm_90, session 40: the occupancy the study of that session puts at a few us; untimed)
+                "x16w4c1_m7": (16, 4, 1, 7, 0, 0, 1, 1),
                 "x16w2c2_m10": (16, 2, 1, 10, 0, 0, 1, 2), "x16w8c1_m3": (16, 8, 1, 3, 0, 0, 1, 1),
                 # KDA (G_t from the pre launch: the sixth field)
                 "x16w4c1_m5_gp": (16, 4, 1, 5, 0, 1, 1, 1), "x16w4c1_m4_gp": (16, 4, 1, 4, 0, 1, 1, 1),
@@ -100,9 +103,10 @@ CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m6"]
 # x8w4c1 186.7, x8w4c2_m5 178.1, x8w4c4_m5 175.9, x8w2c4_m10 174.6; bf16 x16w4c1_m5 114.2 against 120.2, x8w4c1_m8
 # 143.9, x8w4c1 154.3, x8w4c4_m6_late 133.1)
 XL_FP32_CONFIGS = ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_late", "x16w2c1_m10", "x16w8c1_m2")
-XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3")
+XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3",
+                   "x16w4c1_m7")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
-XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3")
+XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
