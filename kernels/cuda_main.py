@@ -166,15 +166,21 @@ def env_config(kind: str):
 # GDN with a read copy (issue 7): x16w4c1_m5 as without one. The rc_lean shapes (session 40) were faster in the kernel
 # benchmark with staggered cursors (H200, B = 256 / 128, us per layer-step, kernels-20261204-1925: the fp8 copy
 # x16w4c1_m7_lean 113.9 / 66.8 against x16w4c1_m5's 124.0 / 70.4; the bf16 copy x16w4c1_m6_lean 127.3 / 71.7 against
-# 131.3 / 72.3) but slower served (e2e-20261204-1929: GDN fp8 copy 1.28x conventional against 1.50x with x16w4c1_m5 in
-# session 37, the harness's batch admitted at once, so every row folds in the same step), so they stay opt-in
-# (cuda_config, REPLAYSSM_CUDA_CONFIG_GDN); this table is where a read copy's own default would go
+# 131.3 / 72.3; with aligned cursors too, kernels-20261204-1936: 113.0 against 123.0) but slower served
+# (e2e-20261204-1929: GDN fp8 copy 1.28x conventional against 1.50x with x16w4c1_m5 in session 37, a different call;
+# not explained), so they stay opt-in (cuda_config, REPLAYSSM_CUDA_CONFIG_GDN) until one call serves both; this
+# table is where a read copy's own default goes
 CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_DEFAULT, torch.bfloat16: CUDA_DEFAULT}
 
 
 def rc_dtype_of(ring):
     """The element type of a ring's read copy, None without one (what default_config's rc_dtype takes)."""
     return ring.rc.dtype if getattr(ring, "rc", None) is not None else None
+
+
+def launch_default_config(state, ring, kind: str = "gdn") -> tuple:
+    """default_config for a launch on this checkpoint and ring (its element type, its read copy's)."""
+    return default_config(state.dtype, kind, rc_dtype_of(ring))
 
 
 def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None) -> tuple:
@@ -318,24 +324,26 @@ def smem_bytes(defs: dict) -> int:
     return 4 * (vt * 128 * (1 - defs["LOAD_REG"]) + vt * defs["BC_"] + vt)
 
 
-def _key(defs: dict, arch: str) -> str:
-    h = hashlib.sha1(SRC.read_bytes())
+def _key(defs: dict, arch: str, src: Path | None = None) -> str:
+    h = hashlib.sha1((src or SRC).read_bytes())
     h.update(repr(sorted(defs.items())).encode())
     h.update(arch.encode())
     return h.hexdigest()[:20]
 
 
-def _nvcc_cmd(nvcc: str, defs: dict, arch: str, out: str, verbose=False) -> list:
-    cmd = [nvcc, f"-arch={arch}", "-cubin", "-O3", "-std=c++17", "-o", out, str(SRC)]
+def _nvcc_cmd(nvcc: str, defs: dict, arch: str, out: str, verbose=False, src: Path | None = None) -> list:
+    cmd = [nvcc, f"-arch={arch}", "-cubin", "-O3", "-std=c++17", "-o", out, str(src or SRC)]
     cmd += [f"-D{k}={v}" for k, v in defs.items()]
     if verbose:
         cmd += ["-Xptxas", "-v"]
     return cmd
 
 
-def build(defs: dict, arch: str = ARCH) -> Path:
-    """The cubin of this build, compiled if it is not in the cache yet."""
-    path = cache_dir() / f"gdn_main-{_key(defs, arch)}.cubin"
+def build(defs: dict, arch: str = ARCH, src: Path | None = None) -> Path:
+    """The cubin of this build, compiled if it is not in the cache yet. src: the CUDA source (None: gdn_main.cu; the
+    study kernels of scripts/ pass theirs, cached beside it under their own name)."""
+    src = src or SRC
+    path = cache_dir() / f"{src.stem}-{_key(defs, arch, src)}.cubin"
     if path.is_file():
         return path
     nvcc = find_nvcc()
@@ -345,30 +353,33 @@ def build(defs: dict, arch: str = ARCH) -> Path:
                            f"cubin cache in REPLAYSSM_CUBIN_DIR ({cache_dir()})")
     path.parent.mkdir(parents=True, exist_ok=True)
     log = logging.getLogger(__name__)
-    log.info("ReplaySSM: compiling the CUDA main launch for one shape with %s (once: cached in %s)", nvcc, path.parent)
+    what = "the CUDA main launch" if src == SRC else src.name
+    log.info("ReplaySSM: compiling %s for one shape with %s (once: cached in %s)", what, nvcc, path.parent)
     t0 = time.monotonic()
     # compiled into a temporary file beside the cache entry and renamed into place (one filesystem: atomic), so that
     # processes building the same kernel at once (tensor-parallel ranks) never load a partly written cubin
     with tempfile.TemporaryDirectory(dir=path.parent) as td:
         tmp = str(Path(td) / "k.cubin")
-        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, tmp), capture_output=True, text=True)
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, tmp, src=src), capture_output=True, text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+            raise RuntimeError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
         os.replace(tmp, path)
-    log.info("ReplaySSM: the CUDA main launch compiled in %.1f s (%s)", time.monotonic() - t0, path.name)
+    log.info("ReplaySSM: %s compiled in %.1f s (%s)", what, time.monotonic() - t0, path.name)
     return path
 
 
-def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> dict:
-    """ptxas's report for kernel ``name`` of this build: registers, spill stores / loads and stack frame (bytes)."""
+def resources(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main", src: Path | None = None) -> dict:
+    """ptxas's report for kernel ``name`` of this build (of ``src``, None: gdn_main.cu): registers, spill stores /
+    loads and stack frame (bytes)."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("resources() needs nvcc")
+    src = src or SRC
     with tempfile.TemporaryDirectory() as td:
-        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, str(Path(td) / "k.cubin"), verbose=True),
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, str(Path(td) / "k.cubin"), verbose=True, src=src),
                            capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+        raise RuntimeError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
     txt = r.stdout + r.stderr
     # the build may hold two kernels: the report's section of this one (up to the next entry function)
     m = re.search(rf"Compiling entry function '{re.escape(name)}'(.*?)(?=Compiling entry function|\Z)", txt, re.S)
@@ -629,12 +640,12 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    why = unavailable_reason(kind, state, ring, None, K, V, *default_config(state.dtype, kind, rc_dtype_of(ring)))
+    why = unavailable_reason(kind, state, ring, None, K, V, *launch_default_config(state, ring, kind))
     if why:
         return f"Triton (the CUDA one: {why})"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
-    cfg = default_config(state.dtype, kind, rc_dtype_of(ring))
+    cfg = launch_default_config(state, ring, kind)
     name = next((n for n, c in CUDA_CONFIGS.items() if full_config(c) == full_config(cfg)), str(cfg))
     shape = f"shape {name}" + (f" from {CONFIG_ENV[kind]}" if env_config(kind) is not None else "")
     return (f"CUDA (kernels/gdn_main.cu; {shape}; REPLAYSSM_MAIN_IMPL=triton for Triton's; "
@@ -646,8 +657,8 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     the server's log: "CUDA (...)" or "Triton (why)"."""
     impl = env_pre_impl()
     if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
-            and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *default_config(state.dtype, kind, rc_dtype_of(ring)),
-                                   self_pre=True) is None):
+            and unavailable_reason(kind, state, ring, None, K, ring.layout.V,
+                                   *launch_default_config(state, ring, kind), self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     if impl == "triton":
         return "Triton (REPLAYSSM_PRE_IMPL=triton)"
@@ -657,7 +668,7 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     if impl == "auto" and kind not in PRE_AUTO_KINDS:
         return "Triton (its CUDA one is opt-in: REPLAYSSM_PRE_IMPL=cuda)"
     if impl == "auto" and (not prefers_cuda() or unavailable_reason(kind, state, ring, None, K, ring.layout.V,
-                                                                    *default_config(state.dtype, kind, rc_dtype_of(ring)))):
+                                                                    *launch_default_config(state, ring, kind))):
         return "Triton (beside Triton's main launch; REPLAYSSM_PRE_IMPL=cuda takes the CUDA one there too)"
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
@@ -681,7 +692,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
-        config or default_config(state.dtype, kind, rc_dtype_of(ring)))
+        config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
                    late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
@@ -691,7 +702,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=ring.rc.dtype if ring.rc is not None else None, self_pre=self_pre)
+                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -790,11 +801,11 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]]) (CONFIG_FIELDS; None:
-    default_config(state.dtype, kind, rc_dtype_of(ring))); diag_stream: the benchmark's diagnostic; defs: launch_defines of these arguments where the caller has
-    them already (decode_v3.launch makes them once per step)."""
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]])
+    (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
+    launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, _ = full_config(
-        config or default_config(state.dtype, kind, rc_dtype_of(ring)))
+        config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]

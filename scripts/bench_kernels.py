@@ -1181,8 +1181,6 @@ def main():
                         arms[f"v3_rc_fp8_sl_cu_{shapes[0]}_{dg}"] = arm_ours(
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
-                    # the rc_lean shapes' main launch alone and streaming floor (session 40: the copy-sized registers,
-                    # tighter caps)
                     # with every row on the same cursor (aligned: all rows fold in the same step of a window, as the
                     # e2e harness's batch, admitted at once, does), the first shape and the rc_lean ones (session 40:
                     # served, x16w4c1_m7_lean was slower than x16w4c1_m5)
@@ -1191,6 +1189,8 @@ def main():
                             arms[f"v3_rc_fp8_sl_cu_{name}_aligned"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv, aligned=True,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre_srv))
+                    # the rc_lean shapes' main launch alone and streaming floor (session 40: the copy-sized registers,
+                    # tighter caps)
                     for name in shapes:
                         if _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8]:
                             for dg in ("main", "stream"):

@@ -110,10 +110,10 @@ def combos():
         rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
-                          has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32,
-                          dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32, forced_dtype=I32,
-                          ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype, self_pre=self_pre,
-                          rc_lean=lean)
+                          has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
+                          alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
+                          forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
+                          self_pre=self_pre, rc_lean=lean)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()

@@ -53,6 +53,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -349,34 +350,12 @@ def cu_smem_bytes(defs: dict) -> int:
     return defs["STAGES"] * (stage + 16)
 
 
-def _cu_cubin(defs: dict, verbose: bool = False):
-    """(path of the cubin of this build, ptxas's report or None): compiled once into the CUDA main launch's cubin
-    cache (REPLAYSSM_CUBIN_DIR), which a GPU call can carry prebuilt."""
-    import hashlib
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
+def _cm():
+    """kernels/cuda_main (its nvcc lookup, cubin cache and driver calls serve the study kernel too)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from kernels import cuda_main as cm
+    from kernels import cuda_main
 
-    h = hashlib.sha1(open(CU_SRC, "rb").read())
-    h.update(repr(sorted(defs.items())).encode())
-    path = cm.cache_dir() / f"stream_persist-{h.hexdigest()[:20]}.cubin"
-    if path.is_file() and not verbose:
-        return path, None
-    nvcc = cm.find_nvcc()
-    if nvcc is None:
-        raise RuntimeError("the CUDA arms need nvcc (REPLAYSSM_NVCC, PATH, /usr/local/cuda) or a prebuilt cubin")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as td:
-        tmp = str(Path(td) / "k.cubin")
-        cmd = [nvcc, "-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-o", tmp, CU_SRC, "-Xptxas", "-v"]
-        r = subprocess.run(cmd + [f"-D{k}={v}" for k, v in defs.items()], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed on stream_persist.cu:\n{r.stderr[-3000:]}")
-        os.replace(tmp, path)
-    return path, r.stdout + r.stderr
+    return cuda_main
 
 
 _CU_FUNCS: dict = {}
@@ -385,11 +364,10 @@ _CU_FUNCS: dict = {}
 def _cu_function(defs: dict):
     import ctypes
 
-    from kernels import cuda_main as cm
-
+    cm = _cm()
     key = tuple(sorted(defs.items()))
     if key not in _CU_FUNCS:
-        data = _cu_cubin(defs)[0].read_bytes()
+        data = cm.build(defs, src=Path(CU_SRC)).read_bytes()  # (cached as stream_persist-<key>.cubin)
         torch.cuda.init()
         lib = cm._cuda()
         ctx = ctypes.c_void_p()
@@ -409,8 +387,7 @@ def _cu_function(defs: dict):
 def cu_launch(arm: dict, d: dict, out: torch.Tensor, n_sm: int) -> None:
     import ctypes
 
-    from kernels import cuda_main as cm
-
+    cm = _cm()
     if d["state"].device.type != "cuda":
         raise RuntimeError("the CUDA arms run on a GPU only (scripts/stream_persist.cu)")
     defs = cu_defines(arm, d["state"].dtype)
@@ -431,14 +408,12 @@ def cu_launch(arm: dict, d: dict, out: torch.Tensor, n_sm: int) -> None:
 
 def cu_offline(name: str, tile_dtype: torch.dtype) -> dict:
     """ptxas's registers and spills for a CUDA arm (and its cubin, into the cache a GPU call can carry)."""
-    import re
-
+    cm = _cm()
     defs = cu_defines(parse_arm(name), tile_dtype)
-    _, rep = _cu_cubin(defs, verbose=True)
-    reg = re.search(r"Used (\d+) registers", rep)
-    spill = re.search(r"(\d+) bytes spill stores", rep)
-    return dict(arm=name, registers=int(reg.group(1)) if reg else None,
-                spill_bytes=int(spill.group(1)) if spill else None, sass=None, smem=cu_smem_bytes(defs))
+    cm.build(defs, src=Path(CU_SRC))
+    res = cm.resources(defs, name="stream_persist", src=Path(CU_SRC))
+    return dict(arm=name, registers=res["registers"], spill_bytes=res["spill_stores"], sass=None,
+                smem=cu_smem_bytes(defs))
 
 
 def _bkt(arm: dict, element_size: int) -> int:
