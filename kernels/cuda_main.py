@@ -163,14 +163,15 @@ def env_config(kind: str):
     return CUDA_CONFIGS[name]
 
 
-# GDN with a read copy (issue 7): x16w4c1_m5 as without one. The rc_lean shapes (session 40) were faster in the kernel
-# benchmark with staggered cursors (H200, B = 256 / 128, us per layer-step, kernels-20261204-1925: the fp8 copy
+# GDN with a read copy (issue 7): the rc_lean shapes (session 40; the copy's tile registers sized for the copy). The
+# kernel benchmark with staggered cursors (H200, B = 256 / 128, us per layer-step, kernels-20261204-1925): the fp8 copy
 # x16w4c1_m7_lean 113.9 / 66.8 against x16w4c1_m5's 124.0 / 70.4; the bf16 copy x16w4c1_m6_lean 127.3 / 71.7 against
-# 131.3 / 72.3; with aligned cursors too, kernels-20261204-1936: 113.0 against 123.0) but slower served
-# (e2e-20261204-1929: GDN fp8 copy 1.28x conventional against 1.50x with x16w4c1_m5 in session 37, a different call;
-# not explained), so they stay opt-in (cuda_config, REPLAYSSM_CUDA_CONFIG_GDN) until one call serves both; this
-# table is where a read copy's own default goes
-CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_DEFAULT, torch.bfloat16: CUDA_DEFAULT}
+# 131.3 / 72.3; aligned cursors (kernels-20261204-1936): 113.0 against 123.0. Served side by side in one call
+# (e2e-20261204-2132, GDN fp8 copy, B = 256): 47,503 tok/s with x16w4c1_m7_lean against 45,996 / 45,687 with
+# x16w4c1_m5 (before and after it; conventional 31,058). Session 40's served 1.28x (e2e-20261204-1929) did not repeat.
+# The bf16 copy's shape was timed in the kernel benchmark only
+CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_lean"],
+                   torch.bfloat16: CUDA_CONFIGS["x16w4c1_m6_lean"]}
 
 
 def rc_dtype_of(ring):

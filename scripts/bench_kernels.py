@@ -1182,8 +1182,8 @@ def main():
                             c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                             v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], _diag_parts=dg, pre_impl=pre_srv))
                     # with every row on the same cursor (aligned: all rows fold in the same step of a window, as the
-                    # e2e harness's batch, admitted at once, does), the first shape and the rc_lean ones (session 40:
-                    # served, x16w4c1_m7_lean was slower than x16w4c1_m5)
+                    # e2e harness's batch, admitted at once, does), the first shape and the rc_lean ones (the copies'
+                    # defaults since session 41's served A/B)
                     for name in shapes:
                         if name == shapes[0] or _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8]:
                             arms[f"v3_rc_fp8_sl_cu_{name}_aligned"] = arm_ours(

@@ -100,9 +100,10 @@ ARMS = {
     # default since: ours_rc_fp8 takes it too), and by Triton's main launch (the server's before session 37)
     "ours_rc_fp8_cu": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     "ours_rc_fp8_tr": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
-    # GDN's fp8 copy in the rc_lean shape (session 40: faster in the kernel benchmark, slower served in one call
-    # against an earlier session's x16w4c1_m5: this arm beside ours_rc_fp8 in one call settles which)
+    # GDN's fp8 copy in the rc_lean shape named (the default since session 41's A/B, e2e-20261204-2132) and in the
+    # shape without a copy's (x16w4c1_m5, the default before), for A/B calls
     "ours_rc_fp8_lean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    "ours_rc_fp8_m5": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # GDN without a pre launch: the CUDA main launch makes the coefficients itself (REPLAYSSM_SELF_PRE=cuda, session
     # 37; KDA keeps its pre launch); with the fp8 copy too
     "ours_cusp": ["--enable-linear-replayssm"],
@@ -146,6 +147,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_rc_fp8_tr": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "triton"},
            "ours_rc_fp8_lean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean"},
+           "ours_rc_fp8_m5": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5"},
            "ours_cusp": {"REPLAYSSM_SELF_PRE": "cuda"},
            "ours_rc_fp8_cusp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "cuda"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},

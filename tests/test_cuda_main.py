@@ -197,19 +197,18 @@ def test_read_copy_lean_builds_compile(name, rc_dtype):
 
 def test_read_copy_default_shapes(monkeypatch):
     """default_config's read-copy table (CUDA_DEFAULT_RC) is what a GDN launch with a copy takes when no shape is
-    asked; since session 40's served run it holds x16w4c1_m5 for both copies (the rc_lean shapes are opt-in); without a
+    asked: the rc_lean shapes (fp8 x16w4c1_m7_lean, bf16 x16w4c1_m6_lean, since session 41's served A/B); without a
     copy, for KDA and for a bf16 state the defaults are the plain ones; the environment's shape
     (REPLAYSSM_CUDA_CONFIG_GDN) still wins."""
     from replayssm_sglang import ring as ringmod
 
     monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
     f32, fp8, bf16 = torch.float32, torch.float8_e4m3fn, torch.bfloat16
-    assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
-    assert cuda_main.default_config(f32, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
-    assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT
-    assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_DEFAULT_KDA
-    monkeypatch.setitem(cuda_main.CUDA_DEFAULT_RC, fp8, cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"])
     assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
+    assert cuda_main.default_config(f32, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_lean"]
+    assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT
+    assert cuda_main.full_config(cuda_main.CUDA_DEFAULT)[8] == 0  # (no read copy: not lean)
+    assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_DEFAULT_KDA
     assert cuda_main.default_config(bf16, "gdn", fp8) == cuda_main.CUDA_DEFAULT_BF16  # (a copy is fp32 states' only)
     assert cuda_main.asked_config(None, f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
     assert cuda_main.asked_config("x16w4c1_m5", f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]

@@ -198,7 +198,7 @@ def test_read_copy_arms_force_the_buffered_window():
     from replayssm_sglang import policy
 
     for arm in ("ours_rc_bf16", "ours_rc_fp8", "ours_rc_fp8_cu", "ours_rc_fp8_tr", "ours_rc_fp8_cusp",
-                "ours_rc_fp8_lean"):
+                "ours_rc_fp8_lean", "ours_rc_fp8_m5"):
         assert "--linear-replayssm-read-dtype" in g.ARMS[arm]
         w = int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"])
         assert w > 1
@@ -206,6 +206,7 @@ def test_read_copy_arms_force_the_buffered_window():
     from replayssm_sglang.kernels import cuda_main
 
     assert cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_rc_fp8_lean"]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
+    assert not cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_rc_fp8_m5"]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
     assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
 
 
