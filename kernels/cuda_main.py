@@ -174,6 +174,12 @@ CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_lean"],
                    torch.bfloat16: CUDA_CONFIGS["x16w4c1_m6_lean"]}
 
 
+def config_name(config) -> str:
+    """The first name of CUDA_CONFIGS for a block shape (a tuple as default_config returns)."""
+    full = full_config(config)
+    return next(n for n, c in CUDA_CONFIGS.items() if full_config(c) == full)
+
+
 def rc_dtype_of(ring):
     """The element type of a ring's read copy, None without one (what default_config's rc_dtype takes)."""
     return ring.rc.dtype if getattr(ring, "rc", None) is not None else None

@@ -673,7 +673,9 @@ def main():
                     "reading the checkpoint in 32- or 128-byte K chunks (v3_r16_c32, v3_r16_c128); 'dot' = "
                     "tensor-core fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors "
                     "(row %% L), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
-                    "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update)")
+                    "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update); "
+                    "'rcr16' = the fp8 copy's default CUDA shape and the plain one with fp32 and with bf16 records "
+                    "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
     ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
@@ -1214,6 +1216,22 @@ def main():
                         meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                    for n, v in per.items()})
                         timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "rcr16" in variants and B >= 128 and sdt == "float32":
+                    # what the record bytes cost beside the fp8 copy (session 41): the copy's default shape (the
+                    # server's) with fp32 records (the server's, _r32) and with bf16 ones (_r16; not a valid
+                    # two-precision decode: the fold would read rounded records; a bound for a read copy of the
+                    # records), and the shape without a copy's (x16w4c1_m5 / KDA's default) with both
+                    from replayssm_sglang.kernels import cuda_main as _cm_r
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    pre_srv = "cuda" if kind in _cm_r.PRE_AUTO_KINDS else "triton"
+                    d_rc = _cm_r.config_name(_cm_r.default_config(torch.float32, kind, torch.float8_e4m3fn))
+                    d_plain = _cm_r.config_name(_cm_r.default_config(torch.float32, kind))
+                    for name in dict.fromkeys((d_rc, d_plain)):
+                        for rec, rtag in ((torch.float32, "r32"), (torch.bfloat16, "r16")):
+                            arms[f"v3_rc_fp8_sl_cu_{name}_{rtag}"] = arm_ours(
+                                c, rec, impl="v3", read_dtype="fp8_e4m3", **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre_srv))
                 if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk

@@ -106,12 +106,12 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0):  # (io: a, b and the output's type;
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32):  # (io: a, b, the output's;
         rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
-                          alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
+                          alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre, rc_lean=lean)
 
@@ -125,6 +125,10 @@ def combos():
             for n in names if cm.full_config(cm.CUDA_CONFIGS[n])[8]]
     # gdn_main.cu's SELF_PRE (session 37): test_gpu_real_shapes_cuda_main_self_pre, and the benchmark's _sp arms (the
     # server's arguments: the first of GDN's read-copy shapes, no copy and the fp8 copy)
+    # bench --variants rcr16: the fp8 copy with bf16 records, in the copy's default shape and the plain one
+    out += [rc_build(kind, n, RC["fp8_e4m3"], BF16, I64, rec=BF16) for kind in ("gdn", "kda")
+            for n in dict.fromkeys(cm.config_name(c) for c in (
+                cm.default_config(F32, kind, RC["fp8_e4m3"]), cm.default_config(F32, kind)))]
     from test_decode_kernels import CUDA_MAIN_SELF_PRE_CASES
 
     out += [rc_build("gdn", c, RC.get(rd), F32, I32, getattr(torch, sdt), True)
