@@ -12,7 +12,8 @@
 # TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
 # kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
 # (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
-# v3_r32, v3_r16_rows, v3_L1) at B = 1, 32, 128, 256).
+# v3_r32, v3_r16_rows, v3_L1) at B = 1, 32, 128, 256); BENCH_SETS runs several argument sets (';' between them), each
+# cut at BENCH_TIMEOUT, into kernels-<stamp>-s<i>.txt and one tar of their JSON, tables and plots.
 # Budget: about 5 minutes in all (tests cut at 90 s, the benchmark at 210 s; the JSON is written after
 # every batch size, so a cut run still leaves results).
 set -u -o pipefail
@@ -64,8 +65,21 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
     | tail -15 | tee "$OUT/kernels-gpu-tests.txt"
   echo "tests $(( $(date +%s) - t0 ))s"
 fi
+bench() {  # $1: the results' stem; $2: the benchmark's arguments
+  timeout ${BENCH_TIMEOUT:-210} python3 scripts/bench_kernels.py --out "$OUT/$1.json" $2 2>&1 | tee "$OUT/$1.txt"
+  python3 scripts/bench_kernels.py --table "$OUT/$1.json" > "$OUT/$1.md" 2>&1 || true
+}
 stamp=$(date -u +%Y%m%d-%H%M)
-timeout ${BENCH_TIMEOUT:-210} python3 scripts/bench_kernels.py --out "$OUT/kernels-$stamp.json" \
-  ${BENCH_ARGS:---impl v1,v3 --v3-sweep --batches 1,32,128,256} 2>&1 | tee "$OUT/kernels-$stamp.txt"
-python3 scripts/bench_kernels.py --table "$OUT/kernels-$stamp.json" > "$OUT/kernels-$stamp.md" 2>&1 || true
+if [ -n "${BENCH_SETS:-}" ]; then
+  # several benchmark runs in one call (argument sets separated by ';'), kernels-<stamp>-s<i>.*: their JSON, table
+  # and plot go into one tar beside their stdout (the device returns at most 8 files)
+  i=0; IFS=';' read -ra sets <<< "$BENCH_SETS"
+  for a in "${sets[@]}"; do
+    i=$((i + 1)); echo "== set $i: $a"; bench "kernels-$stamp-s$i" "$a"
+  done
+  (cd "$OUT" && tar -cf "kernels-$stamp-sets.tar" kernels-$stamp-s*.json kernels-$stamp-s*.md kernels-$stamp-s*.png \
+    2>/dev/null; rm -f kernels-$stamp-s*.json kernels-$stamp-s*.md kernels-$stamp-s*.png)
+else
+  bench "kernels-$stamp" "${BENCH_ARGS:---impl v1,v3 --v3-sweep --batches 1,32,128,256}"
+fi
 echo "total $(( $(date +%s) - t0 ))s"
