@@ -36,7 +36,8 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
-_PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*"),
+_PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*",
+                                "unsigned int*"),  # (the last: RC_MMA's operand, qk_frag)
                1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*")}
 
 _RUNNER = r"""

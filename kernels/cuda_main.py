@@ -85,7 +85,13 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # 16 bytes; m8 64, 52 bytes; m5 96, none, where x16w4c1_m5 spills 16)
                 "x16w4c1_m5_lean": (16, 4, 1, 5, 0, 0, 1, 1, 1), "x16w4c1_m6_lean": (16, 4, 1, 6, 0, 0, 1, 1, 1),
                 "x16w4c1_m7_lean": (16, 4, 1, 7, 0, 0, 1, 1, 1), "x16w4c1_m8_lean": (16, 4, 1, 8, 0, 0, 1, 1, 1),
-                "x16w4c1_m5_gp_lean": (16, 4, 1, 5, 0, 1, 1, 1, 1), "x16w4c1_m6_gp_lean": (16, 4, 1, 6, 0, 1, 1, 1, 1)}
+                "x16w4c1_m5_gp_lean": (16, 4, 1, 5, 0, 1, 1, 1, 1), "x16w4c1_m6_gp_lean": (16, 4, 1, 6, 0, 1, 1, 1, 1),
+                # rc_lean 2 (session 41, gdn_main.cu's RC_MMA; GDN's fp8 copy, the CUDA pre launch): as rc_lean 1, and
+                # a copy block takes its tile's dots on the tensor cores (e4m3 -> f16 codes times the pre launch's
+                # split f16 operand of q / |q| and k / |k|) and skips the q, k staging and norms
+                "x16w4c1_m6_lean_mma": (16, 4, 1, 6, 0, 0, 1, 1, 2),
+                "x16w4c1_m7_lean_mma": (16, 4, 1, 7, 0, 0, 1, 1, 2),
+                "x16w4c1_m8_lean_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -133,7 +139,8 @@ CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 # the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
 # (and since session 40 the rc_lean shapes: registers sized for the copy, tighter caps)
 XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_lean", "x16w4c1_m6_lean",
-                         "x16w4c1_m7_lean", "x16w4c1_m8_lean"),
+                         "x16w4c1_m7_lean", "x16w4c1_m8_lean", "x16w4c1_m6_lean_mma", "x16w4c1_m7_lean_mma",
+                         "x16w4c1_m8_lean_mma"),
                  "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp", "x16w4c1_m5_gp_lean", "x16w4c1_m6_gp_lean")}
 
 
@@ -308,11 +315,13 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
     makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
-    rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set)."""
+    rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: that and the copy
+    blocks' tile dots on the tensor cores (RC_MMA, session 41; GDN's fp8 copy)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
     rc |= {"RC_LEAN": 1} if rc_lean else {}  # (likewise only where set: the other builds' cubins keep their keys)
+    rc |= {"RC_MMA": 1} if rc_lean == 2 else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -575,6 +584,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     if rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
                 "one V-tile per block and the pre launch's coefficients (no self_pre)")
+    if rc_lean == 2 and (kind != "gdn" or ring.rc.dtype != torch.float8_e4m3fn or rpw != 16 or K != 128):
+        return ("the copy's dots on the tensor cores (rc_lean 2, RC_MMA) are GDN's with an fp8 read copy, 16 rows per "
+                "warp and K = 128")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -768,12 +780,28 @@ def pre_name(defs: dict) -> str:
     return "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
 
 
+FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (gdn_main.cu's RC_MMA)
+
+
+def frag_scratch(B: int, H: int, device) -> torch.Tensor:
+    """The pre launch's tensor-core operand for RC_MMA (rc_lean 2), [B, H, 16 lanes, 8 K-steps, 2] 32-bit words: for
+    each (row, key head) the f16 pairs of q / |q| and k / |k| split in high and low parts (1 KiB)."""
+    return torch.empty(B, H, 16, 8, 2, dtype=torch.int32, device=device)
+
+
+def check_frag(frag, B: int, H: int) -> None:
+    if frag is None or frag.dtype != torch.int32 or not frag.is_contiguous() or frag.numel() < B * H * FRAG_WORDS:
+        raise ValueError("rc_lean 2 (RC_MMA): the pre and main launches share the tensor-core operand (frag: "
+                         "cuda_main.frag_scratch(B, H), int32, contiguous)")
+
+
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, B, gts=None, min_g=0.0) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0, frag=None) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
-    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head)."""
+    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with RC_MMA (rc_lean
+    2) also writes the main launch's tensor-core operand into frag (frag_scratch)."""
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
@@ -789,6 +817,10 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         args = head + [ctypes.c_float(scale), lb]
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
              ptr(ring.rc_valid if ring.rc is not None else None)]
+    if not defs["IS_KDA"]:
+        if defs.get("RC_MMA"):
+            check_frag(frag, B, defs["H_"])
+        args += [ptr(frag if defs.get("RC_MMA") else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):
@@ -804,17 +836,20 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None,
-           defs=None):
+           defs=None, frag=None):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
     config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]])
     (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
-    launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, _ = full_config(
+    launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step);
+    frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA), in gts's parameter."""
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
+    if rc_lean == 2:
+        check_frag(frag, mixed_qkv.shape[0], H)
     B = mixed_qkv.shape[0]
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
@@ -828,7 +863,8 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
-            ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None), ptr(gts if gt_pre else None),
+            ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None),
+            ptr(gts if gt_pre else (frag if rc_lean == 2 else None)),
             ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),

@@ -1207,10 +1207,17 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
     pre_defs = None
+    mma = bool(main_defs is not None and main_defs.get("RC_MMA"))  # (rc_lean 2: the CUDA pre launch's operand)
+    if mma and pre_impl != "cuda":
+        if env_pre:
+            pre_impl = "cuda"  # (a preference gives way: this main launch reads what only the CUDA pre launch writes)
+        else:
+            raise ValueError("rc_lean 2 (RC_MMA) reads its tensor-core operand from the CUDA pre launch: pre_impl="
+                             "'cuda' (or a shape without it)")
     if pre_impl == "cuda":
         why = ("self_pre has no pre launch" if self_pre else
                cuda_main.pre_unavailable_reason(kind, state, ring, K, BC, pre_rows))
-        if why and env_pre:
+        if why and env_pre and not mma:
             pre_impl = "triton"  # (a preference, not a demand: this launch cannot take the CUDA pre launch)
         elif why:
             raise ValueError(f"pre_impl='cuda' cannot run this launch: {why} (pre_impl='triton' can)")
@@ -1223,6 +1230,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
+    frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (RC_MMA: the pre launch's operand for the main)
     if B == 0:
         return out
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn
@@ -1271,7 +1279,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
                              scale=float(scale), lower_bound=lower_bound, L=L, B=B, gts=gts,
-                             min_g=PREDECAYED_MIN_G)
+                             min_g=PREDECAYED_MIN_G, frag=frag)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -1286,7 +1294,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC,
                          pdl=pdl and not cuda_sp, config=cuda_cfg, diag_stream=diag_stream, kind=kind,
-                         lower_bound=lower_bound, gts=gts, defs=main_defs)
+                         lower_bound=lower_bound, gts=gts, defs=main_defs, frag=frag)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

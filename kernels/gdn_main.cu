@@ -94,6 +94,13 @@
 #if RC_LEAN && (!HAS_RC || NCH != 1 || SELF_PRE)
 #error "RC_LEAN: a read copy, one V-tile per block, the pre launch's coefficients"
 #endif
+#ifndef RC_MMA
+#define RC_MMA 0  // RC_LEAN, and a copy block's tile dots on the tensor cores (session 41): each warp's 16 rows x 128
+#endif            // e4m3 codes as f16 times the pre launch's f16 operand [q_hi, q_lo, k_hi, k_lo] of q / |q| and
+                  // k / |k| (qk_frag, in gts's parameter), mma.sync m16n8k16 with fp32 sums; no q, k staging or norms
+#if RC_MMA && (!RC_LEAN || !RC_FP8 || IS_KDA || RPW != 16 || LATE_COEF || K_ != 128)
+#error "RC_MMA: RC_LEAN with an fp8 copy, GDN, 16 rows per warp, the coefficients before the dots, K = 128"
+#endif
 #ifndef RC_FP8
 #define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
 #endif            // [rows, HV, V]); else bf16 values (RC_T __nv_bfloat16)
@@ -195,6 +202,73 @@ __device__ __forceinline__ float warp_sum(float x) {
     for (int s = 16; s >= 1; s >>= 1) x += __shfl_xor_sync(0xffffffffu, x, s);
     return x;
 }
+
+#if RC_MMA
+// The tensor-core dots (RC_MMA). mma.sync m16n8k16 (f16 in, fp32 sums), PTX ISA's fragments, lane = 4 gid + tig:
+// A (16 x 16, rows): a0 = (row gid; k 2 tig, 2 tig + 1), a1 = (row gid + 8; same k), a2 = (row gid; k 2 tig + 8,
+// 2 tig + 9), a3 = (row gid + 8; those k); B (16 x 8, columns): b0 = (k 2 tig, 2 tig + 1; column gid), b1 = (k 2 tig
+// + 8, 2 tig + 9; column gid); D: d0, d1 = (row gid; columns 2 tig, 2 tig + 1), d2, d3 = (row gid + 8; same columns);
+// in each f16 pair the lower k (or column) in the low half. A dot over K may take its K in any order that A and B
+// share: K-step s of lane tig holds the checkpoint's columns mma_col(tig, s) .. + 3 (k 2 tig, 2 tig + 1, 2 tig + 8,
+// 2 tig + 9 in that order), so that a lane reads two 16-byte runs of a row ([16 tig, + 16) and [64 + 16 tig, + 16):
+// a warp's lanes read each row's 128 bytes whole, 64 at a time) and K-step s is word s % 4 of run s / 4.
+__device__ __forceinline__ int mma_col(int tig, int s) { return (s < 4 ? 16 * tig : 64 + 16 * tig) + 4 * (s & 3); }
+#define FRAG_WORDS (16 * 8 * 2)  // the operand per (row, key head): lanes 0-15 (columns 0-3), 8 K-steps, 2 words
+
+// two e4m3 codes (the low one at the lower address) as an f16 pair (exactly: every e4m3 value is a half)
+__device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t codes) {
+#ifdef __CUDA_ARCH__
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<unsigned short>(codes)));
+    return h;
+#else
+    uint32_t r = 0;
+    for (int d = 0; d < 2; ++d) {
+        const uint32_t c = (codes >> (8 * d)) & 0xffu;
+        const float f = __uint_as_float(((c & 0x80u) << 24) | ((c & 0x7fu) << 20)) * 0x1p120f;
+        r |= static_cast<uint32_t>(__half_as_ushort(__float2half_rn(f))) << (16 * d);
+    }
+    return r;
+#endif
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half lo, __half hi) {
+    return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+}
+__device__ __forceinline__ float h_lo(uint32_t w) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+}
+__device__ __forceinline__ float h_hi(uint32_t w) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
+// d += A B (the fragments above); the CPU emulation (kernels/cuda_emu.py) forms the same sums from the fragments'
+// definition, through shuffles
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int lane) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    const int gid = lane >> 2, tig = lane & 3;
+    for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: 2 st, 2 st + 1 (a0 / a1, b0), + 8 (a2 / a3, b1)
+        uint32_t ra[4], rb[2][2];
+        for (int r = 0; r < 4; ++r) ra[r] = __shfl_sync(0xffffffffu, a[r], 4 * gid + st);
+        for (int c = 0; c < 2; ++c) {  // columns 2 tig + c: B's column n is held by the lanes with gid = n
+            rb[c][0] = __shfl_sync(0xffffffffu, b0, 4 * (2 * tig + c) + st);
+            rb[c][1] = __shfl_sync(0xffffffffu, b1, 4 * (2 * tig + c) + st);
+        }
+        for (int c = 0; c < 2; ++c)
+            for (int half = 0; half < 2; ++half) {  // rows gid (a0, a2) and gid + 8 (a1, a3)
+                const uint32_t lo = ra[half], hi = ra[2 + half];
+                d[2 * half + c] += h_lo(lo) * h_lo(rb[c][0]) + h_hi(lo) * h_hi(rb[c][0]) + h_lo(hi) * h_lo(rb[c][1])
+                                   + h_hi(hi) * h_hi(rb[c][1]);
+            }
+    }
+#endif
+}
+#endif
 
 // v[i] holds this lane's part of value i (i < P); returns the sum over the warp's lanes of value (lane mod P)
 template <int P>
@@ -863,10 +937,17 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
                 const int v = row0 + (ch0 + cc) * VT + lrow + i;
+#if RC_MMA
+                // the tensor cores' layout instead: c[2 h + r] = run r of the warp's row gid + 8 h (mma_col)
+                const int mv = row0 + warp * RPW + (lane >> 2) + 8 * (i >> 1);
+                c[i][0] = __ldg(reinterpret_cast<const uint4*>(rsrc + static_cast<long long>(mv) * K_ +
+                                                               mma_col(lane & 3, 4 * (i & 1))));
+#else
                 const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
 #pragma unroll
                 for (int t = 0; t < RC_NACC; ++t)
                     c[i][cc * RC_NACC + t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
+#endif
 #if RC_FP8
                 rsc[cc][i] = rc_scale[(rrow * HV_ + hv) * V_ + v];
 #endif
@@ -939,37 +1020,47 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     __shared__ __align__(16) float qk_all[NWARPS][NQK * QK_ROW];
     float* qk_sm = qk_all[warp];
     const float* k_raw = qk_sm + (NQK - 1) * QK_ROW;  // k as loaded (GDN: the dots' k itself)
+#if RC_MMA
+    const bool qk_staged = !from_rc;  // (a copy block's dots take the pre launch's operand, normalised: no q, k here)
+#else
+    constexpr bool qk_staged = true;
+#endif
+    if (qk_staged) {
 #pragma unroll
-    for (int t = lane; t < 2 * K_; t += 32) {
-        const float x = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
-        const int j = t < K_ ? 0 : 1, at = qk_at(t - j * K_);
-        qk_sm[j * QK_ROW + at] = x;
-        if (IS_KDA && j == 1) qk_sm[2 * QK_ROW + at] = x;
+        for (int t = lane; t < 2 * K_; t += 32) {
+            const float x = to_f(px[(t < K_ ? i_h * K_ : H_ * K_ + i_h * K_ - K_) + t]);
+            const int j = t < K_ ? 0 : 1, at = qk_at(t - j * K_);
+            qk_sm[j * QK_ROW + at] = x;
+            if (IS_KDA && j == 1) qk_sm[2 * QK_ROW + at] = x;
+        }
     }
     __syncwarp();
     float n_q = 0.0f, n_k = 0.0f;
 #if SELF_PRE
     float qk = 0.0f;  // <k, q> (SELF_PRE's <k~, q~>, below), from the same reads
 #endif
+    if (qk_staged) {
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-        const float qe = qk_sm[qk_at(xl_col(s, e))], ke = qk_sm[QK_ROW + qk_at(xl_col(s, e))];
-        n_q += qe * qe;
-        n_k += ke * ke;
+        for (int e = 0; e < 16; ++e) {
+            const float qe = qk_sm[qk_at(xl_col(s, e))], ke = qk_sm[QK_ROW + qk_at(xl_col(s, e))];
+            n_q += qe * qe;
+            n_k += ke * ke;
 #if SELF_PRE
-        qk += qe * ke;
+            qk += qe * ke;
 #endif
-    }
+        }
 #pragma unroll
-    for (int m = 1; m < 8; m <<= 1) {  // over the 8 lanes of the group (each group holds all 128 columns)
-        n_q += __shfl_xor_sync(0xffffffffu, n_q, m);
-        n_k += __shfl_xor_sync(0xffffffffu, n_k, m);
+        for (int m = 1; m < 8; m <<= 1) {  // over the 8 lanes of the group (each group holds all 128 columns)
+            n_q += __shfl_xor_sync(0xffffffffu, n_q, m);
+            n_k += __shfl_xor_sync(0xffffffffu, n_k, m);
 #if SELF_PRE
-        qk += __shfl_xor_sync(0xffffffffu, qk, m);
+            qk += __shfl_xor_sync(0xffffffffu, qk, m);
 #endif
+        }
     }
-    const float s_q = scale / sqrtf(n_q + 1e-6f);
-    const float s_k = 1.0f / sqrtf(n_k + 1e-6f);
+    // (RC_MMA's copy block: its dots are of q / |q| and k / |k| already)
+    const float s_q = qk_staged ? scale / sqrtf(n_q + 1e-6f) : scale;
+    const float s_k = qk_staged ? 1.0f / sqrtf(n_k + 1e-6f) : 1.0f;
 #if IS_KDA
     const float beta = 1.0f / (1.0f + __expf(-to_f(b[n * stride_b + hv])));
 #else
@@ -1106,7 +1197,49 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     for (int ch = 0; ch < NCH; ++ch) {
         // the tile's dots, this lane's 16 columns of each of its rows
         float aq[RPL], ak[RPL];
-#if HAS_RC
+#if RC_MMA
+        if (from_rc) {
+            // the warp's 16 rows on the tensor cores: 8 K-steps of [16 rows x 16 k] e4m3 codes as f16 (c, loaded in
+            // the mma layout) times B = [q_hi, q_lo, k_hi, k_lo, 0 ..] (the pre launch's qk_frag, lanes 0-15: read
+            // after the PDL wait, in load_coef above); then lane (g, s) of the XL layout takes one sum: row 4 g + (s &
+            // 3) of the warp, its q dot (s < 4) or k dot, from lane 4 ((4 g + (s & 3)) & 7) + (s >> 2) (d0 + d1: row
+            // gid, d2 + d3: row gid + 8), and adds it to its value i = s & 3; the other three of its values take 0
+            uint32_t bw[16];
+            if (lane < 16) {
+                const uint4* fp = reinterpret_cast<const uint4*>(
+                    reinterpret_cast<const unsigned int*>(gts) + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS)
+                    + 4 * lane;
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    const uint4 w = fp[t];
+                    bw[4 * t] = w.x, bw[4 * t + 1] = w.y, bw[4 * t + 2] = w.z, bw[4 * t + 3] = w.w;
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < 16; ++t) bw[t] = 0u;
+            }
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int st = 0; st < 8; ++st) {
+                const uint4 r0 = c[st >> 2][0], r1 = c[2 + (st >> 2)][0];  // runs of rows gid, gid + 8
+                const uint32_t w0 = (st & 3) == 0 ? r0.x : (st & 3) == 1 ? r0.y : (st & 3) == 2 ? r0.z : r0.w;
+                const uint32_t w1 = (st & 3) == 0 ? r1.x : (st & 3) == 1 ? r1.y : (st & 3) == 2 ? r1.z : r1.w;
+                const uint32_t af[4] = {e4m3x2_to_h2(w0 & 0xffffu), e4m3x2_to_h2(w1 & 0xffffu), e4m3x2_to_h2(w0 >> 16),
+                                        e4m3x2_to_h2(w1 >> 16)};
+                mma_16816(d, af, bw[2 * st], bw[2 * st + 1], lane);
+            }
+            const int src = 4 * ((4 * g + (s & 3)) & 7) + (s >> 2);
+            const float lo = __shfl_sync(0xffffffffu, d[0] + d[1], src);
+            const float hi = __shfl_sync(0xffffffffu, d[2] + d[3], src);
+            const float dot = g < 2 ? lo : hi;  // (the warp's rows 0-7 are groups 0 and 1)
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) {
+                const float v = i == (s & 3) ? dot * rsc[0][i] : 0.0f;
+                aq[i] = s < 4 ? v : 0.0f;
+                ak[i] = s < 4 ? 0.0f : v;
+            }
+        } else
+#elif HAS_RC
         if (from_rc) {
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
@@ -1340,6 +1473,34 @@ __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
     return warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
 }
 
+#if RC_MMA
+// the main launch's tensor-core operand (RC_MMA) from this lane's 4 columns of raw q and k: B's columns 0-3 are
+// q / |q| and k / |k| split into f16 high and low parts (x = hi + lo to ~2^-22 relative; |x| <= 1), columns 4-7 zero
+// (not stored: main's lanes 16-31 hold them). Columns 4l .. 4l + 3 are K-step s of lanes with tig (mma_col), so
+// this lane writes word pair (b0, b1) of K-step s for the 4 main lanes gid 0-3 (= B's column) with that tig.
+__device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, float4 q, float4 k, int lane) {
+    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+    const float v[2][4] = {{q.x / nq, q.y / nq, q.z / nq, q.w / nq}, {k.x / nk, k.y / nk, k.z / nk, k.w / nk}};
+    const int tig = (lane & 15) >> 2, s = (lane & 3) + (lane >= 16 ? 4 : 0);  // (mma_col(tig, s) == 4 lane)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        __half hi[4], lo[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            hi[e] = __float2half_rn(v[j][e]);
+            lo[e] = __float2half_rn(v[j][e] - __half2float(hi[e]));
+        }
+        unsigned int* dh = frag + ((4 * (2 * j) + tig) * 8 + s) * 2;  // column 2 j (hi) at main lane 4 (2 j) + tig
+        unsigned int* dl = frag + ((4 * (2 * j + 1) + tig) * 8 + s) * 2;  // column 2 j + 1 (lo)
+        dh[0] = h2_bits(hi[0], hi[1]);
+        dh[1] = h2_bits(hi[2], hi[3]);
+        dl[0] = h2_bits(lo[0], lo[1]);
+        dl[1] = h2_bits(lo[2], lo[3]);
+    }
+}
+#endif
+
 // this lane's parts of a row's 2 x 16 record dots, <r_j, qa> in v[j] and <r_j, ka> in v[16 + j] for j < h (positions
 // past h and past CAP: zero), then reduce-scattered: lane l returns dot l. HALVES (KDA): each product is weighted by
 // e twice, (r qa) e with qa = q e (e = e^{G_t / 2}), the Triton launches' order, so that e^{G_t - G_j} survives where
@@ -1387,7 +1548,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    const int* __restrict__ rc_valid) {
+    const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag) {
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -1403,6 +1564,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     float4 q = load4(px + i_h * K_ + 4 * lane);
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+#if RC_MMA
+    mma_operand(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q, k, lane);
+#endif
     const float kq = pre_qk(q, k, scale);
 
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>

@@ -1168,6 +1168,8 @@ def main():
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
                         rc_names.append(tag)
                         for name in shapes:
+                            if rd != "fp8_e4m3" and _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2:
+                                continue  # (RC_MMA: the fp8 copy's only)
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name,
                                                                              pre_impl=pre_srv))

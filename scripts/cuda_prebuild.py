@@ -117,7 +117,8 @@ def combos():
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
-            for n in names for rcd in RC.values()]
+            for n in names for rcd in RC.values()
+            if cm.full_config(cm.CUDA_CONFIGS[n])[8] != 2 or rcd == RC["fp8_e4m3"]]  # (RC_MMA: fp8 copies only)
     # the fp8 copy's step split (--variants rccu): the first shape's diagnostics, and the rc_lean shapes' streaming floor
     out += [rc_build(kind, names[0], RC["fp8_e4m3"], BF16, I64, diag=d) for kind, names in cm.XL_RC_CONFIGS.items()
             for d in (1, 2)]

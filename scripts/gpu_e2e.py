@@ -104,6 +104,8 @@ ARMS = {
     # shape without a copy's (x16w4c1_m5, the default before), for A/B calls
     "ours_rc_fp8_lean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     "ours_rc_fp8_m5": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    # GDN's fp8 copy with its dots on the tensor cores (RC_MMA, session 41; opt-in until timed and served)
+    "ours_rc_fp8_mma": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # GDN without a pre launch: the CUDA main launch makes the coefficients itself (REPLAYSSM_SELF_PRE=cuda, session
     # 37; KDA keeps its pre launch); with the fp8 copy too
     "ours_cusp": ["--enable-linear-replayssm"],
@@ -148,6 +150,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_tr": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "triton"},
            "ours_rc_fp8_lean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean"},
            "ours_rc_fp8_m5": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5"},
+           "ours_rc_fp8_mma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_lean_mma"},
            "ours_cusp": {"REPLAYSSM_SELF_PRE": "cuda"},
            "ours_rc_fp8_cusp": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SELF_PRE": "cuda"},
            "ours_perturbed": {"REPLAYSSM_DECODE_WINDOW": "1", "REPLAYSSM_DIAG_PERTURB": "1e-6"},

@@ -139,7 +139,10 @@ RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5
             # read one word per row at a time and folded 4 rows at a time
             ("gdn", "x16w4c1_m8_lean", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
             ("gdn", "x16w4c1_m6_lean", "bf16", {}, "triton"),
-            ("kda", "x16w4c1_m5_gp_lean", "fp8_e4m3", {}, "cuda")]
+            ("kda", "x16w4c1_m5_gp_lean", "fp8_e4m3", {}, "cuda"),
+            # RC_MMA (session 41): a copy block's dots on the tensor cores (the emulation forms mma.sync's sums from
+            # its fragments), with the CUDA pre launch's operand
+            ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda")]
 
 
 @pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)
@@ -170,6 +173,20 @@ def test_cuda_main_read_copy_emulated(kind, cfg, read_dtype, shape, pre_impl, mo
     assert torch.equal(rc.view(torch.uint8), want_rc.view(torch.uint8)), "a read copy is not round(its checkpoint)"
     want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}, "every step: the CUDA launch, cfg"
+
+
+def test_rc_mma_needs_the_cuda_pre_launch(monkeypatch):
+    """RC_MMA's main launch reads an operand only the CUDA pre launch writes: asked for Triton's pre launch it is
+    refused with the fix; with REPLAYSSM_PRE_IMPL=triton (a preference) the CUDA pre launch runs all the same."""
+    hz, calls, pre_calls = _emu_harness("gdn", "x16w4c1_m8_lean_mma", "float32", "slow", monkeypatch,
+                                        read_dtype="fp8_e4m3", seed=3, pre_impl="triton", H=2, HV=4, V=128)
+    with pytest.raises(ValueError, match="CUDA pre launch"):
+        hz.run(1)
+    monkeypatch.setenv("REPLAYSSM_PRE_IMPL", "triton")
+    hz, calls, pre_calls = _emu_harness("gdn", "x16w4c1_m8_lean_mma", "float32", "slow", monkeypatch,
+                                        read_dtype="fp8_e4m3", seed=3, pre_impl=None, H=2, HV=4, V=128)
+    hz.run(2)
+    assert len(pre_calls) == 2 and len(calls) == 2
 
 
 # gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;

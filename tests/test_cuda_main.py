@@ -180,19 +180,40 @@ def test_read_copy_builds_compile(name, kind, rc_dtype):
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
+_LEAN = [(n, cuda_main.full_config(c)[8]) for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]]
+
+
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name", [n for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]])
-@pytest.mark.parametrize("rc_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+@pytest.mark.parametrize("name,rc_dtype", [(n, r) for n, lean in _LEAN for r in (torch.float8_e4m3fn, torch.bfloat16)
+                                           if lean == 1 or r == torch.float8_e4m3fn])
 def test_read_copy_lean_builds_compile(name, rc_dtype):
     """RC_LEAN (session 40): with the tile's registers sized for the copy, the caps up to 6 blocks per SM (80
     registers) spill nothing where the checkpoint-sized registers spill 16-24 bytes at 96; tighter caps a little (the
-    fold's); ptxas sm_90."""
+    fold's); ptxas sm_90. RC_MMA's shapes (rc_lean 2, the fp8 copy's only, session 41) spill nothing up to 8 blocks
+    per SM."""
     kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
     cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
-    limit = 0 if cap >= 80 else 128
+    limit = 0 if cap >= 80 or cuda_main.full_config(cuda_main.CUDA_CONFIGS[name])[8] == 2 else 128
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
+
+
+def test_rc_mma_is_refused_where_it_cannot_run():
+    """RC_MMA (rc_lean 2) is GDN's with an fp8 copy: a bf16 copy is refused with why, before any build."""
+    from replayssm_sglang import ring as ringmod
+
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
+    st = torch.zeros(2, 2, 128, 128)
+    why = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype="bf16"), None, 128, 128,
+                                       *cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean_mma"])
+    assert why is not None and "tensor cores" in why
+    ok = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype="fp8_e4m3"), None, 128, 128,
+                                      *cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean_mma"])
+    assert ok in (None, "it needs a CUDA GPU")
+    with pytest.raises(ValueError, match="frag"):
+        cuda_main.check_frag(None, 2, 1)
+    cuda_main.check_frag(cuda_main.frag_scratch(2, 1, "cpu"), 2, 1)
 
 
 def test_read_copy_default_shapes(monkeypatch):
@@ -655,7 +676,10 @@ def test_pre_outputs_read_after_the_wait(name, kind, state_dtype):
 # the read copy's builds (issue 7; the server's since session 37), the rc_lean shapes among them (session 40)
 PDL_RC_CASES = [("x16w4c1_m5", "gdn", torch.float8_e4m3fn), ("x16w4c1_m5", "gdn", torch.bfloat16),
                 ("x16w4c1_m7_lean", "gdn", torch.float8_e4m3fn), ("x16w4c1_m6_lean", "gdn", torch.bfloat16),
-                ("x16w4c1_m4_gp", "kda", torch.float8_e4m3fn), ("x16w4c1_m6_gp_lean", "kda", torch.float8_e4m3fn)]
+                ("x16w4c1_m4_gp", "kda", torch.float8_e4m3fn), ("x16w4c1_m6_gp_lean", "kda", torch.float8_e4m3fn),
+                # RC_MMA (session 41): the tensor-core operand (in gts's parameter) read after the wait too
+                ("x16w4c1_m7_lean_mma", "gdn", torch.float8_e4m3fn),
+                ("x16w4c1_m8_lean_mma", "gdn", torch.float8_e4m3fn)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,

@@ -1716,7 +1716,10 @@ CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c
                       ("kda", "x16w4c1_m4_gp", "fp8_e4m3", "triton"),
                       # RC_LEAN (session 40): the copy-sized tile registers, at the caps the benchmark times
                       ("gdn", "x16w4c1_m8_lean", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m6_lean", "bf16", "cuda"),
-                      ("kda", "x16w4c1_m6_gp_lean", "fp8_e4m3", "triton")]
+                      ("kda", "x16w4c1_m6_gp_lean", "fp8_e4m3", "triton"),
+                      # RC_MMA (session 41): a copy block's dots on the tensor cores, the CUDA pre launch's operand
+                      ("gdn", "x16w4c1_m7_lean_mma", "fp8_e4m3", "cuda"),
+                      ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", "cuda")]
 
 
 @pytest.mark.gpu

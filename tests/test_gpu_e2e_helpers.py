@@ -198,15 +198,17 @@ def test_read_copy_arms_force_the_buffered_window():
     from replayssm_sglang import policy
 
     for arm in ("ours_rc_bf16", "ours_rc_fp8", "ours_rc_fp8_cu", "ours_rc_fp8_tr", "ours_rc_fp8_cusp",
-                "ours_rc_fp8_lean", "ours_rc_fp8_m5"):
+                "ours_rc_fp8_lean", "ours_rc_fp8_m5", "ours_rc_fp8_mma"):
         assert "--linear-replayssm-read-dtype" in g.ARMS[arm]
         w = int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"])
         assert w > 1
     # the rc_lean arm names a shape the CUDA main launch has (an unknown one would be refused at the first decode)
     from replayssm_sglang.kernels import cuda_main
 
-    assert cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_rc_fp8_lean"]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
-    assert not cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_rc_fp8_m5"]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
+    def lean(arm):  # (the shape's rc_lean field: 0 none, 1 RC_LEAN, 2 RC_MMA as well)
+        return cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV[arm]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
+
+    assert lean("ours_rc_fp8_lean") == 1 and lean("ours_rc_fp8_m5") == 0 and lean("ours_rc_fp8_mma") == 2
     assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
 
 

@@ -65,6 +65,16 @@ struct __half {
 };
 inline float __half2float(__half x) { return static_cast<float>(x.h); }
 inline __half __float2half_rn(float f) { return {static_cast<_Float16>(f)}; }
+inline unsigned short __half_as_ushort(__half x) {
+    unsigned short u;
+    std::memcpy(&u, &x.h, 2);
+    return u;
+}
+inline __half __ushort_as_half(unsigned short u) {
+    __half x;
+    std::memcpy(&x.h, &u, 2);
+    return x;
+}
 
 template <typename T>
 inline T __ldg(const T* p) { return *p; }

@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Static SASS of the CUDA main launch's copy path (no GPU needed): how many instructions a warp of a read-copy block
+issues when its row reads the copy (the common step, L - 1 in L), against the whole kernel.
+
+gdn_main.cu decides per block at run time whether its row reads the read copy or folds, so the kernel's SASS holds
+both paths and the fold's is the longer. This script builds, besides the real kernel, a variant of the source whose
+row flags are fixed to "reads the copy, no fold" (two lines replaced, in a temporary copy of gdn_main.cu: the
+compiler then drops the fold), and counts the instructions of replay_gdn_main up to its last EXIT (the slow paths
+of IEEE sqrt / division that follow are called rarely and not counted) with nvdisasm. A static count, not a
+timing: the copy path is nearly straight-line (the record loops are unrolled), so it approximates what a warp issues.
+Session 41 (docs/design.md): x16w4c1_m7_lean 881 per warp on the copy path, RC_MMA's x16w4c1_m7_lean_mma 560; the
+plain-step study's CUDA kernel (--study-arm) beside them.
+
+    python scripts/sass_main_paths.py [--shapes x16w4c1_m7_lean,x16w4c1_m7_lean_mma] [--rc fp8_e4m3]
+
+Needs nvcc (scripts/setup-nvcc or REPLAYSSM_NVCC) and nvdisasm (Triton's wheel carries one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from kernels import cuda_main as cm  # noqa: E402
+
+# the row flags fixed to the copy path (the first: a row that reads the copy; the second: no fold)
+COPY_PATH = [("from_rc = !(flush || prefold);", "from_rc = true; flush = false; prefold = false;"),
+             ("bool fold = (flush || prefold) && DIAG_STREAM == 0;", "bool fold = false;")]
+RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+
+
+def server_defs(name: str, rc_dtype) -> dict:
+    """The build the GDN server runs for this shape (fp32 state and records, bf16 inputs, int64 ring rows)."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])
+    return cm.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
+                      late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean, has_h_rows=False, has_forced=True,
+                      has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
+                      dtb_dtype=f32, out_dtype=bf16, u_dtype=f32, k_dtype=f32, slot_dtype=torch.int32,
+                      forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=f32, kind="gdn",
+                      rc_dtype=rc_dtype)
+
+
+def main_count(cubin: Path, kernel: str = "replay_gdn_main") -> tuple[int, dict]:
+    """Instructions of ``kernel`` up to its last unconditional EXIT, and their opcodes."""
+    sass = subprocess.run([cm.find_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    body = sass.split(f".text.{kernel}:", 1)[1]
+    n, last, ops, seen = 0, 0, {}, {}
+    for line in body.splitlines():
+        if line.startswith("$__internal") or line.lstrip().startswith(".section"):
+            break
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if m:
+            n += 1
+            op = m.group(2).split(".")[0]
+            seen[op] = seen.get(op, 0) + 1
+            if op == "EXIT" and not m.group(1):
+                last, ops = n, dict(seen)
+    return last, ops
+
+
+def copy_path_source(td: Path) -> Path:
+    src = (ROOT / "kernels" / "gdn_main.cu").read_text()
+    for a, b in COPY_PATH:
+        if src.count(a) != 1:
+            raise RuntimeError(f"gdn_main.cu no longer has {a!r} once: update COPY_PATH")
+        src = src.replace(a, b)
+    out = td / "gdn_main.cu"
+    out.write_text(src)
+    for h in (ROOT / "kernels").glob("*.h"):  # (headers it includes, if any)
+        (td / h.name).write_text(h.read_text())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="x16w4c1_m7_lean,x16w4c1_m7_lean_mma,x16w4c1_m8_lean_mma")
+    ap.add_argument("--rc", default="fp8_e4m3", choices=sorted(RC))
+    ap.add_argument("--study-arm", default="cutile_bv64", help="also count the plain-step study's CUDA kernel "
+                    "(scripts/stream_persist.cu, an arm of stream_floor_study.py, tiles of --rc's type; '' skips it)")
+    args = ap.parse_args()
+    if cm.find_nvcc() is None or cm.find_nvdisasm() is None:
+        sys.exit("needs nvcc (scripts/setup-nvcc, REPLAYSSM_NVCC) and nvdisasm")
+    with tempfile.TemporaryDirectory() as td:
+        copy_src = copy_path_source(Path(td))
+        print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | copy path | copy path's top opcodes |")
+        print("|---|---|---|---|---|")
+        for name in args.shapes.split(","):
+            d = server_defs(name, RC[args.rc])
+            res = cm.resources(d)
+            whole, _ = main_count(cm.build(d))
+            path, ops = main_count(cm.build(d, src=copy_src))
+            top = ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])[:6])
+            print(f"| `{name}` | {res['registers']} ({res['spill_stores']}) | {whole} | {path} | {top} |")
+    if args.study_arm:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import stream_floor_study as S
+
+        d = S.cu_defines(S.parse_arm(args.study_arm), RC[args.rc])
+        n, ops = main_count(cm.build(d, src=Path(S.CU_SRC)), "stream_persist")
+        res = cm.resources(d, name="stream_persist", src=Path(S.CU_SRC))
+        top = ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])[:6])
+        print(f"| study `{args.study_arm}` (one item per block, no fold) | {res['registers']} "
+              f"({res['spill_stores']}) | {n} | {n} | {top} |")
+
+
+if __name__ == "__main__":
+    main()
