@@ -705,3 +705,18 @@ def test_pdl_hazards_finds_the_session_35_bug(monkeypatch, tmp_path):
     d = _server_defs(*cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"], torch.float32, kind="kda")
     found = cuda_main.pdl_hazards(d)
     assert len(found) >= 4 and all(ln.startswith("LDG") for ln in found), found
+
+
+def test_sass_main_paths_still_finds_the_copy_path():
+    """scripts/sass_main_paths.py fixes a read-copy block's row flags by replacing two lines of gdn_main.cu: each must
+    still be there exactly once (else its counts would be of the whole kernel, or it stops with why)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "scripts"))
+    import sass_main_paths
+
+    src = (root / "kernels" / "gdn_main.cu").read_text()
+    for old, _ in sass_main_paths.COPY_PATH:
+        assert src.count(old) == 1, old
