@@ -333,6 +333,22 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype), "ST_T": ctype(state_dtype)}
 
 
+def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
+                   rc_dtype=None) -> dict:
+    """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
+    KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
+    PDL; rec_dtype the records' type. For offline checks of a shape (ptxas resources, SASS, PDL hazards)."""
+    rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean = full_config(config)
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    bf16, f32 = torch.bfloat16, torch.float32
+    return defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
+                   late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean, has_h_rows=False, has_forced=True,
+                   has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
+                   dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
+                   forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
+                   rc_dtype=rc_dtype)
+
+
 def smem_bytes(defs: dict) -> int:
     """Dynamic shared memory of a block: the [VT, K] tile (read into shared memory), the fold's [VT, BC] decayed
     records and [VT] u_t."""
@@ -790,6 +806,7 @@ def frag_scratch(B: int, H: int, device) -> torch.Tensor:
 
 
 def check_frag(frag, B: int, H: int) -> None:
+    """Refuses an operand buffer that is not frag_scratch(B, H)'s kind (or larger), with the fix."""
     if frag is None or frag.dtype != torch.int32 or not frag.is_contiguous() or frag.numel() < B * H * FRAG_WORDS:
         raise ValueError("rc_lean 2 (RC_MMA): the pre and main launches share the tensor-core operand (frag: "
                          "cuda_main.frag_scratch(B, H), int32, contiguous)")
@@ -817,10 +834,11 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         args = head + [ctypes.c_float(scale), lb]
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
              ptr(ring.rc_valid if ring.rc is not None else None)]
-    if not defs["IS_KDA"]:
-        if defs.get("RC_MMA"):
+    if not defs["IS_KDA"]:  # (GDN's last parameter: RC_MMA's operand, null in the other builds)
+        mma = bool(defs.get("RC_MMA"))
+        if mma:
             check_frag(frag, B, defs["H_"])
-        args += [ptr(frag if defs.get("RC_MMA") else None)]
+        args += [ptr(frag if mma else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):
@@ -848,9 +866,9 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
-    if rc_lean == 2:
-        check_frag(frag, mixed_qkv.shape[0], H)
     B = mixed_qkv.shape[0]
+    if rc_lean == 2:
+        check_frag(frag, B, H)
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
     if defs is None:

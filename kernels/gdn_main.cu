@@ -1464,23 +1464,26 @@ __device__ __forceinline__ PreRule pre_rule(const int* __restrict__ ring_h, cons
 }
 
 // q~ = scale q / |q| and k~ = k / |k| of this lane's 4 columns, as _pre_row makes them (a division by the norm, then
-// the scale), and <k~, q~>
-__device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
-    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
-    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+// the scale), and <k~, q~>; the norms |q|, |k| into nq, nk
+__device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale, float& nq, float& nk) {
+    nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
+    nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
     q = make_float4(q.x / nq * scale, q.y / nq * scale, q.z / nq * scale, q.w / nq * scale);
     k = make_float4(k.x / nk, k.y / nk, k.z / nk, k.w / nk);
     return warp_sum(k.x * q.x + k.y * q.y + k.z * q.z + k.w * q.w);
 }
+__device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
+    float nq, nk;
+    return pre_qk(q, k, scale, nq, nk);
+}
 
 #if RC_MMA
-// the main launch's tensor-core operand (RC_MMA) from this lane's 4 columns of raw q and k: B's columns 0-3 are
-// q / |q| and k / |k| split into f16 high and low parts (x = hi + lo to ~2^-22 relative; |x| <= 1), columns 4-7 zero
-// (not stored: main's lanes 16-31 hold them). Columns 4l .. 4l + 3 are K-step s of lanes with tig (mma_col), so
+// the main launch's tensor-core operand (RC_MMA) from this lane's 4 columns of raw q and k and their norms nq, nk
+// (pre_qk's): B's columns 0-3 are q / |q| and k / |k| split into f16 high and low parts (x = hi + lo to ~2^-22
+// relative; |x| <= 1), columns 4-7 zero (not stored: main's lanes 16-31 hold them). Columns 4l .. 4l + 3 are K-step s of lanes with tig (mma_col), so
 // this lane writes word pair (b0, b1) of K-step s for the 4 main lanes gid 0-3 (= B's column) with that tig.
-__device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, float4 q, float4 k, int lane) {
-    const float nq = sqrtf(warp_sum(q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w) + 1e-6f);
-    const float nk = sqrtf(warp_sum(k.x * k.x + k.y * k.y + k.z * k.z + k.w * k.w) + 1e-6f);
+__device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, float4 q, float4 k, float nq, float nk,
+                                            int lane) {
     const float v[2][4] = {{q.x / nq, q.y / nq, q.z / nq, q.w / nq}, {k.x / nk, k.y / nk, k.z / nk, k.w / nk}};
     const int tig = (lane & 15) >> 2, s = (lane & 3) + (lane >= 16 ? 4 : 0);  // (mma_col(tig, s) == 4 lane)
 #pragma unroll
@@ -1565,9 +1568,13 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
 #if RC_MMA
-    mma_operand(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q, k, lane);
+    const float4 q_raw = q, k_raw = k;
 #endif
-    const float kq = pre_qk(q, k, scale);
+    float nq, nk;
+    const float kq = pre_qk(q, k, scale, nq, nk);
+#if RC_MMA
+    mma_operand(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q_raw, k_raw, nq, nk, lane);
+#endif
 
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
     const float dot = record_dots<false>(base_k, h_old, q, k, q, lane);

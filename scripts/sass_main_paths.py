@@ -38,18 +38,6 @@ COPY_PATH = [("from_rc = !(flush || prefold);", "from_rc = true; flush = false; 
 RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}
 
 
-def server_defs(name: str, rc_dtype) -> dict:
-    """The build the GDN server runs for this shape (fp32 state and records, bf16 inputs, int64 ring rows)."""
-    f32, bf16 = torch.float32, torch.bfloat16
-    rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])
-    return cm.defines(H=16, HV=32, V=128, cap=16, BC=16, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
-                      late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean, has_h_rows=False, has_forced=True,
-                      has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
-                      dtb_dtype=f32, out_dtype=bf16, u_dtype=f32, k_dtype=f32, slot_dtype=torch.int32,
-                      forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=f32, kind="gdn",
-                      rc_dtype=rc_dtype)
-
-
 def main_count(cubin: Path, kernel: str = "replay_gdn_main") -> tuple[int, dict]:
     """Instructions of ``kernel`` up to its last unconditional EXIT, and their opcodes."""
     sass = subprocess.run([cm.find_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
@@ -95,7 +83,7 @@ def main() -> None:
         print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | copy path | copy path's top opcodes |")
         print("|---|---|---|---|---|")
         for name in args.shapes.split(","):
-            d = server_defs(name, RC[args.rc])
+            d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc])
             res = cm.resources(d)
             whole, _ = main_count(cm.build(d))
             path, ops = main_count(cm.build(d, src=copy_src))

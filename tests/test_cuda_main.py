@@ -135,16 +135,8 @@ def test_unavailable_reason_on_shapes():
 def _server_defs(rpw, nwarps, load_reg, min_blocks, *late_gt_rec, state_dtype=torch.float32, kind="gdn",
                  rc_dtype=None):
     *rest, rec = late_gt_rec
-    late, gt, xl, nch, lean = cuda_main.full_config((rpw, nwarps, load_reg, min_blocks, *rest))[4:]
-    H, HV = (16, 32) if kind == "gdn" else (32, 32)  # Qwen3-Next's GDN, Kimi-Linear's KDA
-    return cuda_main.defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg,
-                             min_blocks=min_blocks, late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean,
-                             has_h_rows=False,
-                             has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16,
-                             a_dtype=torch.bfloat16, b_dtype=torch.bfloat16, alog_dtype=torch.float32,
-                             dtb_dtype=torch.float32, out_dtype=torch.bfloat16, u_dtype=rec, k_dtype=rec,
-                             slot_dtype=torch.int32, forced_dtype=torch.int32, ridx_dtype=torch.int64,
-                             state_dtype=state_dtype, kind=kind, rc_dtype=rc_dtype)
+    return cuda_main.server_defines((rpw, nwarps, load_reg, min_blocks, *rest), rec_dtype=rec,
+                                    state_dtype=state_dtype, kind=kind, rc_dtype=rc_dtype)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
