@@ -86,12 +86,19 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m5_lean": (16, 4, 1, 5, 0, 0, 1, 1, 1), "x16w4c1_m6_lean": (16, 4, 1, 6, 0, 0, 1, 1, 1),
                 "x16w4c1_m7_lean": (16, 4, 1, 7, 0, 0, 1, 1, 1), "x16w4c1_m8_lean": (16, 4, 1, 8, 0, 0, 1, 1, 1),
                 "x16w4c1_m5_gp_lean": (16, 4, 1, 5, 0, 1, 1, 1, 1), "x16w4c1_m6_gp_lean": (16, 4, 1, 6, 0, 1, 1, 1, 1),
-                # rc_lean 2 (session 41, gdn_main.cu's RC_MMA; GDN's fp8 copy, the CUDA pre launch): as rc_lean 1, and
-                # a copy block takes its tile's dots on the tensor cores (e4m3 -> f16 codes times the pre launch's
-                # split f16 operand of q / |q| and k / |k|) and skips the q, k staging and norms
+                # rc_lean 2 (session 41, gdn_main.cu's RC_MMA; GDN's copies, the CUDA pre launch): as rc_lean 1, and
+                # a copy block takes its tile's dots on the tensor cores (e4m3 -> f16 codes, or bf16 values since
+                # session 42, times the pre launch's split operand of q / |q| and k / |k|) and skips the q, k staging
+                # and norms
                 "x16w4c1_m6_lean_mma": (16, 4, 1, 6, 0, 0, 1, 1, 2),
                 "x16w4c1_m7_lean_mma": (16, 4, 1, 7, 0, 0, 1, 1, 2),
-                "x16w4c1_m8_lean_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2)}
+                "x16w4c1_m8_lean_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2),
+                # the same tuples for a bf16 checkpoint without a read copy (session 42, gdn_main.cu's ST_MMA: rc_lean
+                # 2 where there is no copy to be lean for): every block's tile dots on the tensor cores (bf16 values
+                # times the pre launch's split bf16 operand), no q, k staging or norms but in a folding block
+                "x16w4c1_m6_mma": (16, 4, 1, 6, 0, 0, 1, 1, 2),
+                "x16w4c1_m7_mma": (16, 4, 1, 7, 0, 0, 1, 1, 2),
+                "x16w4c1_m8_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -113,6 +120,9 @@ XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", 
                    "x16w4c1_m7")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
 XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
+# a bf16 checkpoint's tile dots on the tensor cores (ST_MMA, session 42; the CUDA pre launch): the shapes the benchmark
+# times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
+XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
@@ -315,13 +325,18 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
     makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
-    rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: that and the copy
-    blocks' tile dots on the tensor cores (RC_MMA, session 41; GDN's fp8 copy)."""
+    rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: the tile's dots on
+    the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; GDN's fp8 or bf16 copy),
+    without one every block's (ST_MMA, session 42; GDN's bf16 checkpoint)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
-    rc |= {"RC_LEAN": 1} if rc_lean else {}  # (likewise only where set: the other builds' cubins keep their keys)
-    rc |= {"RC_MMA": 1} if rc_lean == 2 else {}
+    if rc_dtype is not None:  # (likewise only where set: the other builds' cubins keep their keys)
+        rc |= ({"RC_LEAN": 1} if rc_lean else {}) | ({"RC_MMA": 1} if rc_lean == 2 else {})
+    elif rc_lean == 2:
+        rc |= {"ST_MMA": 1}
+    elif rc_lean:
+        rc |= {"RC_LEAN": 1}  # (refused by gdn_main.cu: a lean tile needs a copy)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -597,12 +612,18 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
+    if rc_lean == 2 and ring.rc is None:
+        if kind != "gdn" or state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef \
+                or self_pre or K != 128:
+            return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) are GDN's with a bf16 "
+                    "state, the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef "
+                    "or self_pre, K = 128")
+    elif rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
                 "one V-tile per block and the pre launch's coefficients (no self_pre)")
-    if rc_lean == 2 and (kind != "gdn" or ring.rc.dtype != torch.float8_e4m3fn or rpw != 16 or K != 128):
-        return ("the copy's dots on the tensor cores (rc_lean 2, RC_MMA) are GDN's with an fp8 read copy, 16 rows per "
-                "warp and K = 128")
+    elif rc_lean == 2 and (kind != "gdn" or rpw != 16 or late_coef or K != 128):
+        return ("the copy's dots on the tensor cores (rc_lean 2, RC_MMA) are GDN's, 16 rows per warp, no late_coef, "
+                "K = 128")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -796,19 +817,26 @@ def pre_name(defs: dict) -> str:
     return "replay_kda_pre" if defs["IS_KDA"] else "replay_gdn_pre"
 
 
-FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (gdn_main.cu's RC_MMA)
+FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (gdn_main.cu's RC_MMA, ST_MMA)
+
+
+def tensor_core_dots(defs: dict) -> bool:
+    """The build takes its tile's dots on the tensor cores (rc_lean 2: gdn_main.cu's RC_MMA with a read copy, ST_MMA
+    without), with the CUDA pre launch's operand (frag_scratch)."""
+    return bool(defs.get("RC_MMA") or defs.get("ST_MMA"))
 
 
 def frag_scratch(B: int, H: int, device) -> torch.Tensor:
-    """The pre launch's tensor-core operand for RC_MMA (rc_lean 2), [B, H, 16 lanes, 8 K-steps, 2] 32-bit words: for
-    each (row, key head) the f16 pairs of q / |q| and k / |k| split in high and low parts (1 KiB)."""
+    """The pre launch's tensor-core operand for rc_lean 2 (RC_MMA, ST_MMA), [B, H, 16 lanes, 8 K-steps, 2] 32-bit
+    words: for each (row, key head) the f16 (fp8 copy) or bf16 (bf16 tiles) pairs of q / |q| and k / |k| split in high
+    and low parts (1 KiB)."""
     return torch.empty(B, H, 16, 8, 2, dtype=torch.int32, device=device)
 
 
 def check_frag(frag, B: int, H: int) -> None:
     """Refuses an operand buffer that is not frag_scratch(B, H)'s kind (or larger), with the fix."""
     if frag is None or frag.dtype != torch.int32 or not frag.is_contiguous() or frag.numel() < B * H * FRAG_WORDS:
-        raise ValueError("rc_lean 2 (RC_MMA): the pre and main launches share the tensor-core operand (frag: "
+        raise ValueError("rc_lean 2 (RC_MMA, ST_MMA): the pre and main launches share the tensor-core operand (frag: "
                          "cuda_main.frag_scratch(B, H), int32, contiguous)")
 
 
@@ -835,7 +863,7 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
              ptr(ring.rc_valid if ring.rc is not None else None)]
     if not defs["IS_KDA"]:  # (GDN's last parameter: RC_MMA's operand, null in the other builds)
-        mma = bool(defs.get("RC_MMA"))
+        mma = tensor_core_dots(defs)
         if mma:
             check_frag(frag, B, defs["H_"])
         args += [ptr(frag if mma else None)]

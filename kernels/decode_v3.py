@@ -1207,12 +1207,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if pre_impl not in ("triton", "cuda"):
         raise ValueError(f"pre_impl must be 'triton' or 'cuda', got {pre_impl!r}")
     pre_defs = None
-    mma = bool(main_defs is not None and main_defs.get("RC_MMA"))  # (rc_lean 2: the CUDA pre launch's operand)
+    mma = main_defs is not None and cuda_main.tensor_core_dots(main_defs)  # (rc_lean 2: the CUDA pre launch's operand)
     if mma and pre_impl != "cuda":
         if env_pre:
             pre_impl = "cuda"  # (a preference gives way: this main launch reads what only the CUDA pre launch writes)
         else:
-            raise ValueError("rc_lean 2 (RC_MMA) reads its tensor-core operand from the CUDA pre launch: pre_impl="
+            raise ValueError("rc_lean 2 (RC_MMA, ST_MMA) reads its tensor-core operand from the CUDA pre launch: pre_impl="
                              "'cuda' (or a shape without it)")
     if pre_impl == "cuda":
         why = ("self_pre has no pre launch" if self_pre else
@@ -1230,7 +1230,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
-    frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (RC_MMA: the pre launch's operand for the main)
+    frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)
     if B == 0:
         return out
     rc_fp8 = has_rc and ring.rc.dtype == torch.float8_e4m3fn

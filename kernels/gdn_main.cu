@@ -94,16 +94,25 @@
 #if RC_LEAN && (!HAS_RC || NCH != 1 || SELF_PRE)
 #error "RC_LEAN: a read copy, one V-tile per block, the pre launch's coefficients"
 #endif
-#ifndef RC_MMA
-#define RC_MMA 0  // RC_LEAN, and a copy block's tile dots on the tensor cores (session 41): each warp's 16 rows x 128
-#endif            // e4m3 codes as f16 times the pre launch's f16 operand [q_hi, q_lo, k_hi, k_lo] of q / |q| and
-                  // k / |k| (qk_frag, in gts's parameter), mma.sync m16n8k16 with fp32 sums; no q, k staging or norms
-#if RC_MMA && (!RC_LEAN || !RC_FP8 || IS_KDA || RPW != 16 || LATE_COEF || K_ != 128)
-#error "RC_MMA: RC_LEAN with an fp8 copy, GDN, 16 rows per warp, the coefficients before the dots, K = 128"
-#endif
 #ifndef RC_FP8
 #define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
 #endif            // [rows, HV, V]); else bf16 values (RC_T __nv_bfloat16)
+#ifndef RC_MMA
+#define RC_MMA 0  // RC_LEAN, and a copy block's tile dots on the tensor cores (session 41): each warp's 16 rows x 128
+#endif            // columns (e4m3 codes as f16, or bf16 values) times the pre launch's split operand [q_hi, q_lo,
+                  // k_hi, k_lo] of q / |q| and k / |k| (qk_frag, in gts's parameter), mma.sync m16n8k16 with fp32
+                  // sums; no q, k staging or norms
+#if RC_MMA && (!RC_LEAN || IS_KDA || RPW != 16 || LATE_COEF || K_ != 128)
+#error "RC_MMA: RC_LEAN, GDN, 16 rows per warp, the coefficients before the dots, K = 128"
+#endif
+#ifndef ST_MMA
+#define ST_MMA 0  // a bf16 checkpoint without a read copy: every block's tile dots on the tensor cores as RC_MMA's
+#endif            // (session 42); a folding block stages q and k for its fold only and re-reads its tile there as before
+#if ST_MMA && (HAS_RC || IS_KDA || !XL || RPW != 16 || LATE_COEF || NCH != 1 || SELF_PRE || K_ != 128)
+#error "ST_MMA: GDN's XL layout, a bf16 checkpoint and no read copy, 16 rows per warp, one V-tile per block, the pre launch's coefficients before the dots, K = 128"
+#endif
+#define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
+#define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
 #ifndef RC_T
 #define RC_T unsigned char  // (unused without HAS_RC)
 #endif
@@ -130,6 +139,7 @@
 static_assert(LOAD_REG || sizeof(ST_T) == 4, "a bf16 checkpoint is read into registers (LOAD_REG 1)");
 static_assert(LOAD_REG || !IS_KDA, "KDA is written for the tile in registers (LOAD_REG 1)");
 static_assert(!HAS_RC || sizeof(ST_T) == 4, "a read copy is kept beside an fp32 checkpoint only");
+static_assert(!ST_MMA || sizeof(ST_T) == 2, "ST_MMA reads a bf16 checkpoint (an fp32 one: RC_MMA's read copy)");
 #if (V_ % (VT * NCH)) != 0
 #error "the V-tile (times NCH) must divide V"
 #endif
@@ -203,16 +213,22 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-#if RC_MMA
-// The tensor-core dots (RC_MMA). mma.sync m16n8k16 (f16 in, fp32 sums), PTX ISA's fragments, lane = 4 gid + tig:
-// A (16 x 16, rows): a0 = (row gid; k 2 tig, 2 tig + 1), a1 = (row gid + 8; same k), a2 = (row gid; k 2 tig + 8,
-// 2 tig + 9), a3 = (row gid + 8; those k); B (16 x 8, columns): b0 = (k 2 tig, 2 tig + 1; column gid), b1 = (k 2 tig
-// + 8, 2 tig + 9; column gid); D: d0, d1 = (row gid; columns 2 tig, 2 tig + 1), d2, d3 = (row gid + 8; same columns);
-// in each f16 pair the lower k (or column) in the low half. A dot over K may take its K in any order that A and B
-// share: K-step s of lane tig holds the checkpoint's columns mma_col(tig, s) .. + 3 (k 2 tig, 2 tig + 1, 2 tig + 8,
-// 2 tig + 9 in that order), so that a lane reads two 16-byte runs of a row ([16 tig, + 16) and [64 + 16 tig, + 16):
-// a warp's lanes read each row's 128 bytes whole, 64 at a time) and K-step s is word s % 4 of run s / 4.
-__device__ __forceinline__ int mma_col(int tig, int s) { return (s < 4 ? 16 * tig : 64 + 16 * tig) + 4 * (s & 3); }
+#if TC_DOTS
+// The tensor-core dots (RC_MMA, ST_MMA). mma.sync m16n8k16 (f16 or bf16 in, fp32 sums), PTX ISA's fragments, lane =
+// 4 gid + tig: A (16 x 16, rows): a0 = (row gid; k 2 tig, 2 tig + 1), a1 = (row gid + 8; same k), a2 = (row gid; k
+// 2 tig + 8, 2 tig + 9), a3 = (row gid + 8; those k); B (16 x 8, columns): b0 = (k 2 tig, 2 tig + 1; column gid), b1
+// = (k 2 tig + 8, 2 tig + 9; column gid); D: d0, d1 = (row gid; columns 2 tig, 2 tig + 1), d2, d3 = (row gid + 8;
+// same columns); in each 16-bit pair the lower k (or column) in the low half. A dot over K may take its K in any
+// order that A and B share: K-step s of lane tig holds the tile's columns mma_col(tig, s) .. + 3 (k 2 tig, 2 tig + 1,
+// 2 tig + 8, 2 tig + 9 in that order), so that each lane reads 16-byte runs of a row, MMA_SPR K-steps per run: fp8
+// codes (1 byte) 4 K-steps per run, runs [16 tig, + 16) and [64 + 16 tig, + 16); bf16 values (2 bytes) 2 K-steps per
+// run, runs [8 tig + 32 r, + 8) for r = 0 .. 3 (the 4 lanes of a gid read 64 contiguous bytes of a row per run).
+#define MMA_EB (MMA_BF16 ? 2 : 1)  // bytes of an A element
+#define MMA_SPR (4 / MMA_EB)       // K-steps per 16-byte run
+#define MMA_NRUN (8 / MMA_SPR)     // runs per row per lane (fp8 2, bf16 4): a lane holds 2 MMA_NRUN words
+__device__ __forceinline__ int mma_col(int tig, int s) {
+    return (s / MMA_SPR) * (64 / MMA_EB) + (16 / MMA_EB) * tig + 4 * (s % MMA_SPR);
+}
 #define FRAG_WORDS (16 * 8 * 2)  // the operand per (row, key head): lanes 0-15 (columns 0-3), 8 K-steps, 2 words
 
 // two e4m3 codes (the low one at the lower address) as an f16 pair (exactly: every e4m3 value is a half)
@@ -232,24 +248,41 @@ __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t codes) {
 #endif
 }
 
-__device__ __forceinline__ uint32_t h2_bits(__half lo, __half hi) {
-    return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+// the 16-bit element type of the fragments (MMA_BF16: bf16, else f16): a float rounded to nearest as its bits, and
+// the float of the low or high half of a 32-bit pair
+__device__ __forceinline__ uint32_t mma_bits(float x) {
+#if MMA_BF16
+    const __nv_bfloat16 b = __float2bfloat16_rn(x);
+    return *reinterpret_cast<const unsigned short*>(&b);
+#else
+    return __half_as_ushort(__float2half_rn(x));
+#endif
 }
-__device__ __forceinline__ float h_lo(uint32_t w) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+__device__ __forceinline__ float mma_float(uint32_t bits16) {
+#if MMA_BF16
+    return __uint_as_float(bits16 << 16);
+#else
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+#endif
 }
-__device__ __forceinline__ float h_hi(uint32_t w) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
-}
+__device__ __forceinline__ float h_lo(uint32_t w) { return mma_float(w & 0xffffu); }
+__device__ __forceinline__ float h_hi(uint32_t w) { return mma_float(w >> 16); }
 
 // d += A B (the fragments above); the CPU emulation (kernels/cuda_emu.py) forms the same sums from the fragments'
 // definition, through shuffles
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int lane) {
 #ifdef __CUDA_ARCH__
+#if MMA_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 #else
     const int gid = lane >> 2, tig = lane & 3;
     for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: 2 st, 2 st + 1 (a0 / a1, b0), + 8 (a2 / a3, b1)
@@ -266,6 +299,23 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
                                    + h_hi(hi) * h_hi(rb[c][1]);
             }
     }
+#endif
+}
+
+// word i (0-3) of a 16-byte word
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// the A fragment of K-step st from a lane's tile words (rw: run r of row gid at rw[r], of row gid + 8 at
+// rw[MMA_NRUN + r]): fp8, one word of each row holds the step's 4 codes, widened to f16 pairs; bf16, two words of each
+template <typename W>
+__device__ __forceinline__ void mma_a_frag(uint32_t (&af)[4], const W& rw, int st) {
+    const uint4 r0 = rw(st / MMA_SPR), r1 = rw(MMA_NRUN + st / MMA_SPR);
+#if MMA_BF16
+    const int q = 2 * (st % MMA_SPR);
+    af[0] = word_of(r0, q), af[1] = word_of(r1, q), af[2] = word_of(r0, q + 1), af[3] = word_of(r1, q + 1);
+#else
+    const uint32_t w0 = word_of(r0, st % MMA_SPR), w1 = word_of(r1, st % MMA_SPR);
+    af[0] = e4m3x2_to_h2(w0 & 0xffffu), af[1] = e4m3x2_to_h2(w1 & 0xffffu), af[2] = e4m3x2_to_h2(w0 >> 16),
+    af[3] = e4m3x2_to_h2(w1 >> 16);
 #endif
 }
 #endif
@@ -922,6 +972,20 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
     uint4 c[RPL][NACC];
 #endif
+#if TC_DOTS
+    // the tensor cores' layout instead (mma_col): flat word u = h MMA_NRUN + r of c holds run r of the warp's row
+    // gid + 8 h (row0 + warp RPW + gid + 8 h), from base (the value head's [V, K] copy or checkpoint)
+    constexpr int TW = sizeof(c[0]) / sizeof(uint4);  // (words per c[i])
+    static_assert(RPL * TW == 2 * MMA_NRUN, "a lane's tile words are its two rows' runs");
+    auto load_mma = [&](const auto* base) {
+#pragma unroll
+        for (int u = 0; u < 2 * MMA_NRUN; ++u) {
+            const int mv = row0 + warp * RPW + (lane >> 2) + 8 * (u / MMA_NRUN);
+            c[u / TW][u % TW] = __ldg(reinterpret_cast<const uint4*>(
+                base + static_cast<long long>(mv) * K_ + mma_col(lane & 3, (u % MMA_NRUN) * MMA_SPR)));
+        }
+    };
+#endif
 #if HAS_RC
     // with a read copy the tile's source depends on the row's flags: a row that writes no checkpoint this step reads
     // the copy (rsrc; fp8: rsc[cc][i] = the V-row's scale), the others the checkpoint. The copy's first RC_CH tiles
@@ -931,18 +995,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const RC_T* rsrc = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_;
     float rsc[RC_CH][RPL];
     auto load_rc = [&](int ch0) {  // the copy's tiles ch0 .. ch0 + RC_CH - 1 (those the block has), at once
+#if RC_MMA
+        load_mma(rsrc);  // (RC_LEAN: one V-tile per block)
+#endif
 #pragma unroll
         for (int cc = 0; cc < (RC_LEAN ? 1 : RC_CH); ++cc) {
             if (ch0 + cc >= NCH) break;
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
                 const int v = row0 + (ch0 + cc) * VT + lrow + i;
-#if RC_MMA
-                // the tensor cores' layout instead: c[2 h + r] = run r of the warp's row gid + 8 h (mma_col)
-                const int mv = row0 + warp * RPW + (lane >> 2) + 8 * (i >> 1);
-                c[i][0] = __ldg(reinterpret_cast<const uint4*>(rsrc + static_cast<long long>(mv) * K_ +
-                                                               mma_col(lane & 3, 4 * (i & 1))));
-#else
+#if !RC_MMA
                 const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
 #pragma unroll
                 for (int t = 0; t < RC_NACC; ++t)
@@ -957,6 +1019,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     load_rc(0);
 #endif
     auto load_tile = [&](int ch) {
+#if ST_MMA
+        load_mma(src);  // (one V-tile per block)
+        return;
+#endif
 #if HAS_RC
         if (from_rc) {
             if (ch % RC_CH == 0) load_rc(ch);  // (the others came with it)
@@ -1021,8 +1087,13 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float* qk_sm = qk_all[warp];
     const float* k_raw = qk_sm + (NQK - 1) * QK_ROW;  // k as loaded (GDN: the dots' k itself)
 #if RC_MMA
-    const bool qk_staged = !from_rc;  // (a copy block's dots take the pre launch's operand, normalised: no q, k here)
+    const bool mma_dots = from_rc;    // a copy block's dots take the pre launch's operand, normalised:
+    const bool qk_staged = !from_rc;  // no q, k here
+#elif ST_MMA
+    constexpr bool mma_dots = true;   // every block's dots take the pre launch's operand; a folding block
+    const bool qk_staged = fold;      // stages q, k (and their norms) for its fold's k~ only
 #else
+    constexpr bool mma_dots = false;
     constexpr bool qk_staged = true;
 #endif
     if (qk_staged) {
@@ -1058,7 +1129,6 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
         }
     }
-    // (RC_MMA's copy block: its dots are of q / |q| and k / |k| already)
     const float s_q = qk_staged ? scale / sqrtf(n_q + 1e-6f) : scale;
     const float s_k = qk_staged ? 1.0f / sqrtf(n_k + 1e-6f) : 1.0f;
 #if IS_KDA
@@ -1197,13 +1267,14 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     for (int ch = 0; ch < NCH; ++ch) {
         // the tile's dots, this lane's 16 columns of each of its rows
         float aq[RPL], ak[RPL];
-#if RC_MMA
-        if (from_rc) {
-            // the warp's 16 rows on the tensor cores: 8 K-steps of [16 rows x 16 k] e4m3 codes as f16 (c, loaded in
-            // the mma layout) times B = [q_hi, q_lo, k_hi, k_lo, 0 ..] (the pre launch's qk_frag, lanes 0-15: read
-            // after the PDL wait, in load_coef above); then lane (g, s) of the XL layout takes one sum: row 4 g + (s &
-            // 3) of the warp, its q dot (s < 4) or k dot, from lane 4 ((4 g + (s & 3)) & 7) + (s >> 2) (d0 + d1: row
-            // gid, d2 + d3: row gid + 8), and adds it to its value i = s & 3; the other three of its values take 0
+#if TC_DOTS
+        if (mma_dots) {
+            // the warp's 16 rows on the tensor cores: 8 K-steps of [16 rows x 16 k] (c, loaded in the mma layout: fp8
+            // codes widened to f16, or bf16 values) times B = [q_hi, q_lo, k_hi, k_lo, 0 ..] (the pre launch's
+            // qk_frag, lanes 0-15: read after the PDL wait, in load_coef above); then lane (g, s) of the XL layout
+            // takes one sum: row 4 g + (s & 3) of the warp, its q dot (s < 4) or k dot, from lane 4 ((4 g + (s & 3)) &
+            // 7) + (s >> 2) (d0 + d1: row gid, d2 + d3: row gid + 8), and adds it to its value i = s & 3; the other
+            // three of its values take 0
             uint32_t bw[16];
             if (lane < 16) {
                 const uint4* fp = reinterpret_cast<const uint4*>(
@@ -1218,14 +1289,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
                 for (int t = 0; t < 16; ++t) bw[t] = 0u;
             }
+            const auto rw = [&](int u) { return c[u / TW][u % TW]; };  // (flat word u: load_mma's)
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int st = 0; st < 8; ++st) {
-                const uint4 r0 = c[st >> 2][0], r1 = c[2 + (st >> 2)][0];  // runs of rows gid, gid + 8
-                const uint32_t w0 = (st & 3) == 0 ? r0.x : (st & 3) == 1 ? r0.y : (st & 3) == 2 ? r0.z : r0.w;
-                const uint32_t w1 = (st & 3) == 0 ? r1.x : (st & 3) == 1 ? r1.y : (st & 3) == 2 ? r1.z : r1.w;
-                const uint32_t af[4] = {e4m3x2_to_h2(w0 & 0xffffu), e4m3x2_to_h2(w1 & 0xffffu), e4m3x2_to_h2(w0 >> 16),
-                                        e4m3x2_to_h2(w1 >> 16)};
+                uint32_t af[4];
+                mma_a_frag(af, rw, st);
                 mma_16816(d, af, bw[2 * st], bw[2 * st + 1], lane);
             }
             const int src = 4 * ((4 * g + (s & 3)) & 7) + (s >> 2);
@@ -1234,7 +1303,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             const float dot = g < 2 ? lo : hi;  // (the warp's rows 0-7 are groups 0 and 1)
 #pragma unroll
             for (int i = 0; i < RPL; ++i) {
-                const float v = i == (s & 3) ? dot * rsc[0][i] : 0.0f;
+#if RC_MMA && RC_FP8
+                const float v = i == (s & 3) ? dot * rsc[0][i] : 0.0f;  // (the fp8 copy's V-row scale)
+#else
+                const float v = i == (s & 3) ? dot : 0.0f;
+#endif
                 aq[i] = s < 4 ? v : 0.0f;
                 ak[i] = s < 4 ? 0.0f : v;
             }
@@ -1303,7 +1376,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if LATE_COEF
         if (ch == 0) load_coef();
 #endif
-        const float wq = s_q * e_t, wk = s_k * e_t;
+        // (the tensor cores' dots are of q~ / scale and k~: RC_MMA's copy blocks have s_q = scale and s_k = 1 (no
+        // staging); ST_MMA's folding blocks stage q, k for the fold, so their s_q, s_k are the norms' and not these)
+        const float wq = (ST_MMA ? scale : s_q) * e_t, wk = (ST_MMA ? 1.0f : s_k) * e_t;
         float val[NVAL];
 #pragma unroll
         for (int i = 0; i < RPL; ++i) {
@@ -1374,7 +1449,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
-            constexpr int FR = RC_LEAN ? 4 : 8;  // rows folded at a time (RC_LEAN: half the registers)
+            constexpr int FR = (RC_LEAN || ST_MMA) ? 4 : 8;  // rows folded at a time (RC_LEAN, ST_MMA: half the registers)
 #pragma unroll
             for (int r0 = 0; r0 < RPW; r0 += FR) {
                 float4 cf[FR];
@@ -1477,29 +1552,31 @@ __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
     return pre_qk(q, k, scale, nq, nk);
 }
 
-#if RC_MMA
-// the main launch's tensor-core operand (RC_MMA) from this lane's 4 columns of raw q and k and their norms nq, nk
-// (pre_qk's): B's columns 0-3 are q / |q| and k / |k| split into f16 high and low parts (x = hi + lo to ~2^-22
-// relative; |x| <= 1), columns 4-7 zero (not stored: main's lanes 16-31 hold them). Columns 4l .. 4l + 3 are K-step s of lanes with tig (mma_col), so
-// this lane writes word pair (b0, b1) of K-step s for the 4 main lanes gid 0-3 (= B's column) with that tig.
+#if TC_DOTS
+// the main launch's tensor-core operand (RC_MMA, ST_MMA) from this lane's 4 columns of raw q and k and their norms nq,
+// nk (pre_qk's): B's columns 0-3 are q / |q| and k / |k| split into high and low parts of the fragments' type (f16: x
+// = hi + lo to ~2^-22 relative, |x| <= 1; bf16: to ~2^-17), columns 4-7 zero (not stored: main's lanes 16-31 hold
+// them). Columns 4l .. 4l + 3 are K-step s of the lanes with tig (mma_col), so this lane writes word pair (b0, b1) of
+// K-step s for the 4 main lanes gid 0-3 (= B's column) with that tig.
 __device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, float4 q, float4 k, float nq, float nk,
                                             int lane) {
     const float v[2][4] = {{q.x / nq, q.y / nq, q.z / nq, q.w / nq}, {k.x / nk, k.y / nk, k.z / nk, k.w / nk}};
-    const int tig = (lane & 15) >> 2, s = (lane & 3) + (lane >= 16 ? 4 : 0);  // (mma_col(tig, s) == 4 lane)
+    constexpr int RUN = 64 / MMA_EB, PER = 16 / MMA_EB;  // (a run's columns over the 4 tig; one lane's share)
+    const int c0 = 4 * lane, tig = (c0 % RUN) / PER, s = (c0 / RUN) * MMA_SPR + (c0 % PER) / 4;  // mma_col(tig, s) == c0
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        __half hi[4], lo[4];
+        uint32_t hi[4], lo[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            hi[e] = __float2half_rn(v[j][e]);
-            lo[e] = __float2half_rn(v[j][e] - __half2float(hi[e]));
+            hi[e] = mma_bits(v[j][e]);
+            lo[e] = mma_bits(v[j][e] - mma_float(hi[e]));
         }
         unsigned int* dh = frag + ((4 * (2 * j) + tig) * 8 + s) * 2;  // column 2 j (hi) at main lane 4 (2 j) + tig
         unsigned int* dl = frag + ((4 * (2 * j + 1) + tig) * 8 + s) * 2;  // column 2 j + 1 (lo)
-        dh[0] = h2_bits(hi[0], hi[1]);
-        dh[1] = h2_bits(hi[2], hi[3]);
-        dl[0] = h2_bits(lo[0], lo[1]);
-        dl[1] = h2_bits(lo[2], lo[3]);
+        dh[0] = hi[0] | (hi[1] << 16);
+        dh[1] = hi[2] | (hi[3] << 16);
+        dl[0] = lo[0] | (lo[1] << 16);
+        dl[1] = lo[2] | (lo[3] << 16);
     }
 }
 #endif
@@ -1567,12 +1644,12 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     float4 q = load4(px + i_h * K_ + 4 * lane);
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
-#if RC_MMA
+#if TC_DOTS
     const float4 q_raw = q, k_raw = k;
 #endif
     float nq, nk;
     const float kq = pre_qk(q, k, scale, nq, nk);
-#if RC_MMA
+#if TC_DOTS
     mma_operand(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q_raw, k_raw, nq, nk, lane);
 #endif
 

@@ -1167,9 +1167,7 @@ def main():
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
                         rc_names.append(tag)
-                        for name in shapes:
-                            if rd != "fp8_e4m3" and _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2:
-                                continue  # (RC_MMA: the fp8 copy's only)
+                        for name in shapes:  # (RC_MMA's: fp8 copies since session 41, bf16 ones since 42)
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name,
                                                                              pre_impl=pre_srv))
@@ -1248,8 +1246,9 @@ def main():
                         names = (("g8w4_m7_gp",) + _cm.XL_KDA_BF16_CONFIGS if sdt == "bfloat16"
                                  else ("g8w4_gp",) + _cm.XL_KDA_FP32_CONFIGS)
                     else:
-                        names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS if sdt == "bfloat16"
-                                 else ("g8w4",) + _cm.XL_FP32_CONFIGS)
+                        # (a bf16 checkpoint: ST_MMA's shapes too, session 42, the tile's dots on the tensor cores)
+                        names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS + _cm.XL_BF16_MMA_CONFIGS
+                                 if sdt == "bfloat16" else ("g8w4",) + _cm.XL_FP32_CONFIGS)
                     base = dict(main_impl="cuda", pre_impl="cuda")
                     arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=base)
                     for name in names:
@@ -1261,7 +1260,9 @@ def main():
                             c, rec, impl="v3", **srv, v3_opts=dict(base, cuda_config=name, _diag_parts="main"))
                     # where the time goes: the streaming floor (the tile's dots and the output, wrong results) and
                     # everything but the fold, for the default and the first two XL shapes
-                    for name in names[:2]:
+                    diag_names = names[:2] + (_cm.XL_BF16_MMA_CONFIGS[1:2] if sdt == "bfloat16" and kind == "gdn"
+                                              else ())  # (ST_MMA's m7 too: how far its floor moved)
+                    for name in diag_names:
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_cpre{'_' + name if name else ''}_{dg}"] = arm_ours(
                                 c, rec, impl="v3", **srv,

@@ -37,13 +37,17 @@ def combos():
     server += [(cm.CUDA_DEFAULT, True, 0, BF16)]  # bf16 records
     server = [(*x, F32) for x in server]
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
-    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16) for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS]
-    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16) for n in ("g8w4_m8_late",) + cm.XL_BF16_CONFIGS]  # (xl: bf16 records)
+    # (and ST_MMA's shapes, session 42: rc_lean 2 without a copy)
+    server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16)
+               for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16)
+               for n in ("g8w4_m8_late",) + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS]  # (xl: bf16 records)
     # --variants xl's diagnostics: the shapes before XL and GDN's defaults (x16w4c1_m5) of each state type, bf16 records
     # beside a bf16 state
     server += [(cm.CUDA_CONFIGS[n], True, d, F32, F32) for n in ("g8w4", "x16w4c1_m5") for d in (1, 2)]
     server += [(cm.CUDA_CONFIGS[n], True, d, BF16, BF16) for n in ("g8w4_m8_late", "x16w4c1_m5") for d in (1, 2)]
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
+    server += [(cm.CUDA_CONFIGS[cm.XL_BF16_MMA_CONFIGS[1]], True, d, BF16, BF16) for d in (1, 2)]  # (its diagnostics)
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.CUDA_KDA_FP32_CONFIGS]
@@ -64,7 +68,7 @@ def combos():
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
-                              kind=kind))
+                              kind=kind, rc_lean=lean))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
     from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_MAIN_SLOW_CASES,
                                      CUDA_PRE_CASES, CUDA_PRE_KDA_CASES)
@@ -86,7 +90,7 @@ def combos():
                               has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
-                              state_dtype=sdt))
+                              state_dtype=sdt, rc_lean=lean))
     kda_cases = list(CUDA_MAIN_KDA_CASES) + [
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES] + [
@@ -117,8 +121,7 @@ def combos():
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
-            for n in names for rcd in RC.values()
-            if cm.full_config(cm.CUDA_CONFIGS[n])[8] != 2 or rcd == RC["fp8_e4m3"]]  # (RC_MMA: fp8 copies only)
+            for n in names for rcd in RC.values()]
     # the fp8 copy's step split (--variants rccu): the first shape's diagnostics, and the rc_lean shapes' streaming floor
     out += [rc_build(kind, names[0], RC["fp8_e4m3"], BF16, I64, diag=d) for kind, names in cm.XL_RC_CONFIGS.items()
             for d in (1, 2)]

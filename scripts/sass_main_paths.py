@@ -12,6 +12,10 @@ Session 41 (docs/design.md): x16w4c1_m7_lean 881 per warp on the copy path, RC_M
 plain-step study's CUDA kernel (--study-arm) beside them.
 
     python scripts/sass_main_paths.py [--shapes x16w4c1_m7_lean,x16w4c1_m7_lean_mma] [--rc fp8_e4m3]
+    python scripts/sass_main_paths.py --rc none --shapes x16w4c1_m6,x16w4c1_m7_mma --study-arm ''
+
+--rc none: a bf16 checkpoint without a copy (the server's bf16-state build), its plain step (no flush, no pre-fold)
+in place of the copy path; session 42: x16w4c1_m6 855 per warp, ST_MMA's x16w4c1_m7_mma 557.
 
 Needs nvcc (scripts/setup-nvcc or REPLAYSSM_NVCC) and nvdisasm (Triton's wheel carries one).
 """
@@ -32,10 +36,11 @@ import torch  # noqa: E402
 
 from kernels import cuda_main as cm  # noqa: E402
 
-# the row flags fixed to the copy path (the first: a row that reads the copy; the second: no fold)
+# the row flags fixed to the copy path (the first: a row that reads the copy; the second: no fold, which for a build
+# without a copy, where the first is compiled out, is its plain step: no flush, no pre-fold)
 COPY_PATH = [("from_rc = !(flush || prefold);", "from_rc = true; flush = false; prefold = false;"),
-             ("bool fold = (flush || prefold) && DIAG_STREAM == 0;", "bool fold = false;")]
-RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+             ("bool fold = (flush || prefold) && DIAG_STREAM == 0;", "bool fold = false; flush = false; prefold = false;")]
+RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16, "none": None}
 
 
 def main_count(cubin: Path, kernel: str = "replay_gdn_main") -> tuple[int, dict]:
@@ -80,10 +85,12 @@ def main() -> None:
         sys.exit("needs nvcc (scripts/setup-nvcc, REPLAYSSM_NVCC) and nvdisasm")
     with tempfile.TemporaryDirectory() as td:
         copy_src = copy_path_source(Path(td))
-        print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | copy path | copy path's top opcodes |")
+        path = "plain step" if args.rc == "none" else "copy path"
+        print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | {path} | {path}'s top opcodes |")
         print("|---|---|---|---|---|")
         for name in args.shapes.split(","):
-            d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc])
+            d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc],
+                                  state_dtype=torch.bfloat16 if args.rc == "none" else torch.float32)
             res = cm.resources(d)
             whole, _ = main_count(cm.build(d))
             path, ops = main_count(cm.build(d, src=copy_src))
@@ -93,7 +100,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "scripts"))
         import stream_floor_study as S
 
-        d = S.cu_defines(S.parse_arm(args.study_arm), RC[args.rc])
+        d = S.cu_defines(S.parse_arm(args.study_arm), RC[args.rc] or torch.bfloat16)  # (none: the bf16 tiles')
         n, ops = main_count(cm.build(d, src=Path(S.CU_SRC)), "stream_persist")
         res = cm.resources(d, name="stream_persist", src=Path(S.CU_SRC))
         top = ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])[:6])

@@ -142,7 +142,10 @@ RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5
             ("kda", "x16w4c1_m5_gp_lean", "fp8_e4m3", {}, "cuda"),
             # RC_MMA (session 41): a copy block's dots on the tensor cores (the emulation forms mma.sync's sums from
             # its fragments), with the CUDA pre launch's operand
-            ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda")]
+            ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
+            # and a bf16 copy's (session 42: bf16 values times the split bf16 operand; its ~2^-18 rounding passes the
+            # 2e-5 tolerance, the high part alone fails it: output rms ratio 1.2e-3)
+            ("gdn", "x16w4c1_m6_lean_mma", "bf16", dict(H=2, HV=4, V=128), "cuda")]
 
 
 @pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)
@@ -187,6 +190,68 @@ def test_rc_mma_needs_the_cuda_pre_launch(monkeypatch):
                                         read_dtype="fp8_e4m3", seed=3, pre_impl=None, H=2, HV=4, V=128)
     hz.run(2)
     assert len(pre_calls) == 2 and len(calls) == 2
+
+
+# gdn_main.cu's ST_MMA (session 42): a bf16 checkpoint's tile dots on the tensor cores in every block (shapes
+# x16w4c1_m6/m7/m8_mma, rc_lean 2 without a copy), the CUDA pre launch's split bf16 operand; two value heads per key
+# head and two V-tiles per head (the real shapes' GQA and tiling) in the second case
+ST_MMA_CASES = [("x16w4c1_m8_mma", "fast", {}), ("x16w4c1_m7_mma", "slow", dict(H=2, HV=4, V=128))]
+
+
+@pytest.mark.parametrize("cfg,decay,shape", ST_MMA_CASES, ids=str)
+def test_st_mma_emulated(cfg, decay, shape, monkeypatch):
+    """ST_MMA emulated against float64 (the bf16 state's tolerance): 14 steps, window switching, forced flushes,
+    pre-folds, padded rows, staggered cursors; every step the CUDA pre launch and the ST_MMA build."""
+    hz, calls, pre_calls = _emu_harness("gdn", cfg, "bfloat16", decay, monkeypatch, pre_impl="cuda", seed=11, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(pre_calls) == 14
+    want = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])
+    assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}
+
+
+def _st_mma_against_cuda_cores(monkeypatch, steps=8):
+    """test_decode_kernels.tensor_core_dots_against_cuda_cores on the emulated launches (two value heads per key head,
+    two V-tiles per head, slow decays)."""
+    from test_decode_kernels import tensor_core_dots_against_cuda_cores
+
+    def make(cfg):
+        return _emu_harness("gdn", cfg, "bfloat16", "slow", monkeypatch, pre_impl="cuda", seed=13, H=2, HV=4,
+                            V=128)[0]
+
+    return tensor_core_dots_against_cuda_cores(monkeypatch, make, "x16w4c1_m6", "x16w4c1_m8_mma", steps)
+
+
+def test_st_mma_matches_the_cuda_core_dots(monkeypatch):
+    """Tighter than the float64 check above (whose bf16-state tolerance, 2e-2, would pass a dot off by 2^-9): from the
+    same inputs, ST_MMA's outputs and records stay within 2e-5 (rms ratio) of the CUDA-core dots' (x16w4c1_m6) over 8
+    steps; its split bf16 operand rounds q~, k~ by ~2^-18."""
+    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch)
+    print(f"ST_MMA against the CUDA-core dots: outputs {worst_o:.2e}, records {worst_u:.2e}")
+    assert worst_o < 2e-5 and worst_u < 2e-5, (worst_o, worst_u)
+
+
+def test_st_mma_check_can_fail(monkeypatch, tmp_path):
+    """The comparison above fails when the pre launch's operand loses its low part (bf16 q~, k~ alone: ~2^-9)."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    src = cuda_emu.SRC.read_text()
+    old = "lo[e] = mma_bits(v[j][e] - mma_float(hi[e]));"
+    assert src.count(old) == 1
+    bad = tmp_path / "gdn_main.cu"
+    bad.write_text(src.replace(old, "lo[e] = 0u;"))
+    monkeypatch.setattr(cuda_emu, "SRC", bad)
+    monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, steps=3)
+    print(f"without the low part: outputs {worst_o:.2e}, records {worst_u:.2e}")
+    assert worst_o > 2e-5 or worst_u > 2e-5, (worst_o, worst_u)
+
+
+def test_st_mma_needs_the_cuda_pre_launch(monkeypatch):
+    """As RC_MMA: asked for Triton's pre launch, ST_MMA is refused with the fix."""
+    hz, _, _ = _emu_harness("gdn", "x16w4c1_m8_mma", "bfloat16", "slow", monkeypatch, pre_impl="triton", seed=3)
+    with pytest.raises(ValueError, match="CUDA pre launch"):
+        hz.run(1)
 
 
 # gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;

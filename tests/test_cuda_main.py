@@ -172,37 +172,61 @@ def test_read_copy_builds_compile(name, kind, rc_dtype):
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
-_LEAN = [(n, cuda_main.full_config(c)[8]) for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]]
+_LEAN = [(n, cuda_main.full_config(c)[8]) for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]
+         and n not in cuda_main.XL_BF16_MMA_CONFIGS]  # (those: the same tuples as the _lean_mma ones, named for ST_MMA)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name,rc_dtype", [(n, r) for n, lean in _LEAN for r in (torch.float8_e4m3fn, torch.bfloat16)
-                                           if lean == 1 or r == torch.float8_e4m3fn])
+@pytest.mark.parametrize("name,rc_dtype", [(n, r) for n, lean in _LEAN for r in (torch.float8_e4m3fn, torch.bfloat16)])
 def test_read_copy_lean_builds_compile(name, rc_dtype):
     """RC_LEAN (session 40): with the tile's registers sized for the copy, the caps up to 6 blocks per SM (80
     registers) spill nothing where the checkpoint-sized registers spill 16-24 bytes at 96; tighter caps a little (the
-    fold's); ptxas sm_90. RC_MMA's shapes (rc_lean 2, the fp8 copy's only, session 41) spill nothing up to 8 blocks
-    per SM."""
+    fold's); ptxas sm_90. RC_MMA's shapes (rc_lean 2; session 41 fp8 copies, session 42 bf16 ones too) spill nothing
+    up to 8 blocks per SM (a bf16 copy's up to 7)."""
     kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
     cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
-    limit = 0 if cap >= 80 or cuda_main.full_config(cuda_main.CUDA_CONFIGS[name])[8] == 2 else 128
+    mma = cuda_main.full_config(cuda_main.CUDA_CONFIGS[name])[8] == 2
+    # (a bf16 copy's tensor-core shape at 8 blocks per SM, 64 registers, spills 12 bytes: its 8 tile words per lane)
+    limit = 0 if cap >= 80 or (mma and (rc_dtype == torch.float8_e4m3fn or cap >= 72)) else 128
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("name", cuda_main.XL_BF16_MMA_CONFIGS)
+@pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
+def test_st_mma_builds_compile(name, rec):
+    """ST_MMA (session 42; rc_lean 2 without a copy, a bf16 checkpoint): up to 8 blocks per SM without a spill (its
+    fold 4 rows at a time, as RC_LEAN's), within the cap; ptxas sm_90, the server's build."""
+    res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=torch.bfloat16))
+    cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
+    assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+
+
 def test_rc_mma_is_refused_where_it_cannot_run():
-    """RC_MMA (rc_lean 2) is GDN's with an fp8 copy: a bf16 copy is refused with why, before any build."""
+    """rc_lean 2 (the tile's dots on the tensor cores): with a read copy (RC_MMA) GDN's, fp8 or bf16; without one
+    (ST_MMA) GDN's bf16 checkpoint only: an fp32 checkpoint, KDA, and shapes off its layout are refused with why,
+    before any build."""
     from replayssm_sglang import ring as ringmod
 
     lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=128)
     st = torch.zeros(2, 2, 128, 128)
-    why = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype="bf16"), None, 128, 128,
-                                       *cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean_mma"])
-    assert why is not None and "tensor cores" in why
-    ok = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype="fp8_e4m3"), None, 128, 128,
-                                      *cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean_mma"])
-    assert ok in (None, "it needs a CUDA GPU")
+    mma = cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean_mma"]
+    for rd in ("fp8_e4m3", "bf16"):
+        ok = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype=rd), None, 128, 128, *mma)
+        assert ok in (None, "it needs a CUDA GPU"), (rd, ok)
+    why = cuda_main.unavailable_reason("gdn", st, lay.allocate(2), None, 128, 128, *mma)  # fp32, no copy
+    assert why is not None and "ST_MMA" in why and "bf16" in why
+    ok = cuda_main.unavailable_reason("gdn", st.bfloat16(), lay.allocate(2), None, 128, 128, *mma)
+    assert ok in (None, "it needs a CUDA GPU"), ok
+    late = (*mma[:4], 1, *mma[5:])
+    assert "ST_MMA" in cuda_main.unavailable_reason("gdn", st.bfloat16(), lay.allocate(2), None, 128, 128, *late)
+    klay = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128)
+    why = cuda_main.unavailable_reason("kda", st.bfloat16(), klay.allocate(2, kda_keys="predecayed"), None, 128, 128,
+                                       *cuda_main.CUDA_CONFIGS["x16w4c1_m7_mma"])
+    assert why is not None and "ST_MMA" in why
     with pytest.raises(ValueError, match="frag"):
         cuda_main.check_frag(None, 2, 1)
     cuda_main.check_frag(cuda_main.frag_scratch(2, 1, "cpu"), 2, 1)
@@ -652,7 +676,9 @@ PDL_CASES = [("x16w4c1_m5", "gdn", torch.float32), ("x16w4c1_m6", "gdn", torch.b
              ("g8w4", "gdn", torch.float32), ("g8w4_m8_late", "gdn", torch.bfloat16),
              ("g8w4_gp", "kda", torch.float32), ("g8w4_m7_gp", "kda", torch.bfloat16),
              ("x16w4c1_m5_gp", "kda", torch.float32), ("x16w4c1_m6_gp", "kda", torch.bfloat16),
-             ("x16w4c1_m4_gp", "kda", torch.float32)]
+             ("x16w4c1_m4_gp", "kda", torch.float32),
+             # ST_MMA (session 42): the tensor-core operand (in gts's parameter) read after the wait
+             ("x16w4c1_m7_mma", "gdn", torch.bfloat16), ("x16w4c1_m8_mma", "gdn", torch.bfloat16)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
@@ -671,7 +697,8 @@ PDL_RC_CASES = [("x16w4c1_m5", "gdn", torch.float8_e4m3fn), ("x16w4c1_m5", "gdn"
                 ("x16w4c1_m4_gp", "kda", torch.float8_e4m3fn), ("x16w4c1_m6_gp_lean", "kda", torch.float8_e4m3fn),
                 # RC_MMA (session 41): the tensor-core operand (in gts's parameter) read after the wait too
                 ("x16w4c1_m7_lean_mma", "gdn", torch.float8_e4m3fn),
-                ("x16w4c1_m8_lean_mma", "gdn", torch.float8_e4m3fn)]
+                ("x16w4c1_m8_lean_mma", "gdn", torch.float8_e4m3fn),
+                ("x16w4c1_m6_lean_mma", "gdn", torch.bfloat16)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,

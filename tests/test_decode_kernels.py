@@ -1474,6 +1474,58 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     return {**st, "cuda_pre_launches": len(pres)}
 
 
+def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8):
+    """The largest per-step rms ratios, over `steps` steps of the same inputs, between two shapes of the CUDA main
+    launch on the same bf16 checkpoint and ring (make(cfg): a Harness running that shape; both seeded alike): of the
+    outputs and of the step's records u_t (fp32). For gdn_main.cu's ST_MMA (the tile's dots on the tensor cores)
+    against the CUDA-core dots: tighter than the float64 check, whose bf16-state tolerance (2e-2) would pass a dot off
+    by 2^-9. Each step starts the second harness from the first one's checkpoint and ring (its float64 reference, fed
+    the same inputs, is the same), so that a bf16 rounding flipped by an earlier step's ~1e-6 does not pile up."""
+    import test_decode_kernels as T
+
+    outs = []
+    real = T.replay_decode
+
+    def keep(*a, **kw):
+        r = real(*a, **kw)
+        outs.append(kw["out"].detach().cpu().clone())
+        return r
+
+    monkeypatch.setattr(T, "replay_decode", keep)
+    ha, hb = make(cfg_a), make(cfg_b)
+    worst_o = worst_u = 0.0
+    for _ in range(steps):
+        hb.state.copy_(ha.state)
+        for name in ("u", "k", "g", "h"):
+            getattr(hb.ring, name).copy_(getattr(ha.ring, name))
+        u_before = ha.ring.u.cpu().clone()
+        ha.step()
+        hb.step()
+        oa, ob = outs[-2], outs[-1]
+        ok = ~torch.isnan(oa) & (oa != 0)
+        worst_o = max(worst_o, rms_ratio(ob[ok].double(), oa[ok].double()))
+        ua, ub = ha.ring.u.cpu(), hb.ring.u.cpu()
+        new = ~(ua == u_before) & torch.isfinite(ua)  # (this step's records)
+        if new.any():
+            worst_u = max(worst_u, rms_ratio(ub[new].double(), ua[new].double()))
+    return worst_o, worst_u
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(monkeypatch):
+    """ST_MMA (x16w4c1_m7_mma, session 42) at the real head sizes against the CUDA-core dots (x16w4c1_m6) of the same
+    bf16 checkpoint and ring, step by step: outputs and records within 2e-5 (rms ratio; the CPU emulation: 2.8e-6 and
+    3.5e-7, and 1.5e-3 without the operand's low part)."""
+    def make(cfg):
+        return _real_harness("gdn", state_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16, seed=21, impl="v3",
+                             ring_idx=True, decay="slow", v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+
+    worst_o, worst_u = tensor_core_dots_against_cuda_cores(monkeypatch, make, "x16w4c1_m6", "x16w4c1_m7_mma", 12)
+    print(f"ST_MMA against the CUDA-core dots (H200): outputs {worst_o:.2e}, records {worst_u:.2e}")
+    assert worst_o < 2e-5 and worst_u < 2e-5, (worst_o, worst_u)
+
+
 # the pre launch in CUDA (gdn_main.cu's replay_gdn_pre, decode_v3 pre_impl="cuda"; session 31): beside the CUDA main
 # launch in its fp32 and bf16-state defaults and beside Triton's; the server's arguments (fp32 records, bf16 inputs,
 # the ring keyed by its own rows), bf16 records with fp32 inputs, a caller-owned h
@@ -1670,7 +1722,10 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("x16w4c2_m5", "float32", "bfloat16", True, False),
                         ("x16w2c2_m10", "bfloat16", "bfloat16", False, True),
                         ("x16w8c1_m3", "bfloat16", "bfloat16", True, False),
-                        ("x16w4c1_m5_late", "bfloat16", "bfloat16", True, False)]
+                        ("x16w4c1_m5_late", "bfloat16", "bfloat16", True, False),
+                        # ST_MMA (session 42): the tile's dots on the tensor cores, the CUDA pre launch's operand
+                        ("x16w4c1_m7_mma", "float32", "bfloat16", True, False),
+                        ("x16w4c1_m8_mma", "bfloat16", "float32", False, True)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
@@ -1720,7 +1775,9 @@ CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c
                       ("kda", "x16w4c1_m6_gp_lean", "fp8_e4m3", "triton"),
                       # RC_MMA (session 41): a copy block's dots on the tensor cores, the CUDA pre launch's operand
                       ("gdn", "x16w4c1_m7_lean_mma", "fp8_e4m3", "cuda"),
-                      ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", "cuda")]
+                      ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", "cuda"),
+                      # and a bf16 copy's (session 42)
+                      ("gdn", "x16w4c1_m6_lean_mma", "bf16", "cuda")]
 
 
 @pytest.mark.gpu

@@ -209,6 +209,9 @@ def test_read_copy_arms_force_the_buffered_window():
         return cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV[arm]["REPLAYSSM_CUDA_CONFIG_GDN"]])[8]
 
     assert lean("ours_rc_fp8_lean") == 1 and lean("ours_rc_fp8_m5") == 0 and lean("ours_rc_fp8_mma") == 2
+    # ST_MMA's arm (session 42): a bf16 state, rc_lean 2 without a copy, window 16 as the other bf16 arm
+    assert lean("ours_bf16_mma") == 2 and "bfloat16" in g.ARMS["ours_bf16_mma"]
+    assert g.ARM_ENV["ours_bf16_mma"]["REPLAYSSM_DECODE_WINDOW"] == g.ARM_ENV["ours_bf16_cu"]["REPLAYSSM_DECODE_WINDOW"]
     assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
 
 
