@@ -31,14 +31,16 @@ SMEM_BYTES = 1 << 17  # the runner's stand-in for a block's dynamic shared memor
 _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "const DTB_T*", "OUT_T*", "ST_T*", "U_T*",
                 "SP_CONST KR_T*", "SP_CONST float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
-                "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*")
+                "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*",
+                "const unsigned int*")  # (the last: rc_lean 2's operand, qk_frag)
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
 _PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*",
-                                "unsigned int*"),  # (the last: RC_MMA's operand, qk_frag)
-               1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*")}
+                                "unsigned int*"),  # (the last: rc_lean 2's operand, qk_frag)
+               1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*",
+                               "unsigned int*")}
 
 _RUNNER = r"""
 #include "cuda_emu.h"

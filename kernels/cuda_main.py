@@ -98,7 +98,14 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # times the pre launch's split bf16 operand), no q, k staging or norms but in a folding block
                 "x16w4c1_m6_mma": (16, 4, 1, 6, 0, 0, 1, 1, 2),
                 "x16w4c1_m7_mma": (16, 4, 1, 7, 0, 0, 1, 1, 2),
-                "x16w4c1_m8_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2)}
+                "x16w4c1_m8_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2),
+                # KDA's (G_t from the pre launch; session 42): its copies' (RC_MMA) and its bf16 checkpoint's (ST_MMA),
+                # the operand per value head with e^{G_t} per column in it (KDA's CUDA pre launch)
+                "x16w4c1_m6_gp_lean_mma": (16, 4, 1, 6, 0, 1, 1, 1, 2),
+                "x16w4c1_m7_gp_lean_mma": (16, 4, 1, 7, 0, 1, 1, 1, 2),
+                "x16w4c1_m6_gp_mma": (16, 4, 1, 6, 0, 1, 1, 1, 2),
+                "x16w4c1_m7_gp_mma": (16, 4, 1, 7, 0, 1, 1, 1, 2),
+                "x16w4c1_m8_gp_mma": (16, 4, 1, 8, 0, 1, 1, 1, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -123,6 +130,7 @@ XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
 # a bf16 checkpoint's tile dots on the tensor cores (ST_MMA, session 42; the CUDA pre launch): the shapes the benchmark
 # times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
 XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
+XL_KDA_BF16_MMA_CONFIGS = ("x16w4c1_m6_gp_mma", "x16w4c1_m7_gp_mma", "x16w4c1_m8_gp_mma")
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
@@ -151,7 +159,8 @@ CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_lean", "x16w4c1_m6_lean",
                          "x16w4c1_m7_lean", "x16w4c1_m8_lean", "x16w4c1_m6_lean_mma", "x16w4c1_m7_lean_mma",
                          "x16w4c1_m8_lean_mma"),
-                 "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp", "x16w4c1_m5_gp_lean", "x16w4c1_m6_gp_lean")}
+                 "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp", "x16w4c1_m5_gp_lean", "x16w4c1_m6_gp_lean",
+                         "x16w4c1_m6_gp_lean_mma", "x16w4c1_m7_gp_lean_mma")}
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch", "rc_lean")
@@ -466,9 +475,9 @@ def find_nvdisasm() -> str | None:
 
 
 # the main launch's parameters that the pre launch writes (coef, scal, ovf, gts: parameters 15-18, at 0x210 + 8 i in
-# the constant bank; a change of the kernel's parameter list moves them, and test_pdl_hazards_finds_the_session_35_bug
-# then fails), and SASS operands: registers (R, UR; a ".64" operand is a pair)
-_PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0)\]")
+# the constant bank; qk_frag, the last, at 0x2f0; a change of the kernel's parameter list moves them, and
+# test_pdl_hazards_finds_the_session_35_bug then fails), and SASS operands: registers (R, UR; a ".64" operand is a pair)
+_PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0|2f0)\]")
 _REG = re.compile(r"\b(U?R)(\d+)(\.64)?\b")
 
 
@@ -516,19 +525,23 @@ def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
             where = addr.split("]", 1)[-1] if addr.startswith("desc") else addr  # (desc[URx] is the descriptor)
             if opc.startswith(("LDG", "LD.")) and _regs(where) & tainted:
                 bad.append(ln)
-            tainted -= _regs(ops[0])
+            tainted -= _dst_regs(opc, ops[0])
             continue
         if opc.startswith(("ST", "BRA", "BAR", "EXIT", "RET", "CALL", "WARPSYNC", "NOP", "BSYNC", "BSSY")):
             continue
         dst, srcs = ops[0], ops[1:]
         if any(_PRE_PARAMS.search(o) for o in srcs) or any(_regs(o) & tainted for o in srcs):
-            d = _regs(dst)
-            if ".64" in opc or ".WIDE" in opc:  # (a 64-bit result in a register pair)
-                d |= {f"{k}{int(n) + 1}" for k, n, _ in _REG.findall(dst)}
-            tainted |= d
+            tainted |= _dst_regs(opc, dst)
         else:
-            tainted -= _regs(dst)
+            tainted -= _dst_regs(opc, dst)  # (all of them: session 42's ULDC.64 left the pair's high half tainted)
     return bad
+
+
+def _dst_regs(opc: str, dst: str) -> set:
+    """The registers an instruction writes: its destination, the pair of a 64-bit result (.64, .WIDE), the four of a
+    128-bit load."""
+    n = 4 if ".128" in opc else 2 if (".64" in opc or ".WIDE" in opc) else 1
+    return _regs(dst) | {f"{k}{int(r) + i}" for k, r, _ in _REG.findall(dst) for i in range(1, n)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -613,17 +626,15 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     dev = state.device
     cap = ring.layout.cap
     if rc_lean == 2 and ring.rc is None:
-        if kind != "gdn" or state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef \
-                or self_pre or K != 128:
-            return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) are GDN's with a bf16 "
-                    "state, the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef "
-                    "or self_pre, K = 128")
+        if state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef or self_pre or K != 128:
+            return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) take a bf16 state, "
+                    "the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef or "
+                    "self_pre, K = 128")
     elif rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
                 "one V-tile per block and the pre launch's coefficients (no self_pre)")
-    elif rc_lean == 2 and (kind != "gdn" or rpw != 16 or late_coef or K != 128):
-        return ("the copy's dots on the tensor cores (rc_lean 2, RC_MMA) are GDN's, 16 rows per warp, no late_coef, "
-                "K = 128")
+    elif rc_lean == 2 and (rpw != 16 or late_coef or K != 128):
+        return "the copy's dots on the tensor cores (rc_lean 2, RC_MMA) take 16 rows per warp, no late_coef, K = 128"
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -845,8 +856,8 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
-    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with RC_MMA (rc_lean
-    2) also writes the main launch's tensor-core operand into frag (frag_scratch)."""
+    Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with rc_lean 2
+    (RC_MMA, ST_MMA) also writes the main launch's tensor-core operand into frag (frag_scratch(B, key heads))."""
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
@@ -860,13 +871,12 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         args = head + [ptr(gts), ptr(ring.ovf), ctypes.c_float(scale), lb, ctypes.c_float(min_g)]
     else:
         args = head + [ctypes.c_float(scale), lb]
+    mma = tensor_core_dots(defs)
+    if mma:
+        check_frag(frag, B, defs["HV_"] if defs["IS_KDA"] else defs["H_"])
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
-             ptr(ring.rc_valid if ring.rc is not None else None)]
-    if not defs["IS_KDA"]:  # (GDN's last parameter: RC_MMA's operand, null in the other builds)
-        mma = tensor_core_dots(defs)
-        if mma:
-            check_frag(frag, B, defs["H_"])
-        args += [ptr(frag if mma else None)]
+             ptr(ring.rc_valid if ring.rc is not None else None),
+             ptr(frag if mma else None)]  # (the last: rc_lean 2's operand, null in the other builds)
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):
@@ -889,7 +899,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]])
     (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
     launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step);
-    frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA), in gts's parameter."""
+    frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA, ST_MMA), the last parameter."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
@@ -910,11 +920,12 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
             ptr(coef), ptr(scal), ptr(ring.ovf if kind == "kda" else None),
-            ptr(gts if gt_pre else (frag if rc_lean == 2 else None)),
+            ptr(gts if gt_pre else None),
             ctypes.c_float(scale),
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
-            ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid)]
+            ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
+            ptr(frag if rc_lean == 2 else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

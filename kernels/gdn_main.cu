@@ -102,14 +102,14 @@
 #endif            // columns (e4m3 codes as f16, or bf16 values) times the pre launch's split operand [q_hi, q_lo,
                   // k_hi, k_lo] of q / |q| and k / |k| (qk_frag, in gts's parameter), mma.sync m16n8k16 with fp32
                   // sums; no q, k staging or norms
-#if RC_MMA && (!RC_LEAN || IS_KDA || RPW != 16 || LATE_COEF || K_ != 128)
-#error "RC_MMA: RC_LEAN, GDN, 16 rows per warp, the coefficients before the dots, K = 128"
+#if RC_MMA && (!RC_LEAN || RPW != 16 || LATE_COEF || K_ != 128)
+#error "RC_MMA: RC_LEAN, 16 rows per warp, the coefficients before the dots, K = 128"
 #endif
 #ifndef ST_MMA
 #define ST_MMA 0  // a bf16 checkpoint without a read copy: every block's tile dots on the tensor cores as RC_MMA's
-#endif            // (session 42); a folding block stages q and k for its fold only and re-reads its tile there as before
-#if ST_MMA && (HAS_RC || IS_KDA || !XL || RPW != 16 || LATE_COEF || NCH != 1 || SELF_PRE || K_ != 128)
-#error "ST_MMA: GDN's XL layout, a bf16 checkpoint and no read copy, 16 rows per warp, one V-tile per block, the pre launch's coefficients before the dots, K = 128"
+#endif            // (session 42); no q, k staging (a folding block loads k for its fold), the fold as before
+#if ST_MMA && (HAS_RC || !XL || RPW != 16 || LATE_COEF || NCH != 1 || SELF_PRE || K_ != 128)
+#error "ST_MMA: the XL layout, a bf16 checkpoint and no read copy, 16 rows per warp, one V-tile per block, the pre launch's coefficients before the dots, K = 128"
 #endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
@@ -486,7 +486,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
+    const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -939,7 +940,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx,
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid) {
+    long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
+    const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
@@ -1090,8 +1092,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const bool mma_dots = from_rc;    // a copy block's dots take the pre launch's operand, normalised:
     const bool qk_staged = !from_rc;  // no q, k here
 #elif ST_MMA
-    constexpr bool mma_dots = true;   // every block's dots take the pre launch's operand; a folding block
-    const bool qk_staged = fold;      // stages q, k (and their norms) for its fold's k~ only
+    constexpr bool mma_dots = true;     // every block's dots take the pre launch's operand (a folding
+    constexpr bool qk_staged = false;   // block loads k~ for its fold there)
 #else
     constexpr bool mma_dots = false;
     constexpr bool qk_staged = true;
@@ -1252,13 +1254,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
 #endif
 #if IS_KDA
-    // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q, k)
+    // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q,
+    // k; the tensor cores' operand has it already)
     __syncwarp();  // (every lane's reads of the raw values for the norms are done)
+    if (qk_staged) {
 #pragma unroll
-    for (int t = lane; t < K_; t += 32) {
-        const float e = __expf(gts[nh * K_ + t]);
-        qk_sm[qk_at(t)] *= e;
-        qk_sm[QK_ROW + qk_at(t)] *= e;
+        for (int t = lane; t < K_; t += 32) {
+            const float e = __expf(gts[nh * K_ + t]);
+            qk_sm[qk_at(t)] *= e;
+            qk_sm[QK_ROW + qk_at(t)] *= e;
+        }
     }
     __syncwarp();
 #endif
@@ -1277,9 +1282,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             // three of its values take 0
             uint32_t bw[16];
             if (lane < 16) {
+                // (per key head: GDN's query head, KDA's value head)
                 const uint4* fp = reinterpret_cast<const uint4*>(
-                    reinterpret_cast<const unsigned int*>(gts) + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS)
-                    + 4 * lane;
+                    qk_frag + (static_cast<long long>(n) * HK_ + (IS_KDA ? hv : i_h)) * FRAG_WORDS) + 4 * lane;
 #pragma unroll
                 for (int t = 0; t < 4; ++t) {
                     const uint4 w = fp[t];
@@ -1444,8 +1449,15 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
             // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
             const KR_T* base_k = ring_k + ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
-            const float* kr = k_raw + qk_at(4 * lane);
-            const float4 kn = make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k);
+            float4 kn;
+            if (qk_staged) {
+                const float* kr = k_raw + qk_at(4 * lane);
+                kn = make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k);
+            } else {  // (the tensor cores' dots staged no q, k: this lane's 4 columns of k, its norm over the warp)
+                const float4 kx = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+                const float sk = 1.0f / sqrtf(warp_sum(kx.x * kx.x + kx.y * kx.y + kx.z * kx.z + kx.w * kx.w) + 1e-6f);
+                kn = make_float4(kx.x * sk, kx.y * sk, kx.z * sk, kx.w * sk);
+            }
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
@@ -1554,13 +1566,19 @@ __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale) {
 
 #if TC_DOTS
 // the main launch's tensor-core operand (RC_MMA, ST_MMA) from this lane's 4 columns of raw q and k and their norms nq,
-// nk (pre_qk's): B's columns 0-3 are q / |q| and k / |k| split into high and low parts of the fragments' type (f16: x
-// = hi + lo to ~2^-22 relative, |x| <= 1; bf16: to ~2^-17), columns 4-7 zero (not stored: main's lanes 16-31 hold
-// them). Columns 4l .. 4l + 3 are K-step s of the lanes with tig (mma_col), so this lane writes word pair (b0, b1) of
-// K-step s for the 4 main lanes gid 0-3 (= B's column) with that tig.
+// nk (pre_qk's): B's columns 0-3 are q / |q| and k / |k| (KDA, GATED: times e = e^{G_t} of the column, as the main
+// launch's CUDA-core dots take them) split into high and low parts of the fragments' type (f16: x = hi + lo to
+// ~2^-22 relative, |x| <= 1; bf16: to ~2^-17), columns 4-7 zero (not stored: main's lanes 16-31 hold them). Columns
+// 4l .. 4l + 3 are K-step s of the lanes with tig (mma_col), so this lane writes word pair (b0, b1) of K-step s for
+// the 4 main lanes gid 0-3 (= B's column) with that tig.
+template <bool GATED>
 __device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, float4 q, float4 k, float nq, float nk,
-                                            int lane) {
-    const float v[2][4] = {{q.x / nq, q.y / nq, q.z / nq, q.w / nq}, {k.x / nk, k.y / nk, k.z / nk, k.w / nk}};
+                                            float4 e, int lane) {
+    float v[2][4] = {{q.x / nq, q.y / nq, q.z / nq, q.w / nq}, {k.x / nk, k.y / nk, k.z / nk, k.w / nk}};
+    if (GATED) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) v[j][0] *= e.x, v[j][1] *= e.y, v[j][2] *= e.z, v[j][3] *= e.w;
+    }
     constexpr int RUN = 64 / MMA_EB, PER = 16 / MMA_EB;  // (a run's columns over the 4 tig; one lane's share)
     const int c0 = 4 * lane, tig = (c0 % RUN) / PER, s = (c0 / RUN) * MMA_SPR + (c0 % PER) / 4;  // mma_col(tig, s) == c0
 #pragma unroll
@@ -1650,7 +1668,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     float nq, nk;
     const float kq = pre_qk(q, k, scale, nq, nk);
 #if TC_DOTS
-    mma_operand(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q_raw, k_raw, nq, nk, lane);
+    mma_operand<false>(qk_frag + (static_cast<long long>(n) * H_ + i_h) * FRAG_WORDS, q_raw, k_raw, nq, nk,
+                       make_float4(1.f, 1.f, 1.f, 1.f), lane);
 #endif
 
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
@@ -1712,7 +1731,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
-    float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid) {
+    float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
+    unsigned int* __restrict__ qk_frag) {
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -1731,7 +1751,16 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     float4 G_last, G_t;
     kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
           lower_bound, lane, G_last, G_t);
+#if TC_DOTS
+    const float4 q_raw = q, k_raw = k;
+    float nq, nk;
+    const float kq = pre_qk(q, k, scale, nq, nk);
+    // the main launch's tensor-core operand of this value head: q / |q| and k / |k| times e^{G_t} per column
+    mma_operand<true>(qk_frag + (static_cast<long long>(n) * HV_ + hv) * FRAG_WORDS, q_raw, k_raw, nq, nk,
+                      exp4(G_t, 1.0f), lane);
+#else
     const float kq = pre_qk(q, k, scale);
+#endif
     const long long nh = static_cast<long long>(n) * HV_ + hv;
     if (gts != nullptr) *reinterpret_cast<float4*>(gts + nh * K_ + 4 * lane) = G_t;
 

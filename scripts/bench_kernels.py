@@ -1167,10 +1167,11 @@ def main():
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
                         rc_names.append(tag)
-                        for name in shapes:  # (RC_MMA's: fp8 copies since session 41, bf16 ones since 42)
+                        for name in shapes:  # (RC_MMA's: fp8 copies since session 41, bf16 ones and KDA's since 42)
+                            mma = _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2  # (its operand: CUDA's pre)
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name,
-                                                                             pre_impl=pre_srv))
+                                                                             pre_impl="cuda" if mma else pre_srv))
                             rc_names.append(f"{tag}_cu_{name}")
                         if kind == "gdn":  # (GDN's pre launch is CUDA's beside the CUDA main launch: Triton's too)
                             arms[f"{tag}_cu_{shapes[0]}_tpre"] = arm_ours(
@@ -1243,8 +1244,8 @@ def main():
                     # (the shapes before XL first: g8w4 / g8w4_m8_late, GDN's defaults until session 34; KDA's
                     # defaults g8w4_gp / g8w4_m7_gp beside its XL shapes, session 34's next runs)
                     if kind == "kda":
-                        names = (("g8w4_m7_gp",) + _cm.XL_KDA_BF16_CONFIGS if sdt == "bfloat16"
-                                 else ("g8w4_gp",) + _cm.XL_KDA_FP32_CONFIGS)
+                        names = (("g8w4_m7_gp",) + _cm.XL_KDA_BF16_CONFIGS + _cm.XL_KDA_BF16_MMA_CONFIGS
+                                 if sdt == "bfloat16" else ("g8w4_gp",) + _cm.XL_KDA_FP32_CONFIGS)
                     else:
                         # (a bf16 checkpoint: ST_MMA's shapes too, session 42, the tile's dots on the tensor cores)
                         names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS + _cm.XL_BF16_MMA_CONFIGS
@@ -1260,8 +1261,8 @@ def main():
                             c, rec, impl="v3", **srv, v3_opts=dict(base, cuda_config=name, _diag_parts="main"))
                     # where the time goes: the streaming floor (the tile's dots and the output, wrong results) and
                     # everything but the fold, for the default and the first two XL shapes
-                    diag_names = names[:2] + (_cm.XL_BF16_MMA_CONFIGS[1:2] if sdt == "bfloat16" and kind == "gdn"
-                                              else ())  # (ST_MMA's m7 too: how far its floor moved)
+                    mma7 = (_cm.XL_BF16_MMA_CONFIGS if kind == "gdn" else _cm.XL_KDA_BF16_MMA_CONFIGS)[1:2]
+                    diag_names = names[:2] + (mma7 if sdt == "bfloat16" else ())  # (ST_MMA's m7: how far its floor moved)
                     for name in diag_names:
                         for dg in ("stream", "nofold"):
                             arms[f"v3_sl_cu_cpre{'_' + name if name else ''}_{dg}"] = arm_ours(
@@ -1269,9 +1270,11 @@ def main():
                                 v3_opts=dict(base, _diag_parts=dg, **({"cuda_config": name} if name else {})))
                     tpre = []  # KDA as the server runs it: Triton's pre launch (KDA's CUDA pre launch is opt-in)
                     if kind == "kda":
-                        tpre = ["v3_sl_cu"] + [f"v3_sl_cu_{x}" for x in names]
+                        # (not the tensor-core shapes: their operand comes from the CUDA pre launch only)
+                        tnames = [x for x in names if not _cm.full_config(_cm.CUDA_CONFIGS[x])[8]]
+                        tpre = ["v3_sl_cu"] + [f"v3_sl_cu_{x}" for x in tnames]
                         arms["v3_sl_cu"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
-                        for name in names:
+                        for name in tnames:
                             arms[f"v3_sl_cu_{name}"] = arm_ours(c, rec, impl="v3", **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name))
                     arms["v3_sl_cu_cpre_again"] = arms["v3_sl_cu_cpre"]  # timed again last: the drift over the run

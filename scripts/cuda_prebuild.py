@@ -55,9 +55,11 @@ def combos():
     server += [(cm.CUDA_DEFAULT_KDA, False, 0, F32, F32, "kda")]
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
+    server += [(cm.CUDA_CONFIGS[cm.XL_KDA_BF16_MMA_CONFIGS[1]], True, d, BF16, BF16, "kda") for d in (1, 2)]
     # KDA in the XL layout (--variants xl): the shapes with the server's records, the first one's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.XL_KDA_FP32_CONFIGS]
-    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16, "kda") for n in ("g8w4_m7_gp",) + cm.XL_KDA_BF16_CONFIGS]
+    server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16, "kda")
+               for n in ("g8w4_m7_gp",) + cm.XL_KDA_BF16_CONFIGS + cm.XL_KDA_BF16_MMA_CONFIGS]  # (ST_MMA's: session 42)
     server += [(cm.CUDA_CONFIGS[n], True, d, r, s, "kda") for n, r, s in (("g8w4_gp", F32, F32), ("x16w4c1_m5_gp", F32, F32),
                                                                        ("g8w4_m7_gp", BF16, BF16),
                                                                        ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]
@@ -103,7 +105,7 @@ def combos():
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",
-                              lower_bound=lb is not None))
+                              lower_bound=lb is not None, rc_lean=lean))
     # issue 7's read copies read by the CUDA main launch (session 36): test_gpu_real_shapes_cuda_main_read_copy (the
     # harness's arguments, as above) and bench_kernels.py --variants rccu (the server's)
     from test_decode_kernels import CUDA_MAIN_RC_CASES

@@ -139,7 +139,7 @@ ARMS = {
     # the same at the policy's windows (1 up to B = 32, 16 above where the CUDA main launch runs; 64 until session
     # 39, when e2e-20261204-1649 / -1657 ran it)
     "ours_bf16_cu_policy": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
-    # a bf16 state with its tile's dots on the tensor cores (gdn_main.cu's ST_MMA, session 42; GDN, window 16)
+    # a bf16 state with its tile's dots on the tensor cores (gdn_main.cu's ST_MMA, session 42; GDN and KDA, window 16)
     "ours_bf16_mma": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
@@ -168,7 +168,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_mma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
-                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_mma"}}
+                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_mma",
+                             "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

@@ -15,7 +15,9 @@ plain-step study's CUDA kernel (--study-arm) beside them.
     python scripts/sass_main_paths.py --rc none --shapes x16w4c1_m6,x16w4c1_m7_mma --study-arm ''
 
 --rc none: a bf16 checkpoint without a copy (the server's bf16-state build), its plain step (no flush, no pre-fold)
-in place of the copy path; session 42: x16w4c1_m6 855 per warp, ST_MMA's x16w4c1_m7_mma 557.
+in place of the copy path; session 42: x16w4c1_m6 855 per warp, ST_MMA's x16w4c1_m7_mma 557. --kind kda: KDA's builds
+(predecayed keys; session 42: bf16 state x16w4c1_m6_gp 895, x16w4c1_m7_gp_mma 531; fp8 copy x16w4c1_m5_gp_lean 891,
+x16w4c1_m6_gp_lean_mma 521).
 
 Needs nvcc (scripts/setup-nvcc or REPLAYSSM_NVCC) and nvdisasm (Triton's wheel carries one).
 """
@@ -40,6 +42,9 @@ from kernels import cuda_main as cm  # noqa: E402
 # without a copy, where the first is compiled out, is its plain step: no flush, no pre-fold)
 COPY_PATH = [("from_rc = !(flush || prefold);", "from_rc = true; flush = false; prefold = false;"),
              ("bool fold = (flush || prefold) && DIAG_STREAM == 0;", "bool fold = false; flush = false; prefold = false;")]
+# KDA's flags may still turn after the pre launch's overflow flags are read: fixed there too
+KDA_PATH = [("        fold = (flush || prefold || rebase) && DIAG_STREAM == 0;",
+             "        fold = false; flush = false; prefold = false; rebase = false;")]
 RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16, "none": None}
 
 
@@ -63,7 +68,7 @@ def main_count(cubin: Path, kernel: str = "replay_gdn_main") -> tuple[int, dict]
 
 def copy_path_source(td: Path) -> Path:
     src = (ROOT / "kernels" / "gdn_main.cu").read_text()
-    for a, b in COPY_PATH:
+    for a, b in COPY_PATH + KDA_PATH:
         if src.count(a) != 1:
             raise RuntimeError(f"gdn_main.cu no longer has {a!r} once: update COPY_PATH")
         src = src.replace(a, b)
@@ -78,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="x16w4c1_m7_lean,x16w4c1_m7_lean_mma,x16w4c1_m8_lean_mma")
     ap.add_argument("--rc", default="fp8_e4m3", choices=sorted(RC))
+    ap.add_argument("--kind", default="gdn", choices=("gdn", "kda"))
     ap.add_argument("--study-arm", default="cutile_bv64", help="also count the plain-step study's CUDA kernel "
                     "(scripts/stream_persist.cu, an arm of stream_floor_study.py, tiles of --rc's type; '' skips it)")
     args = ap.parse_args()
@@ -89,7 +95,7 @@ def main() -> None:
         print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | {path} | {path}'s top opcodes |")
         print("|---|---|---|---|---|")
         for name in args.shapes.split(","):
-            d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc],
+            d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc], kind=args.kind,
                                   state_dtype=torch.bfloat16 if args.rc == "none" else torch.float32)
             res = cm.resources(d)
             whole, _ = main_count(cm.build(d))

@@ -145,7 +145,10 @@ RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5
             ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
             # and a bf16 copy's (session 42: bf16 values times the split bf16 operand; its ~2^-18 rounding passes the
             # 2e-5 tolerance, the high part alone fails it: output rms ratio 1.2e-3)
-            ("gdn", "x16w4c1_m6_lean_mma", "bf16", dict(H=2, HV=4, V=128), "cuda")]
+            ("gdn", "x16w4c1_m6_lean_mma", "bf16", dict(H=2, HV=4, V=128), "cuda"),
+            # and KDA's (session 42: the operand per value head with e^{G_t} per column, from KDA's CUDA pre launch)
+            ("kda", "x16w4c1_m6_gp_lean_mma", "fp8_e4m3", {}, "cuda"),
+            ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", {}, "cuda")]
 
 
 @pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)
@@ -195,14 +198,15 @@ def test_rc_mma_needs_the_cuda_pre_launch(monkeypatch):
 # gdn_main.cu's ST_MMA (session 42): a bf16 checkpoint's tile dots on the tensor cores in every block (shapes
 # x16w4c1_m6/m7/m8_mma, rc_lean 2 without a copy), the CUDA pre launch's split bf16 operand; two value heads per key
 # head and two V-tiles per head (the real shapes' GQA and tiling) in the second case
-ST_MMA_CASES = [("x16w4c1_m8_mma", "fast", {}), ("x16w4c1_m7_mma", "slow", dict(H=2, HV=4, V=128))]
+ST_MMA_CASES = [("gdn", "x16w4c1_m8_mma", "fast", {}), ("gdn", "x16w4c1_m7_mma", "slow", dict(H=2, HV=4, V=128)),
+                ("kda", "x16w4c1_m7_gp_mma", "fast", {}), ("kda", "x16w4c1_m8_gp_mma", "slow", dict(V=128))]
 
 
-@pytest.mark.parametrize("cfg,decay,shape", ST_MMA_CASES, ids=str)
-def test_st_mma_emulated(cfg, decay, shape, monkeypatch):
+@pytest.mark.parametrize("kind,cfg,decay,shape", ST_MMA_CASES, ids=str)
+def test_st_mma_emulated(kind, cfg, decay, shape, monkeypatch):
     """ST_MMA emulated against float64 (the bf16 state's tolerance): 14 steps, window switching, forced flushes,
     pre-folds, padded rows, staggered cursors; every step the CUDA pre launch and the ST_MMA build."""
-    hz, calls, pre_calls = _emu_harness("gdn", cfg, "bfloat16", decay, monkeypatch, pre_impl="cuda", seed=11, **shape)
+    hz, calls, pre_calls = _emu_harness(kind, cfg, "bfloat16", decay, monkeypatch, pre_impl="cuda", seed=11, **shape)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert len(pre_calls) == 14
@@ -210,23 +214,51 @@ def test_st_mma_emulated(cfg, decay, shape, monkeypatch):
     assert len(calls) == 14 and {cuda_main.full_config(c) for c in calls} == {want}
 
 
-def _st_mma_against_cuda_cores(monkeypatch, steps=8):
-    """test_decode_kernels.tensor_core_dots_against_cuda_cores on the emulated launches (two value heads per key head,
-    two V-tiles per head, slow decays)."""
+def test_st_mma_emulated_kda_rebase(monkeypatch):
+    """KDA's ST_MMA with heads rebased and pre-folds turned into flushes by the overflow flags (a lowered threshold):
+    rows that learn they fold only after the pre launch's flags, with no q, k staged (the fold loads its k~)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    hz, _, _ = _emu_harness("kda", "x16w4c1_m7_gp_mma", "bfloat16", "fast", monkeypatch, pre_impl="cuda", seed=9)
+    st = hz.run(14)
+    assert st["rebase"] > 0 and st["ovf"] > 0, st
+
+
+def test_rc_mma_emulated_kda_rebase(monkeypatch):
+    """KDA's RC_MMA likewise: copy rows rebased after their copy's dots (the fold reads the checkpoint, loads k~)."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    hz, _, _ = _emu_harness("kda", "x16w4c1_m6_gp_lean_mma", "float32", "fast", monkeypatch, read_dtype="fp8_e4m3",
+                            pre_impl="cuda", seed=9)
+    st = hz.run(14)
+    assert st["rebase"] > 0, st
+
+
+# the step-by-step comparison with the CUDA-core dots (GDN: two value heads per key head, two V-tiles per head; KDA)
+MMA_PAIRS = {"gdn": ("x16w4c1_m6", "x16w4c1_m8_mma", dict(H=2, HV=4, V=128)),
+             "kda": ("x16w4c1_m6_gp", "x16w4c1_m7_gp_mma", dict(V=128))}
+
+
+def _st_mma_against_cuda_cores(monkeypatch, kind="gdn", steps=8):
+    """test_decode_kernels.tensor_core_dots_against_cuda_cores on the emulated launches, slow decays."""
     from test_decode_kernels import tensor_core_dots_against_cuda_cores
 
+    cuda_cores, tensor_cores, shape = MMA_PAIRS[kind]
+
     def make(cfg):
-        return _emu_harness("gdn", cfg, "bfloat16", "slow", monkeypatch, pre_impl="cuda", seed=13, H=2, HV=4,
-                            V=128)[0]
+        return _emu_harness(kind, cfg, "bfloat16", "slow", monkeypatch, pre_impl="cuda", seed=13, **shape)[0]
 
-    return tensor_core_dots_against_cuda_cores(monkeypatch, make, "x16w4c1_m6", "x16w4c1_m8_mma", steps)
+    return tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, steps)
 
 
-def test_st_mma_matches_the_cuda_core_dots(monkeypatch):
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_st_mma_matches_the_cuda_core_dots(kind, monkeypatch):
     """Tighter than the float64 check above (whose bf16-state tolerance, 2e-2, would pass a dot off by 2^-9): from the
-    same inputs, ST_MMA's outputs and records stay within 2e-5 (rms ratio) of the CUDA-core dots' (x16w4c1_m6) over 8
-    steps; its split bf16 operand rounds q~, k~ by ~2^-18."""
-    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch)
+    same inputs, ST_MMA's outputs and records stay within 2e-5 (rms ratio) of the CUDA-core dots' over 8 steps; its
+    split bf16 operand rounds q~, k~ (KDA: times e^{G_t}) by ~2^-18."""
+    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, kind)
     print(f"ST_MMA against the CUDA-core dots: outputs {worst_o:.2e}, records {worst_u:.2e}")
     assert worst_o < 2e-5 and worst_u < 2e-5, (worst_o, worst_u)
 
@@ -242,8 +274,27 @@ def test_st_mma_check_can_fail(monkeypatch, tmp_path):
     bad.write_text(src.replace(old, "lo[e] = 0u;"))
     monkeypatch.setattr(cuda_emu, "SRC", bad)
     monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
-    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, steps=3)
+    worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, steps=3)  # (GDN's)
     print(f"without the low part: outputs {worst_o:.2e}, records {worst_u:.2e}")
+    assert worst_o > 2e-5 or worst_u > 2e-5, (worst_o, worst_u)
+
+
+def test_kda_operand_check_can_fail(monkeypatch, tmp_path):
+    """KDA's comparison fails when the operand loses its e^{G_t} (GDN's form of the operand for a KDA head)."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    src = cuda_emu.SRC.read_text()
+    old = "    if (GATED) {"
+    assert src.count(old) == 1
+    bad = tmp_path / "gdn_main.cu"
+    bad.write_text(src.replace(old, "    if (false) {"))
+    monkeypatch.setattr(cuda_emu, "SRC", bad)
+    monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+    try:
+        worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, "kda", steps=2)
+    except AssertionError as e:  # (the harness's float64 check fails first: the operand is that far off)
+        assert "rms ratio" in str(e), e
+        return
     assert worst_o > 2e-5 or worst_u > 2e-5, (worst_o, worst_u)
 
 

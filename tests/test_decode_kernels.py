@@ -1513,16 +1513,20 @@ def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(monkeypatch):
-    """ST_MMA (x16w4c1_m7_mma, session 42) at the real head sizes against the CUDA-core dots (x16w4c1_m6) of the same
-    bf16 checkpoint and ring, step by step: outputs and records within 2e-5 (rms ratio; the CPU emulation: 2.8e-6 and
-    3.5e-7, and 1.5e-3 without the operand's low part)."""
+@pytest.mark.parametrize("kind,cuda_cores,tensor_cores", [("gdn", "x16w4c1_m6", "x16w4c1_m7_mma"),
+                                                          ("kda", "x16w4c1_m6_gp", "x16w4c1_m7_gp_mma")])
+def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(kind, cuda_cores, tensor_cores, monkeypatch):
+    """ST_MMA (session 42) at the real head sizes against the CUDA-core dots of the same bf16 checkpoint and ring,
+    step by step: outputs and records within 2e-5 (rms ratio; the CPU emulation: GDN 2.8e-6 and 3.5e-7, KDA 2.3e-6 and
+    2.5e-7, and 1.5e-3 without the operand's low part); the CUDA pre launch beside both."""
     def make(cfg):
-        return _real_harness("gdn", state_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16, seed=21, impl="v3",
-                             ring_idx=True, decay="slow", v3_opts=dict(main_impl="cuda", cuda_config=cfg))
+        extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+        return _real_harness(kind, state_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16, seed=21, impl="v3",
+                             ring_idx=True, decay="slow", **extra,
+                             v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl="cuda"))
 
-    worst_o, worst_u = tensor_core_dots_against_cuda_cores(monkeypatch, make, "x16w4c1_m6", "x16w4c1_m7_mma", 12)
-    print(f"ST_MMA against the CUDA-core dots (H200): outputs {worst_o:.2e}, records {worst_u:.2e}")
+    worst_o, worst_u = tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, 12)
+    print(f"ST_MMA against the CUDA-core dots (H200, {kind}): outputs {worst_o:.2e}, records {worst_u:.2e}")
     assert worst_o < 2e-5 and worst_u < 2e-5, (worst_o, worst_u)
 
 
@@ -1744,7 +1748,10 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        ("x16w4c1_m5_gp", "float32", "float32", "bfloat16", True, None, -10.0),
                        ("x16w4c1_m4_gp", "float32", "bfloat16", "float32", False, -5.0, None),
                        ("x16w4c1_m6_gp", "bfloat16", "float32", "bfloat16", True, -5.0, None),
-                       ("x16w4c1_m5_gp", "bfloat16", "bfloat16", "float32", True, None, -10.0)]
+                       ("x16w4c1_m5_gp", "bfloat16", "bfloat16", "float32", True, None, -10.0),
+                       # ST_MMA for KDA (session 42): the tensor-core operand from KDA's CUDA pre launch; rebases
+                       ("x16w4c1_m7_gp_mma", "bfloat16", "float32", "bfloat16", True, None, -10.0),
+                       ("x16w4c1_m6_gp_mma", "bfloat16", "bfloat16", "float32", True, -5.0, None)]
 
 
 @pytest.mark.gpu
@@ -1776,8 +1783,10 @@ CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c
                       # RC_MMA (session 41): a copy block's dots on the tensor cores, the CUDA pre launch's operand
                       ("gdn", "x16w4c1_m7_lean_mma", "fp8_e4m3", "cuda"),
                       ("gdn", "x16w4c1_m8_lean_mma", "fp8_e4m3", "cuda"),
-                      # and a bf16 copy's (session 42)
-                      ("gdn", "x16w4c1_m6_lean_mma", "bf16", "cuda")]
+                      # and a bf16 copy's, and KDA's (session 42)
+                      ("gdn", "x16w4c1_m6_lean_mma", "bf16", "cuda"),
+                      ("kda", "x16w4c1_m6_gp_lean_mma", "fp8_e4m3", "cuda"),
+                      ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", "cuda")]
 
 
 @pytest.mark.gpu
