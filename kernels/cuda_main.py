@@ -713,10 +713,18 @@ def preference_note(kind, state, ring, K, V) -> str:
     if not _obtainable():
         return "Triton (the CUDA one needs nvcc or cached cubins: REPLAYSSM_NVCC, REPLAYSSM_CUBIN_DIR)"
     cfg = launch_default_config(state, ring, kind)
-    name = next((n for n, c in CUDA_CONFIGS.items() if full_config(c) == full_config(cfg)), str(cfg))
-    shape = f"shape {name}" + (f" from {CONFIG_ENV[kind]}" if env_config(kind) is not None else "")
+    shape = f"shape {_shape_name(kind, cfg)}" + (f" from {CONFIG_ENV[kind]}" if env_config(kind) is not None else "")
     return (f"CUDA (kernels/gdn_main.cu; {shape}; REPLAYSSM_MAIN_IMPL=triton for Triton's; "
             f"nvcc {find_nvcc() or 'none, cubins'})")
+
+
+def _shape_name(kind, cfg) -> str:
+    """A shape's name for the server's log: the environment's where it names this one (several names share a tuple:
+    the rc_lean 2 shapes with and without a read copy), else the first of CUDA_CONFIGS."""
+    env = os.environ.get(CONFIG_ENV.get(kind, ""), "").strip()
+    if env in CUDA_CONFIGS and full_config(CUDA_CONFIGS[env]) == full_config(cfg):
+        return env
+    return next((n for n, c in CUDA_CONFIGS.items() if full_config(c) == full_config(cfg)), str(cfg))
 
 
 def pre_preference_note(kind, state, ring, K, BC) -> str:
@@ -727,6 +735,12 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
             and unavailable_reason(kind, state, ring, None, K, ring.layout.V,
                                    *launch_default_config(state, ring, kind), self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
+    cfg = launch_default_config(state, ring, kind)
+    if (full_config(cfg)[8] == 2 and prefers_cuda() and _obtainable() and pre_unavailable_reason(kind, state, ring, K, BC)
+            is None and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
+        # (decode_v3.launch takes it whatever the preference: only it writes that main launch's operand)
+        return (f"CUDA (kernels/gdn_main.cu replay_{kind}_pre: the main launch's shape {_shape_name(kind, cfg)} reads "
+                "its tensor-core operand)")
     if impl == "triton":
         return "Triton (REPLAYSSM_PRE_IMPL=triton)"
     why = pre_unavailable_reason(kind, state, ring, K, BC)

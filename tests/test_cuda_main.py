@@ -576,6 +576,18 @@ def test_preference_note_for_the_server_log(monkeypatch):
     assert poolmod.main_launch_note(FakePool(), state[None]) == (
         f"{cuda_main.preference_note('gdn', state, ring, 128, 128)}; pre launch: CUDA (kernels/gdn_main.cu "
         "replay_gdn_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)")
+    # a tensor-core shape (rc_lean 2) takes the CUDA pre launch whatever the preference, and the note says so, by the
+    # name the environment gave (its tuple is also a read copy's shape)
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m7_gp_mma")
+    for pre in ("triton", "auto"):
+        monkeypatch.setenv("REPLAYSSM_PRE_IMPL", pre)
+        assert cuda_main.pre_preference_note("kda", state, kring, 128, 16) == (
+            "CUDA (kernels/gdn_main.cu replay_kda_pre: the main launch's shape x16w4c1_m7_gp_mma reads its "
+            "tensor-core operand)")
+    assert "shape x16w4c1_m7_gp_mma from REPLAYSSM_CUDA_CONFIG_KDA" in cuda_main.preference_note("kda", state, kring,
+                                                                                                 128, 128)
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_KDA")
+    monkeypatch.delenv("REPLAYSSM_PRE_IMPL")
     monkeypatch.setattr(cuda_main, "preference_note", lambda *a: 1 / 0)
     assert poolmod.main_launch_note(FakePool(), state[None]).startswith("unknown (ZeroDivisionError")
 
