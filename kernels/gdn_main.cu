@@ -100,8 +100,8 @@
 #ifndef RC_MMA
 #define RC_MMA 0  // RC_LEAN, and a copy block's tile dots on the tensor cores (session 41): each warp's 16 rows x 128
 #endif            // columns (e4m3 codes as f16, or bf16 values) times the pre launch's split operand [q_hi, q_lo,
-                  // k_hi, k_lo] of q / |q| and k / |k| (qk_frag, in gts's parameter), mma.sync m16n8k16 with fp32
-                  // sums; no q, k staging or norms
+                  // k_hi, k_lo] of q / |q| and k / |k| (KDA: times e^{G_t}; qk_frag, the main launch's last
+                  // parameter), mma.sync m16n8k16 with fp32 sums; no q, k staging or norms
 #if RC_MMA && (!RC_LEAN || RPW != 16 || LATE_COEF || K_ != 128)
 #error "RC_MMA: RC_LEAN, 16 rows per warp, the coefficients before the dots, K = 128"
 #endif
@@ -1131,6 +1131,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
         }
     }
+    // (nothing staged: the tensor cores' dots, of q / |q| and k / |k| already, take scale and 1)
     const float s_q = qk_staged ? scale / sqrtf(n_q + 1e-6f) : scale;
     const float s_k = qk_staged ? 1.0f / sqrtf(n_k + 1e-6f) : 1.0f;
 #if IS_KDA
@@ -1381,9 +1382,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if LATE_COEF
         if (ch == 0) load_coef();
 #endif
-        // (the tensor cores' dots are of q~ / scale and k~: RC_MMA's copy blocks have s_q = scale and s_k = 1 (no
-        // staging); ST_MMA's folding blocks stage q, k for the fold, so their s_q, s_k are the norms' and not these)
-        const float wq = (ST_MMA ? scale : s_q) * e_t, wk = (ST_MMA ? 1.0f : s_k) * e_t;
+        const float wq = s_q * e_t, wk = s_k * e_t;
         float val[NVAL];
 #pragma unroll
         for (int i = 0; i < RPL; ++i) {
