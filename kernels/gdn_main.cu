@@ -980,12 +980,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     constexpr int TW = sizeof(c[0]) / sizeof(uint4);  // (words per c[i])
     static_assert(RPL * TW == 2 * MMA_NRUN, "a lane's tile words are its two rows' runs");
     auto load_mma = [&](const auto* base) {
+        // (one address per lane, the runs at constant offsets: mma_col(tig, r MMA_SPR) = mma_col(tig, 0) + r 64 / EB)
+        const auto* lb = base + static_cast<long long>(row0 + warp * RPW + (lane >> 2)) * K_ + mma_col(lane & 3, 0);
 #pragma unroll
-        for (int u = 0; u < 2 * MMA_NRUN; ++u) {
-            const int mv = row0 + warp * RPW + (lane >> 2) + 8 * (u / MMA_NRUN);
+        for (int u = 0; u < 2 * MMA_NRUN; ++u)
             c[u / TW][u % TW] = __ldg(reinterpret_cast<const uint4*>(
-                base + static_cast<long long>(mv) * K_ + mma_col(lane & 3, (u % MMA_NRUN) * MMA_SPR)));
-        }
+                lb + (u / MMA_NRUN) * 8 * K_ + (u % MMA_NRUN) * (64 / MMA_EB)));
     };
 #endif
 #if HAS_RC

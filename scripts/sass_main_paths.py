@@ -15,9 +15,9 @@ plain-step study's CUDA kernel (--study-arm) beside them.
     python scripts/sass_main_paths.py --rc none --shapes x16w4c1_m6,x16w4c1_m7_mma --study-arm ''
 
 --rc none: a bf16 checkpoint without a copy (the server's bf16-state build), its plain step (no flush, no pre-fold)
-in place of the copy path; session 42: x16w4c1_m6 855 per warp, ST_MMA's x16w4c1_m7_mma 557. --kind kda: KDA's builds
-(predecayed keys; session 42: bf16 state x16w4c1_m6_gp 895, x16w4c1_m7_gp_mma 531; fp8 copy x16w4c1_m5_gp_lean 891,
-x16w4c1_m6_gp_lean_mma 521).
+in place of the copy path; session 42: x16w4c1_m6 855 per warp, ST_MMA's x16w4c1_m7_mma 525. --kind kda: KDA's builds
+(predecayed keys; session 42: bf16 state x16w4c1_m6_gp 895, x16w4c1_m7_gp_mma 497; fp8 copy x16w4c1_m5_gp_lean 891,
+x16w4c1_m6_gp_lean_mma 507).
 
 Needs nvcc (scripts/setup-nvcc or REPLAYSSM_NVCC) and nvdisasm (Triton's wheel carries one).
 """
