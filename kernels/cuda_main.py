@@ -95,7 +95,7 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m8_lean_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2),
                 # the same tuples for a bf16 checkpoint without a read copy (session 42, gdn_main.cu's ST_MMA: rc_lean
                 # 2 where there is no copy to be lean for): every block's tile dots on the tensor cores (bf16 values
-                # times the pre launch's split bf16 operand), no q, k staging or norms but in a folding block
+                # times the pre launch's split bf16 operand), no q, k staging or norms (a folding block loads k~)
                 "x16w4c1_m6_mma": (16, 4, 1, 6, 0, 0, 1, 1, 2),
                 "x16w4c1_m7_mma": (16, 4, 1, 7, 0, 0, 1, 1, 2),
                 "x16w4c1_m8_mma": (16, 4, 1, 8, 0, 0, 1, 1, 2),
@@ -127,8 +127,8 @@ XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", 
                    "x16w4c1_m7")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
 XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
-# a bf16 checkpoint's tile dots on the tensor cores (ST_MMA, session 42; the CUDA pre launch): the shapes the benchmark
-# times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
+# a bf16 checkpoint's tile dots on the tensor cores (ST_MMA, session 42; the CUDA pre launch), GDN's and KDA's: the
+# shapes the benchmark times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
 XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
 XL_KDA_BF16_MMA_CONFIGS = ("x16w4c1_m6_gp_mma", "x16w4c1_m7_gp_mma", "x16w4c1_m8_gp_mma")
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
@@ -335,8 +335,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     without a read copy keep the defines, and so the cubins, they had before it existed); self_pre: the main launch
     makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
     rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: the tile's dots on
-    the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; GDN's fp8 or bf16 copy),
-    without one every block's (ST_MMA, session 42; GDN's bf16 checkpoint)."""
+    the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; fp8 or bf16 copies), without
+    one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
