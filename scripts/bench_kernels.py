@@ -1163,6 +1163,9 @@ def main():
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     shapes = _cm_rc.XL_RC_CONFIGS[kind]
                     pre_srv = "cuda" if kind in _cm_rc.PRE_AUTO_KINDS else "triton"  # (the server's, by default)
+
+                    def _pre_for(name):  # (a tensor-core shape reads its operand from the CUDA pre launch only)
+                        return "cuda" if _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2 else pre_srv
                     rc_names = []
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
@@ -1191,7 +1194,7 @@ def main():
                         if name == shapes[0] or _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8]:
                             arms[f"v3_rc_fp8_sl_cu_{name}_aligned"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv, aligned=True,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre_srv))
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=_pre_for(name)))
                     # the rc_lean shapes' main launch alone and streaming floor (session 40: the copy-sized registers,
                     # tighter caps)
                     for name in shapes:
@@ -1200,7 +1203,7 @@ def main():
                                 arms[f"v3_rc_fp8_sl_cu_{name}_{dg}"] = arm_ours(
                                     c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                                     v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg,
-                                                 pre_impl=pre_srv))
+                                                 pre_impl=_pre_for(name)))
                     # the first shape's opt-in form, with the fp8 copy and without one (`same`, beside the same shape
                     # as the server runs it): gdn_main.cu's SELF_PRE (GDN, session 37: no pre launch, the main launch
                     # makes its coefficients; `_sp`)
@@ -1232,7 +1235,7 @@ def main():
                         for rec, rtag in ((torch.float32, "r32"), (torch.bfloat16, "r16")):
                             arms[f"v3_rc_fp8_sl_cu_{name}_{rtag}"] = arm_ours(
                                 c, rec, impl="v3", read_dtype="fp8_e4m3", **srv,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre_srv))
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=_pre_for(name)))
                 if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk

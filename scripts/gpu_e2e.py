@@ -141,6 +141,10 @@ ARMS = {
     "ours_bf16_cu_policy": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     # a bf16 state with its tile's dots on the tensor cores (gdn_main.cu's ST_MMA, session 42; GDN and KDA, window 16)
     "ours_bf16_mma": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    # KDA's fp8 copy in the rc_lean shape, and with its dots on the tensor cores (session 42; kernel benchmark at
+    # B = 256, kernels-20261205-0141: 129.5 and 125.3 us against the default x16w4c1_m4_gp's 151.5)
+    "ours_rc_fp8_klean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    "ours_rc_fp8_kmma": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -168,8 +172,10 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_bf16_cu": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_cu_policy": {"REPLAYSSM_MAIN_IMPL": "cuda"},
            "ours_bf16_mma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
-                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_mma",
-                             "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma"}}
+                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma",
+                             "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma"},
+           "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},
+           "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
