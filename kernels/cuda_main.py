@@ -198,6 +198,14 @@ def env_config(kind: str):
 # The bf16 copy's shape was timed in the kernel benchmark only
 CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_lean"],
                    torch.bfloat16: CUDA_CONFIGS["x16w4c1_m6_lean"]}
+# KDA's fp8 copy (session 42): x16w4c1_m7_gp_lean_mma, the copy-sized registers and the tile's dots on the tensor
+# cores (with KDA's CUDA pre launch, which only it feeds): the kernel benchmark at B = 256 (kernels-20261205-0141)
+# 125.3 us against 151.5 for x16w4c1_m4_gp, KDA's `same` default which its copies took before; served in one call
+# (e2e-20261205-0158, B = 256): 40,140 tok/s against 36,646 (conventional 26,081; 1.539x against 1.405x), 16/16
+# prompts identical to conventional, max |logprob diff| 0.038 (0.064 before). KDA's bf16 copy keeps x16w4c1_m4_gp
+# (its rc_lean shape x16w4c1_m6_gp_lean timed 137.9 against 159.5, not yet served or checked on the GPU with a bf16
+# copy)
+CUDA_DEFAULT_RC_KDA = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_gp_lean_mma"]}
 
 
 def config_name(config) -> str:
@@ -218,12 +226,15 @@ def launch_default_config(state, ring, kind: str = "gdn") -> tuple:
 
 def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None) -> tuple:
     """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind, the
-    checkpoint's element type and the read copy's (rc_dtype, None without one: GDN's copies take CUDA_DEFAULT_RC)."""
+    checkpoint's element type and the read copy's (rc_dtype, None without one: GDN's copies take CUDA_DEFAULT_RC,
+    KDA's fp8 copy CUDA_DEFAULT_RC_KDA)."""
     env = env_config(kind)
     if env is not None:
         return env
     if kind == "gdn" and rc_dtype in CUDA_DEFAULT_RC and state_dtype == torch.float32:
         return CUDA_DEFAULT_RC[rc_dtype]
+    if kind == "kda" and rc_dtype in CUDA_DEFAULT_RC_KDA and state_dtype == torch.float32:
+        return CUDA_DEFAULT_RC_KDA[rc_dtype]
     if kind == "kda":
         return CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
     return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT

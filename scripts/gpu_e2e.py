@@ -145,6 +145,9 @@ ARMS = {
     # B = 256, kernels-20261205-0141: 129.5 and 125.3 us against the default x16w4c1_m4_gp's 151.5)
     "ours_rc_fp8_klean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     "ours_rc_fp8_kmma": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    # (the served A/B e2e-20261205-0158 made x16w4c1_m7_gp_lean_mma KDA's fp8-copy default; this arm keeps the shape
+    # before, x16w4c1_m4_gp)
+    "ours_rc_fp8_km4": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -175,7 +178,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
                              "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma",
                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma"},
            "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},
-           "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"}}
+           "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"},
+           "ours_rc_fp8_km4": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

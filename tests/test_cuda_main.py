@@ -244,10 +244,10 @@ def test_rc_mma_is_refused_where_it_cannot_run():
 
 
 def test_read_copy_default_shapes(monkeypatch):
-    """default_config's read-copy table (CUDA_DEFAULT_RC) is what a GDN launch with a copy takes when no shape is
-    asked: the rc_lean shapes (fp8 x16w4c1_m7_lean, bf16 x16w4c1_m6_lean, since session 41's served A/B); without a
-    copy, for KDA and for a bf16 state the defaults are the plain ones; the environment's shape
-    (REPLAYSSM_CUDA_CONFIG_GDN) still wins."""
+    """default_config's read-copy tables (CUDA_DEFAULT_RC, CUDA_DEFAULT_RC_KDA) are what a launch with a copy takes
+    when no shape is asked: GDN's rc_lean shapes (fp8 x16w4c1_m7_lean, bf16 x16w4c1_m6_lean, since session 41's served
+    A/B), KDA's fp8 copy x16w4c1_m7_gp_lean_mma (session 42's); without a copy, for KDA's bf16 copy and for a bf16
+    state the defaults are the plain ones; the environment's shape (REPLAYSSM_CUDA_CONFIG_GDN) still wins."""
     from replayssm_sglang import ring as ringmod
 
     monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
@@ -256,7 +256,10 @@ def test_read_copy_default_shapes(monkeypatch):
     assert cuda_main.default_config(f32, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_lean"]
     assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT
     assert cuda_main.full_config(cuda_main.CUDA_DEFAULT)[8] == 0  # (no read copy: not lean)
-    assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_DEFAULT_KDA
+    # KDA's fp8 copy: its rc_lean shape with the tensor cores (session 42's served A/B); its bf16 copy the plain one
+    assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_gp_lean_mma"]
+    assert cuda_main.default_config(f32, "kda", bf16) == cuda_main.CUDA_DEFAULT_KDA
+    assert cuda_main.default_config(f32, "kda") == cuda_main.CUDA_DEFAULT_KDA
     assert cuda_main.default_config(bf16, "gdn", fp8) == cuda_main.CUDA_DEFAULT_BF16  # (a copy is fp32 states' only)
     assert cuda_main.asked_config(None, f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
     assert cuda_main.asked_config("x16w4c1_m5", f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
