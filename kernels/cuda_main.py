@@ -747,7 +747,7 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
                                    *launch_default_config(state, ring, kind), self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     cfg = launch_default_config(state, ring, kind)
-    if (full_config(cfg)[8] == 2 and prefers_cuda() and _obtainable() and pre_unavailable_reason(kind, state, ring, K, BC)
+    if (tensor_core_shape(cfg) and prefers_cuda() and _obtainable() and pre_unavailable_reason(kind, state, ring, K, BC)
             is None and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
         # (decode_v3.launch takes it whatever the preference: only it writes that main launch's operand)
         return (f"CUDA (kernels/gdn_main.cu replay_{kind}_pre: the main launch's shape {_shape_name(kind, cfg)} reads "
@@ -854,6 +854,12 @@ def pre_name(defs: dict) -> str:
 
 
 FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (gdn_main.cu's RC_MMA, ST_MMA)
+
+
+def tensor_core_shape(config) -> bool:
+    """A block shape that takes its tile's dots on the tensor cores (rc_lean 2), and so the CUDA pre launch's operand:
+    tensor_core_dots of every build it makes."""
+    return full_config(config)[8] == 2
 
 
 def tensor_core_dots(defs: dict) -> bool:

@@ -1165,16 +1165,15 @@ def main():
                     pre_srv = "cuda" if kind in _cm_rc.PRE_AUTO_KINDS else "triton"  # (the server's, by default)
 
                     def _pre_for(name):  # (a tensor-core shape reads its operand from the CUDA pre launch only)
-                        return "cuda" if _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2 else pre_srv
+                        return "cuda" if _cm_rc.tensor_core_shape(_cm_rc.CUDA_CONFIGS[name]) else pre_srv
                     rc_names = []
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
                         rc_names.append(tag)
                         for name in shapes:  # (RC_MMA's: fp8 copies since session 41, bf16 ones and KDA's since 42)
-                            mma = _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8] == 2  # (its operand: CUDA's pre)
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name,
-                                                                             pre_impl="cuda" if mma else pre_srv))
+                                                                             pre_impl=_pre_for(name)))
                             rc_names.append(f"{tag}_cu_{name}")
                         if kind == "gdn":  # (GDN's pre launch is CUDA's beside the CUDA main launch: Triton's too)
                             arms[f"{tag}_cu_{shapes[0]}_tpre"] = arm_ours(
@@ -1274,7 +1273,7 @@ def main():
                     tpre = []  # KDA as the server runs it: Triton's pre launch (KDA's CUDA pre launch is opt-in)
                     if kind == "kda":
                         # (not the tensor-core shapes: their operand comes from the CUDA pre launch only)
-                        tnames = [x for x in names if not _cm.full_config(_cm.CUDA_CONFIGS[x])[8]]
+                        tnames = [x for x in names if not _cm.tensor_core_shape(_cm.CUDA_CONFIGS[x])]
                         tpre = ["v3_sl_cu"] + [f"v3_sl_cu_{x}" for x in tnames]
                         arms["v3_sl_cu"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=dict(main_impl="cuda"))
                         for name in tnames:

@@ -87,18 +87,22 @@ def test_cuda_main_emulated_kda_rebase(monkeypatch):
     assert st["rebase"] > 0 and st["ovf"] > 0, st
 
 
-def test_emulation_fails_a_wrong_kernel(monkeypatch, tmp_path):
-    """The check can fail: the same source with one term off by 1e-4 (the XL epilogue's u_t <k~, q~>) fails the
-    float64 comparison."""
+def _emulate_mutated(monkeypatch, tmp_path, old, new):
+    """The emulation builds gdn_main.cu with its one line `old` replaced by `new` (a mutation a check must catch)."""
     from replayssm_sglang.kernels import cuda_emu
 
     src = cuda_emu.SRC.read_text()
-    old = "const float o = P + u_t * kq;"
-    assert src.count(old) == 1
+    assert src.count(old) == 1, old
     bad = tmp_path / "gdn_main.cu"
-    bad.write_text(src.replace(old, "const float o = P + u_t * kq * 1.0001f;"))
+    bad.write_text(src.replace(old, new))
     monkeypatch.setattr(cuda_emu, "SRC", bad)
     monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+
+
+def test_emulation_fails_a_wrong_kernel(monkeypatch, tmp_path):
+    """The check can fail: the same source with one term off by 1e-4 (the XL epilogue's u_t <k~, q~>) fails the
+    float64 comparison."""
+    _emulate_mutated(monkeypatch, tmp_path, "const float o = P + u_t * kq;", "const float o = P + u_t * kq * 1.0001f;")
     hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch)
     with pytest.raises(AssertionError, match="output rms ratio"):
         hz.run(6)
@@ -265,15 +269,7 @@ def test_st_mma_matches_the_cuda_core_dots(kind, monkeypatch):
 
 def test_st_mma_check_can_fail(monkeypatch, tmp_path):
     """The comparison above fails when the pre launch's operand loses its low part (bf16 q~, k~ alone: ~2^-9)."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    src = cuda_emu.SRC.read_text()
-    old = "lo[e] = mma_bits(v[j][e] - mma_float(hi[e]));"
-    assert src.count(old) == 1
-    bad = tmp_path / "gdn_main.cu"
-    bad.write_text(src.replace(old, "lo[e] = 0u;"))
-    monkeypatch.setattr(cuda_emu, "SRC", bad)
-    monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+    _emulate_mutated(monkeypatch, tmp_path, "lo[e] = mma_bits(v[j][e] - mma_float(hi[e]));", "lo[e] = 0u;")
     worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, steps=3)  # (GDN's)
     print(f"without the low part: outputs {worst_o:.2e}, records {worst_u:.2e}")
     assert worst_o > 2e-5 or worst_u > 2e-5, (worst_o, worst_u)
@@ -281,15 +277,7 @@ def test_st_mma_check_can_fail(monkeypatch, tmp_path):
 
 def test_kda_operand_check_can_fail(monkeypatch, tmp_path):
     """KDA's comparison fails when the operand loses its e^{G_t} (GDN's form of the operand for a KDA head)."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    src = cuda_emu.SRC.read_text()
-    old = "    if (GATED) {"
-    assert src.count(old) == 1
-    bad = tmp_path / "gdn_main.cu"
-    bad.write_text(src.replace(old, "    if (false) {"))
-    monkeypatch.setattr(cuda_emu, "SRC", bad)
-    monkeypatch.setenv("REPLAYSSM_EMU_DIR", str(tmp_path / "cache"))
+    _emulate_mutated(monkeypatch, tmp_path, "    if (GATED) {", "    if (false) {")
     try:
         worst_o, worst_u = _st_mma_against_cuda_cores(monkeypatch, "kda", steps=2)
     except AssertionError as e:  # (the harness's float64 check fails first: the operand is that far off)

@@ -188,7 +188,7 @@ def test_read_copy_lean_builds_compile(name, rc_dtype):
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
     cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
-    mma = cuda_main.full_config(cuda_main.CUDA_CONFIGS[name])[8] == 2
+    mma = cuda_main.tensor_core_shape(cuda_main.CUDA_CONFIGS[name])
     # (a bf16 copy's tensor-core shapes below 80 registers spill a little: its 8 tile words per lane; ptxas sm_90,
     # session 42: GDN's at 64 registers 12 bytes stored, 36 loaded; KDA's at 72 8 and 24)
     limit = 0 if cap >= 80 or (mma and rc_dtype == torch.float8_e4m3fn) else 64 if mma else 128
