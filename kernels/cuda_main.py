@@ -105,7 +105,14 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m7_gp_lean_mma": (16, 4, 1, 7, 0, 1, 1, 1, 2),
                 "x16w4c1_m6_gp_mma": (16, 4, 1, 6, 0, 1, 1, 1, 2),
                 "x16w4c1_m7_gp_mma": (16, 4, 1, 7, 0, 1, 1, 1, 2),
-                "x16w4c1_m8_gp_mma": (16, 4, 1, 8, 0, 1, 1, 1, 2)}
+                "x16w4c1_m8_gp_mma": (16, 4, 1, 8, 0, 1, 1, 1, 2),
+                # rc_lean 3 (session 43, gdn_main.cu's MMA_FOLD; a bf16 checkpoint without a read copy): ST_MMA, and a
+                # folding block's fold on the tensor cores too (each warp's 16 rows take the records as one 16-deep
+                # product per 8 columns, where the CUDA-core fold took ~1,700 instructions per warp)
+                "x16w4c1_m7_mmaf": (16, 4, 1, 7, 0, 0, 1, 1, 3),
+                "x16w4c1_m8_mmaf": (16, 4, 1, 8, 0, 0, 1, 1, 3),
+                "x16w4c1_m7_gp_mmaf": (16, 4, 1, 7, 0, 1, 1, 1, 3),
+                "x16w4c1_m8_gp_mmaf": (16, 4, 1, 8, 0, 1, 1, 1, 3)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -131,6 +138,9 @@ XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
 # shapes the benchmark times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
 XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
 XL_KDA_BF16_MMA_CONFIGS = ("x16w4c1_m6_gp_mma", "x16w4c1_m7_gp_mma", "x16w4c1_m8_gp_mma")
+# and with the fold on the tensor cores too (MMA_FOLD, rc_lean 3; session 43)
+XL_BF16_MMAF_CONFIGS = ("x16w4c1_m7_mmaf", "x16w4c1_m8_mmaf")
+XL_KDA_BF16_MMAF_CONFIGS = ("x16w4c1_m7_gp_mmaf", "x16w4c1_m8_gp_mmaf")
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
@@ -347,7 +357,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
     rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: the tile's dots on
     the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; fp8 or bf16 copies), without
-    one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's."""
+    one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's; 3: ST_MMA with the fold on the tensor
+    cores too (MMA_FOLD, session 43; no read copy)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
@@ -355,6 +366,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
         rc |= ({"RC_LEAN": 1} if rc_lean else {}) | ({"RC_MMA": 1} if rc_lean == 2 else {})
     elif rc_lean == 2:
         rc |= {"ST_MMA": 1}
+    elif rc_lean == 3:
+        rc |= {"ST_MMA": 1, "MMA_FOLD": 1}
     elif rc_lean:
         rc |= {"RC_LEAN": 1}  # (refused by gdn_main.cu: a lean tile needs a copy)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
@@ -636,11 +649,15 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if rc_lean == 2 and ring.rc is None:
+    if rc_lean == 3 and (ring.rc is not None or cap > 16):
+        return ("the fold on the tensor cores (rc_lean 3, MMA_FOLD) is a bf16 checkpoint's without a read copy (ST_MMA) "
+                "and folds at most 16 records: a ring capacity of at most 16 (--linear-replayssm-cache-len <= 16), "
+                "and rc_lean 2 for a read copy")
+    if rc_lean >= 2 and ring.rc is None:
         if state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef or self_pre or K != 128:
-            return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) take a bf16 state, "
-                    "the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef or "
-                    "self_pre, K = 128")
+            return (f"the tile's dots on the tensor cores (rc_lean {rc_lean}) without a read copy (ST_MMA) take a bf16 "
+                    "state, the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef "
+                    "or self_pre, K = 128")
     elif rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
                 "one V-tile per block and the pre launch's coefficients (no self_pre)")
@@ -857,9 +874,9 @@ FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (
 
 
 def tensor_core_shape(config) -> bool:
-    """A block shape that takes its tile's dots on the tensor cores (rc_lean 2), and so the CUDA pre launch's operand:
-    tensor_core_dots of every build it makes."""
-    return full_config(config)[8] == 2
+    """A block shape that takes its tile's dots on the tensor cores (rc_lean 2, and 3 with its fold there too), and so
+    the CUDA pre launch's operand: tensor_core_dots of every build it makes."""
+    return full_config(config)[8] >= 2
 
 
 def tensor_core_dots(defs: dict) -> bool:
@@ -936,7 +953,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]
-    if rc_lean == 2:
+    if rc_lean >= 2:
         check_frag(frag, B, H)
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
@@ -956,7 +973,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
-            ptr(frag if rc_lean == 2 else None)]
+            ptr(frag if rc_lean >= 2 else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

@@ -111,6 +111,12 @@
 #if ST_MMA && (HAS_RC || !XL || RPW != 16 || LATE_COEF || NCH != 1 || SELF_PRE || K_ != 128)
 #error "ST_MMA: the XL layout, a bf16 checkpoint and no read copy, 16 rows per warp, one V-tile per block, the pre launch's coefficients before the dots, K = 128"
 #endif
+#ifndef MMA_FOLD
+#define MMA_FOLD 0  // ST_MMA, and a folding block's fold on the tensor cores too (session 43; rc_lean 3): the warp's 16
+#endif              // rows x 128 columns take the records as one 16-deep product per 8 columns (fold_mma)
+#if MMA_FOLD && (!ST_MMA || CAP_ > 16)
+#error "MMA_FOLD: ST_MMA's (a bf16 checkpoint, 16 rows per warp), a ring capacity of at most 16 (one 16-deep product)"
+#endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
 #ifndef RC_T
@@ -932,6 +938,148 @@ __device__ __forceinline__ float xl_reduce(float (&v)[NVAL], int lane) {
     return v[0];
 }
 
+#if MMA_FOLD
+template <typename T> struct is_bf16_t { static constexpr bool value = false; };
+template <> struct is_bf16_t<__nv_bfloat16> { static constexpr bool value = true; };
+// eight consecutive elements as fp32 (16-byte aligned for bf16: one load)
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
+    const float4 x = load4(p), y = load4(p + 4);
+    f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+}
+template <>
+__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float (&f)[8]) {
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(ws[i] << 16), f[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+}
+// x and y as bf16 pairs (x in the low half): their high parts, and the low parts x - hi (x = hi + lo to ~2^-17)
+__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
+    const uint32_t hx = mma_bits(x), hy = mma_bits(y);
+    hi = hx | (hy << 16);
+    lo = mma_bits(x - mma_float(hx)) | (mma_bits(y - mma_float(hy)) << 16);
+}
+// two floats as a bf16 pair rounded to nearest (from_f's rounding; x in the low half): one cvt.rn.bf16x2.f32
+__device__ __forceinline__ uint32_t bf16x2(float x, float y) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+// A folding warp's fold on the tensor cores (MMA_FOLD, session 43): its 16 rows of the bf16 tile become
+//   C e^{G_f} + u_t k~^T + sum_{j < h} w_j k_j^T,
+// what fold_rows computes (GDN: w_j = u_j e^{G_f - G_j}, from wsm; KDA: w_j = u_j, k_j the predecayed key times
+// e^{G_f / 2} twice, e^{G_f} per column). The records are one 16-deep product per 8 columns (mma.sync m16n8k16 bf16,
+// fp32 sums): A = W [16 rows x 16 records], B = the keys [16 records x 8 columns], D = the tile decayed, the token's
+// term added on the CUDA cores first (a pre-fold that flushes takes 16 records and the token). A factor that is not a
+// bf16 value as it stands (GDN's w_j, KDA's scaled keys, fp32 records) is split into high and low bf16 parts and
+// takes a second product, so each term is kept to ~2^-17 relative before the bf16 store. The column map: D's n-tile
+// 4 a + b, column n, is the tile's column 32 a + 8 (n >> 1) + 2 b + (n & 1), so lane (gid, tig) holds columns 32 a +
+// 8 tig .. + 7 of rows gid and gid + 8 (a 16-byte run of each, load_mma's) and B's lane (column n = gid) reads 8
+// columns of a record at 32 a + 8 (gid >> 1), taking those of its parity (GDN's bf16 keys: one byte permutation per
+// pair of records, no conversion).
+// tsrc, tdst: the warp's first row of the checkpoint (the same rows: each run is read before it is written); wrow, urow: the warp's rows of wsm (BC_ apart) and uasm (u_t, 0
+// without the token); base_k: the key head's CAP_ records; eG1: GDN's e^{G_f}; gf: KDA's G_f per column (null: 0);
+// kraw, sk: the token's raw key and 1 / |k|.
+__device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const float* wrow,
+                                         const float* urow, const KR_T* __restrict__ base_k, int h_old, float eG1,
+                                         const float* __restrict__ gf, const X_T* __restrict__ kraw, float sk,
+                                         int lane) {
+    constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value);  // (KDA's w_j: the records' u_j as stored)
+    constexpr bool RAW_B = !IS_KDA && is_bf16_t<KR_T>::value;      // (GDN's keys as stored: B without a low part)
+    const int gid = lane >> 2, tig = lane & 3, odd = gid & 1;
+    // A: rows gid (a0, a2) and gid + 8 (a1, a3); records 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9 (a2, a3)
+    uint32_t ah[4], al[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int row = gid + 8 * (r & 1), j = 2 * tig + 8 * (r >> 1);
+        const float x = j < CAP_ ? wrow[row * BC_ + j] : 0.0f, y = j + 1 < CAP_ ? wrow[row * BC_ + j + 1] : 0.0f;
+        split2(x, y, ah[r], al[r]);
+    }
+    const float ut0 = urow[gid], ut1 = urow[gid + 8];
+#pragma unroll 1
+    for (int a = 0; a < 4; ++a) {  // (rolled: one run's values live at a time)
+        // D: this lane's run of rows gid and gid + 8 (columns cc .. cc + 7), decayed, plus the token's term
+        const int cc = 32 * a + 8 * tig, cb = 32 * a + 8 * (gid >> 1);
+        const uint4 t0 = __ldg(reinterpret_cast<const uint4*>(tsrc + gid * K_ + cc));
+        const uint4 t1 = __ldg(reinterpret_cast<const uint4*>(tsrc + (gid + 8) * K_ + cc));
+        float kt[8];
+        load8(kraw + cc, kt);
+        // B's records 2 tig + (e & 1) + 8 (e >> 1) at columns cb .. cb + 7; 0 past h (a stale record may hold
+        // anything, NaN included)
+        float kf[4][8];
+        uint4 kw[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = 2 * tig + (e & 1) + 8 * (e >> 1);
+            const bool live = j < CAP_ && j < h_old;
+            if constexpr (RAW_B) {
+                kw[e] = live ? __ldg(reinterpret_cast<const uint4*>(base_k + j * K_ + cb)) : make_uint4(0u, 0u, 0u, 0u);
+            } else if (live) {
+                load8(base_k + j * K_ + cb, kf[e]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) kf[e][i] = 0.0f;
+            }
+        }
+#if IS_KDA
+        float gd[8], gb[8];
+        if (gf != nullptr) {
+            load8(gf + cc, gd);
+            load8(gf + cb, gb);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) gd[e] = gb[e] = 0.0f;
+        }
+#endif
+        float d[4][4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int e = 2 * b + c;
+#if IS_KDA
+                const float eg = __expf(gd[e]);  // (exp4's approximation, as fold_rows's eG)
+#else
+                const float eg = eG1;
+#endif
+                const float k = kt[e] * sk;
+                const uint32_t w0 = word_of(t0, b), w1 = word_of(t1, b);
+                d[b][c] = __uint_as_float(c ? (w0 & 0xffff0000u) : (w0 << 16)) * eg + ut0 * k;
+                d[b][2 + c] = __uint_as_float(c ? (w1 & 0xffff0000u) : (w1 << 16)) * eg + ut1 * k;
+            }
+            uint32_t bh0, bl0 = 0u, bh1, bl1 = 0u;  // (b0: records 2 tig, 2 tig + 1; b1: 2 tig + 8, 2 tig + 9)
+            if constexpr (RAW_B) {
+                const uint32_t sel = odd ? 0x7632u : 0x5410u;  // (the high or low halves of the two words)
+                bh0 = __byte_perm(word_of(kw[0], b), word_of(kw[1], b), sel);
+                bh1 = __byte_perm(word_of(kw[2], b), word_of(kw[3], b), sel);
+            } else {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = odd ? kf[e][2 * b + 1] : kf[e][2 * b];
+#if IS_KDA
+                const float eh = __expf(0.5f * (odd ? gb[2 * b + 1] : gb[2 * b]));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = (v[e] * eh) * eh;
+#endif
+                split2(v[0], v[1], bh0, bl0);
+                split2(v[2], v[3], bh1, bl1);
+            }
+            mma_16816(d[b], ah, bh0, bh1, lane);
+            if (A_SPLIT) mma_16816(d[b], al, bh0, bh1, lane);
+            if (!RAW_B) mma_16816(d[b], ah, bl0, bl1, lane);
+        }
+        // the two runs back, rounded to nearest
+        *reinterpret_cast<uint4*>(tdst + gid * K_ + cc) = make_uint4(
+            bf16x2(d[0][0], d[0][1]), bf16x2(d[1][0], d[1][1]), bf16x2(d[2][0], d[2][1]), bf16x2(d[3][0], d[3][1]));
+        *reinterpret_cast<uint4*>(tdst + (gid + 8) * K_ + cc) = make_uint4(
+            bf16x2(d[0][2], d[0][3]), bf16x2(d[1][2], d[1][3]), bf16x2(d[2][2], d[2][3]), bf16x2(d[3][2], d[3][3]));
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
     const ALOG_T* __restrict__ A_log, const DTB_T* __restrict__ dt_bias, OUT_T* __restrict__ out,
@@ -1449,6 +1597,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
             const KR_T* base_k = ring_k + ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
             float4 kn;
+            float sk_t = s_k;  // (1 / |k|: the token's key is its raw k times it)
             if (qk_staged) {
                 const float* kr = k_raw + qk_at(4 * lane);
                 kn = make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k);
@@ -1456,8 +1605,23 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 const float4 kx = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
                 const float sk = 1.0f / sqrtf(warp_sum(kx.x * kx.x + kx.y * kx.y + kx.z * kx.z + kx.w * kx.w) + 1e-6f);
                 kn = make_float4(kx.x * sk, kx.y * sk, kx.z * sk, kx.w * sk);
+                sk_t = sk;
             }
             const long long wrow = static_cast<long long>(row0 + ch * VT + warp * RPW);  // the warp's first row
+#if MMA_FOLD
+            // the warp's 16 rows on the tensor cores (fold_mma), the token's raw key and its norm from above
+#if IS_KDA
+            const float* gf = tok ? gts + nh * K_ : (h_old > 0 ? ring_g + ((rrow * HV_ + hv) * CAP_ + h_old - 1) * K_
+                                                              : nullptr);
+#else
+            const float* gf = nullptr;
+#endif
+            fold_mma(src + wrow * K_, state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_,
+                     wsm + warp * RPW * BC_, uasm + warp * RPW, base_k - 4 * lane, h_old, eG.x, gf,
+                     px + H_ * K_ + i_h * K_, sk_t, lane);
+            (void)kn;
+            (void)eh;
+#else
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
             constexpr int FR = (RC_LEAN || ST_MMA) ? 4 : 8;  // rows folded at a time (RC_LEAN, ST_MMA: half the registers)
@@ -1480,6 +1644,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 for (int i = 0; i < FR; ++i) rc_store_row(rdst + (r0 + i) * K_, sdst + r0 + i, cf[i], lane);
 #endif
             }
+#endif  // MMA_FOLD
             __syncwarp();  // (wsm and uasm are taken again by the next tile)
             if (ch + 1 < NCH) {
                 load_tile(ch + 1);

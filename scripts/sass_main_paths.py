@@ -45,6 +45,13 @@ COPY_PATH = [("from_rc = !(flush || prefold);", "from_rc = true; flush = false; 
 # KDA's flags may still turn after the pre launch's overflow flags are read: fixed there too
 KDA_PATH = [("        fold = (flush || prefold || rebase) && DIAG_STREAM == 0;",
              "        fold = false; flush = false; prefold = false; rebase = false;")]
+# --path fold: a flushing row's path instead (its fold with the token), the rolled loops unrolled so that the count is
+# what a warp issues at a full ring (the record loops' early exits past h stay, so it is the most a fold issues)
+FOLD_PATH = [("from_rc = !(flush || prefold);", "from_rc = false; flush = true; prefold = false;"),
+             ("bool fold = (flush || prefold) && DIAG_STREAM == 0;",
+              "bool fold = true; flush = true; prefold = false;")]
+KDA_FOLD_PATH = [("        fold = (flush || prefold || rebase) && DIAG_STREAM == 0;",
+                  "        fold = true; flush = true; prefold = false; rebase = false;")]
 RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16, "none": None}
 
 
@@ -66,12 +73,14 @@ def main_count(cubin: Path, kernel: str = "replay_gdn_main") -> tuple[int, dict]
     return last, ops
 
 
-def copy_path_source(td: Path) -> Path:
+def copy_path_source(td: Path, path: str = "copy") -> Path:
     src = (ROOT / "kernels" / "gdn_main.cu").read_text()
-    for a, b in COPY_PATH + KDA_PATH:
-        if src.count(a) != 1:
-            raise RuntimeError(f"gdn_main.cu no longer has {a!r} once: update COPY_PATH")
+    for a, b in (COPY_PATH + KDA_PATH if path == "copy" else FOLD_PATH + KDA_FOLD_PATH):
+        if src.count(a) != 1 and not (path == "fold" and a.startswith("from_rc") and src.count(a) == 1):
+            raise RuntimeError(f"gdn_main.cu no longer has {a!r} once: update COPY_PATH / FOLD_PATH")
         src = src.replace(a, b)
+    if path == "fold":
+        src = src.replace("#pragma unroll 1\n", "#pragma unroll\n")
     out = td / "gdn_main.cu"
     out.write_text(src)
     for h in (ROOT / "kernels").glob("*.h"):  # (headers it includes, if any)
@@ -84,19 +93,26 @@ def main() -> None:
     ap.add_argument("--shapes", default="x16w4c1_m7_lean,x16w4c1_m7_lean_mma,x16w4c1_m8_lean_mma")
     ap.add_argument("--rc", default="fp8_e4m3", choices=sorted(RC))
     ap.add_argument("--kind", default="gdn", choices=("gdn", "kda"))
+    ap.add_argument("--rec", default="server", choices=("server", "fp32", "bf16"),
+                    help="the ring records' type: server (the server's: the state's, so bf16 with --rc none; session "
+                    "42's counts took fp32), fp32 or bf16")
+    ap.add_argument("--path", default="copy", choices=("copy", "fold"),
+                    help="copy: the copy path (--rc none: the plain step); fold: a flushing row's (its fold, unrolled)")
     ap.add_argument("--study-arm", default="cutile_bv64", help="also count the plain-step study's CUDA kernel "
                     "(scripts/stream_persist.cu, an arm of stream_floor_study.py, tiles of --rc's type; '' skips it)")
     args = ap.parse_args()
     if cm.find_nvcc() is None or cm.find_nvdisasm() is None:
         sys.exit("needs nvcc (scripts/setup-nvcc, REPLAYSSM_NVCC) and nvdisasm")
     with tempfile.TemporaryDirectory() as td:
-        copy_src = copy_path_source(Path(td))
-        path = "plain step" if args.rc == "none" else "copy path"
+        copy_src = copy_path_source(Path(td), args.path)
+        path = "fold path" if args.path == "fold" else "plain step" if args.rc == "none" else "copy path"
         print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | {path} | {path}'s top opcodes |")
         print("|---|---|---|---|---|")
         for name in args.shapes.split(","):
+            state_dtype = torch.bfloat16 if args.rc == "none" else torch.float32
+            rec = state_dtype if args.rec == "server" else getattr(torch, {"fp32": "float32"}.get(args.rec, "bfloat16"))
             d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc], kind=args.kind,
-                                  state_dtype=torch.bfloat16 if args.rc == "none" else torch.float32)
+                                  state_dtype=state_dtype, rec_dtype=rec)
             res = cm.resources(d)
             whole, _ = main_count(cm.build(d))
             path, ops = main_count(cm.build(d, src=copy_src))

@@ -203,7 +203,14 @@ def test_rc_mma_needs_the_cuda_pre_launch(monkeypatch):
 # x16w4c1_m6/m7/m8_mma, rc_lean 2 without a copy), the CUDA pre launch's split bf16 operand; two value heads per key
 # head and two V-tiles per head (the real shapes' GQA and tiling) in the second case
 ST_MMA_CASES = [("gdn", "x16w4c1_m8_mma", "fast", {}), ("gdn", "x16w4c1_m7_mma", "slow", dict(H=2, HV=4, V=128)),
-                ("kda", "x16w4c1_m7_gp_mma", "fast", {}), ("kda", "x16w4c1_m8_gp_mma", "slow", dict(V=128))]
+                ("kda", "x16w4c1_m7_gp_mma", "fast", {}), ("kda", "x16w4c1_m8_gp_mma", "slow", dict(V=128)),
+                # and with the fold on the tensor cores too (MMA_FOLD, rc_lean 3; session 43): bf16 records (the
+                # server's for a bf16 state: GDN's keys straight into B, KDA's u_j straight into A) and fp32 ones (split)
+                ("gdn", "x16w4c1_m8_mmaf", "fast", dict(rec_dtype=torch.bfloat16)),
+                ("gdn", "x16w4c1_m7_mmaf", "slow", dict(H=2, HV=4, V=128)),
+                ("gdn", "x16w4c1_m7_mmaf", "slow", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+                ("kda", "x16w4c1_m7_gp_mmaf", "fast", dict(rec_dtype=torch.bfloat16)),
+                ("kda", "x16w4c1_m8_gp_mmaf", "slow", dict(V=128))]
 
 
 @pytest.mark.parametrize("kind,cfg,decay,shape", ST_MMA_CASES, ids=str)
@@ -312,3 +319,51 @@ def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype,
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert not pre_calls
     assert len(calls) == 14, "every step: the CUDA main launch"
+
+
+# gdn_main.cu's MMA_FOLD (session 43): ST_MMA with a folding warp's fold on the tensor cores too (rc_lean 3). Against
+# ST_MMA's CUDA-core fold from the same checkpoint and ring, step by step: the outputs and records are the same code's
+# (bit-identical), the checkpoints the folds write differ by the bf16 roundings that a ~1e-7 change of the unrounded
+# sum flips
+# (bf16 records, the server's for a bf16 state)
+MMAF_PAIRS = {"gdn": ("x16w4c1_m8_mma", "x16w4c1_m8_mmaf", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+              "kda": ("x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mmaf", dict(V=128, rec_dtype=torch.bfloat16))}
+MMAF_TOL = 3e-4  # (rms ratio of the folded heads' checkpoints: 7-9e-5 here; without a split's low part 1.4-1.5e-3)
+
+
+def _mma_fold_against_cuda_cores(monkeypatch, kind="gdn", steps=8, decay="slow"):
+    from test_decode_kernels import tensor_core_dots_against_cuda_cores
+
+    cuda_cores, tensor_cores, shape = MMAF_PAIRS[kind]
+
+    def make(cfg):
+        return _emu_harness(kind, cfg, "bfloat16", decay, monkeypatch, pre_impl="cuda", seed=17, **shape)[0]
+
+    return tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, steps, with_state=True)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_mma_fold_matches_the_cuda_core_fold(kind, monkeypatch):
+    """MMA_FOLD's checkpoints within MMAF_TOL (rms ratio) of the CUDA-core fold's over 8 steps with folds; outputs and
+    records bit-identical (the same dots)."""
+    worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, kind)
+    print(f"MMA_FOLD against the CUDA-core fold ({kind}): checkpoints {worst_s:.2e}, outputs {worst_o:.1e}, "
+          f"records {worst_u:.1e}")
+    assert worst_o == 0.0 and worst_u == 0.0, (worst_o, worst_u)
+    assert worst_s < MMAF_TOL, worst_s
+
+
+@pytest.mark.parametrize("kind,old,new", [
+    ("gdn", "            if (A_SPLIT) mma_16816(d[b], al, bh0, bh1, lane);", ""),  # GDN's w_j without its low part
+    ("kda", "            if (!RAW_B) mma_16816(d[b], ah, bl0, bl1, lane);", ""),  # KDA's scaled keys without theirs
+    ("gdn", "            const float k = kt[e] * sk;", "            const float k = 0.0f * kt[e] * sk;")])  # no token
+def test_mma_fold_check_can_fail(kind, old, new, monkeypatch, tmp_path):
+    """The comparison above fails when the fold loses a split's low part or the token's term."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    try:
+        worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, kind, steps=4)
+    except AssertionError as e:  # (the harness's float64 check may fail first)
+        assert "rms ratio" in str(e), e
+        return
+    print(f"mutated ({kind}): checkpoints {worst_s:.2e}")
+    assert worst_s > MMAF_TOL, worst_s

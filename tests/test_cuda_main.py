@@ -173,8 +173,8 @@ def test_read_copy_builds_compile(name, kind, rc_dtype):
 
 
 _LEAN = [(n, cuda_main.full_config(c)[8]) for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]
-         and n not in cuda_main.XL_BF16_MMA_CONFIGS + cuda_main.XL_KDA_BF16_MMA_CONFIGS]  # (the same tuples as the
-# _lean_mma ones, named for ST_MMA)
+         in (1, 2) and n not in cuda_main.XL_BF16_MMA_CONFIGS + cuda_main.XL_KDA_BF16_MMA_CONFIGS]  # (the same tuples
+# as the _lean_mma ones, named for ST_MMA; rc_lean 3, MMA_FOLD, has no copy)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
@@ -208,6 +208,47 @@ def test_st_mma_builds_compile(name, kind, rec):
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
     limit = 64 if kind == "kda" and cap < 72 else 0
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
+@pytest.mark.parametrize("name,kind", [(n, "gdn") for n in cuda_main.XL_BF16_MMAF_CONFIGS]
+                         + [(n, "kda") for n in cuda_main.XL_KDA_BF16_MMAF_CONFIGS])
+@pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
+def test_mma_fold_builds_compile(name, kind, rec):
+    """MMA_FOLD (session 43; rc_lean 3: ST_MMA with the fold on the tensor cores): within the cap, at most 64 bytes of
+    spill (the fold's: ptxas sm_90, the server's bf16 records, GDN 0 at 7 and 8 blocks per SM, KDA 0 at 7, 16 at
+    8); the MMA_FOLD macro only in these builds (the others' cubins keep their keys)."""
+    d = _server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=torch.bfloat16, kind=kind)
+    assert d.get("MMA_FOLD") == 1 and d.get("ST_MMA") == 1
+    res = cuda_main.resources(d)
+    cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
+    assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
+    assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
+    st_mma = name.replace("mmaf", "mma")
+    assert "MMA_FOLD" not in _server_defs(*cuda_main.CUDA_CONFIGS[st_mma], rec, state_dtype=torch.bfloat16, kind=kind)
+
+
+def test_mma_fold_is_refused_where_it_cannot_run():
+    """rc_lean 3 (MMA_FOLD) is a bf16 checkpoint's without a read copy (ST_MMA) and one 16-deep product: a read copy,
+    a ring longer than 16 and an fp32 checkpoint are refused with why; it takes the CUDA pre launch's operand."""
+    from replayssm_sglang import ring as ringmod
+
+    st = torch.zeros(2, 2, 128, 128)
+    for kind, name in (("gdn", "x16w4c1_m8_mmaf"), ("kda", "x16w4c1_m7_gp_mmaf")):
+        cfg = cuda_main.CUDA_CONFIGS[name]
+        assert cuda_main.tensor_core_shape(cfg)
+        extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+        lay = ringmod.RingLayout.for_layer(kind, L=16, H=2, HV=2, K=128, V=128)
+        ok = cuda_main.unavailable_reason(kind, st.bfloat16(), lay.allocate(2, **extra), None, 128, 128, *cfg)
+        assert ok in (None, "it needs a CUDA GPU"), ok
+        why = cuda_main.unavailable_reason(kind, st, lay.allocate(2, **extra), None, 128, 128, *cfg)  # fp32
+        assert why is not None and "ST_MMA" in why and "bf16" in why
+        why = cuda_main.unavailable_reason(kind, st, lay.allocate(2, read_dtype="fp8_e4m3", **extra), None, 128, 128,
+                                           *cfg)
+        assert why is not None and "rc_lean 3" in why and "read copy" in why
+        long = ringmod.RingLayout.for_layer(kind, L=32, H=2, HV=2, K=128, V=128)
+        why = cuda_main.unavailable_reason(kind, st.bfloat16(), long.allocate(2, **extra), None, 128, 128, *cfg)
+        assert why is not None and "--linear-replayssm-cache-len" in why
 
 
 def test_rc_mma_is_refused_where_it_cannot_run():
@@ -705,7 +746,9 @@ PDL_CASES = [("x16w4c1_m5", "gdn", torch.float32), ("x16w4c1_m6", "gdn", torch.b
              ("x16w4c1_m4_gp", "kda", torch.float32),
              # ST_MMA (session 42): the tensor-core operand (in gts's parameter) read after the wait
              ("x16w4c1_m7_mma", "gdn", torch.bfloat16), ("x16w4c1_m8_mma", "gdn", torch.bfloat16),
-             ("x16w4c1_m6_gp_mma", "kda", torch.bfloat16), ("x16w4c1_m7_gp_mma", "kda", torch.bfloat16)]
+             ("x16w4c1_m6_gp_mma", "kda", torch.bfloat16), ("x16w4c1_m7_gp_mma", "kda", torch.bfloat16),
+             # MMA_FOLD (session 43): its fold reads G_t (gts) after the wait
+             ("x16w4c1_m8_mmaf", "gdn", torch.bfloat16), ("x16w4c1_m7_gp_mmaf", "kda", torch.bfloat16)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,

@@ -1474,13 +1474,15 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     return {**st, "cuda_pre_launches": len(pres)}
 
 
-def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8):
+def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8, with_state=False):
     """The largest per-step rms ratios, over `steps` steps of the same inputs, between two shapes of the CUDA main
     launch on the same bf16 checkpoint and ring (make(cfg): a Harness running that shape; both seeded alike): of the
     outputs and of the step's records u_t (fp32). For gdn_main.cu's ST_MMA (the tile's dots on the tensor cores)
     against the CUDA-core dots: tighter than the float64 check, whose bf16-state tolerance (2e-2) would pass a dot off
     by 2^-9. Each step starts the second harness from the first one's checkpoint and ring (its float64 reference, fed
-    the same inputs, is the same), so that a bf16 rounding flipped by an earlier step's ~1e-6 does not pile up."""
+    the same inputs, is the same), so that a bf16 rounding flipped by an earlier step's ~1e-6 does not pile up.
+    with_state: also the largest rms ratio of the checkpoints the step's folds wrote (a third value; for the fold on
+    the tensor cores, gdn_main.cu's MMA_FOLD)."""
     import test_decode_kernels as T
 
     outs = []
@@ -1493,14 +1495,21 @@ def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8
 
     monkeypatch.setattr(T, "replay_decode", keep)
     ha, hb = make(cfg_a), make(cfg_b)
-    worst_o = worst_u = 0.0
+    worst_o = worst_u = worst_s = 0.0
+    folded = 0
     for _ in range(steps):
         hb.state.copy_(ha.state)
         for name in ("u", "k", "g", "h"):
             getattr(hb.ring, name).copy_(getattr(ha.ring, name))
         u_before = ha.ring.u.cpu().clone()
+        s_before = ha.state.cpu().clone()
         ha.step()
         hb.step()
+        sa, sb = ha.state.cpu(), hb.state.cpu()
+        heads = (sa != s_before).flatten(2).any(-1) | (sb != s_before).flatten(2).any(-1)  # (the folds' heads)
+        if heads.any():
+            folded += int(heads.sum())
+            worst_s = max(worst_s, rms_ratio(sb[heads].double(), sa[heads].double()))
         oa, ob = outs[-2], outs[-1]
         ok = ~torch.isnan(oa) & (oa != 0)
         worst_o = max(worst_o, rms_ratio(ob[ok].double(), oa[ok].double()))
@@ -1508,6 +1517,9 @@ def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8
         new = ~(ua == u_before) & torch.isfinite(ua)  # (this step's records)
         if new.any():
             worst_u = max(worst_u, rms_ratio(ub[new].double(), ua[new].double()))
+    if with_state:
+        assert folded > 0, "no step folded: the checkpoints were not compared"
+        return worst_o, worst_u, worst_s
     return worst_o, worst_u
 
 
@@ -1528,6 +1540,27 @@ def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(kind, cuda_cores, ten
     worst_o, worst_u = tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, 12)
     print(f"ST_MMA against the CUDA-core dots (H200, {kind}): outputs {worst_o:.2e}, records {worst_u:.2e}")
     assert worst_o < 2e-5 and worst_u < 2e-5, (worst_o, worst_u)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,cuda_cores,tensor_cores", [("gdn", "x16w4c1_m7_mma", "x16w4c1_m7_mmaf"),
+                                                          ("kda", "x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mmaf")])
+def test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold(kind, cuda_cores, tensor_cores, monkeypatch):
+    """MMA_FOLD (session 43) at the real head sizes against ST_MMA's CUDA-core fold of the same bf16 checkpoint and
+    ring (bf16 records, the server's), step by step: the checkpoints the folds write within 3e-4 (rms ratio; the CPU
+    emulation: GDN 7.8e-5, KDA 4.0e-5, and 1.3-1.8e-3 without a split's low part), outputs and records within 2e-5."""
+    def make(cfg):
+        extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+        return _real_harness(kind, state_dtype=torch.bfloat16, rec_dtype=torch.bfloat16, qkv_dtype=torch.bfloat16,
+                             seed=23, impl="v3", ring_idx=True, decay="slow", **extra,
+                             v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl="cuda"))
+
+    worst_o, worst_u, worst_s = tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, 20,
+                                                                     with_state=True)
+    print(f"MMA_FOLD against the CUDA-core fold (GPU, {kind}): checkpoints {worst_s:.2e}, outputs {worst_o:.2e}, "
+          f"records {worst_u:.2e}")
+    assert worst_s < 3e-4 and worst_o < 2e-5 and worst_u < 2e-5, (worst_s, worst_o, worst_u)
 
 
 # the pre launch in CUDA (gdn_main.cu's replay_gdn_pre, decode_v3 pre_impl="cuda"; session 31): beside the CUDA main
@@ -1729,7 +1762,13 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         ("x16w4c1_m5_late", "bfloat16", "bfloat16", True, False),
                         # ST_MMA (session 42): the tile's dots on the tensor cores, the CUDA pre launch's operand
                         ("x16w4c1_m7_mma", "float32", "bfloat16", True, False),
-                        ("x16w4c1_m8_mma", "bfloat16", "float32", False, True)]
+                        ("x16w4c1_m8_mma", "bfloat16", "float32", False, True),
+                        # MMA_FOLD (session 43): the fold on the tensor cores too; bf16 records (the server's: the keys
+                        # straight into the product) and fp32 ones (split); ST_MMA with bf16 records beside it (the
+                        # builds test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold compares)
+                        ("x16w4c1_m7_mma", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c1_m7_mmaf", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c1_m8_mmaf", "float32", "bfloat16", False, True)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
@@ -1751,7 +1790,12 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        ("x16w4c1_m5_gp", "bfloat16", "bfloat16", "float32", True, None, -10.0),
                        # ST_MMA for KDA (session 42): the tensor-core operand from KDA's CUDA pre launch; rebases
                        ("x16w4c1_m7_gp_mma", "bfloat16", "float32", "bfloat16", True, None, -10.0),
-                       ("x16w4c1_m6_gp_mma", "bfloat16", "bfloat16", "float32", True, -5.0, None)]
+                       ("x16w4c1_m6_gp_mma", "bfloat16", "bfloat16", "float32", True, -5.0, None),
+                       # MMA_FOLD for KDA (session 43): bf16 records (u_j straight into the product) with rebases,
+                       # fp32 ones (split) with a lower bound; ST_MMA with bf16 records beside it (the fold comparison)
+                       ("x16w4c1_m7_gp_mma", "bfloat16", "bfloat16", "bfloat16", True, None, None),
+                       ("x16w4c1_m7_gp_mmaf", "bfloat16", "bfloat16", "bfloat16", True, None, -10.0),
+                       ("x16w4c1_m8_gp_mmaf", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
 
 
 @pytest.mark.gpu

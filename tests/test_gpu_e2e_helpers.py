@@ -212,6 +212,9 @@ def test_read_copy_arms_force_the_buffered_window():
     # ST_MMA's arm (session 42): a bf16 state, rc_lean 2 without a copy, window 16 as the other bf16 arm
     assert lean("ours_bf16_mma") == 2 and "bfloat16" in g.ARMS["ours_bf16_mma"]
     assert g.ARM_ENV["ours_bf16_mma"]["REPLAYSSM_DECODE_WINDOW"] == g.ARM_ENV["ours_bf16_cu"]["REPLAYSSM_DECODE_WINDOW"]
+    # MMA_FOLD's (session 43): rc_lean 3, GDN's and KDA's shapes named
+    assert lean("ours_bf16_mmaf") == 3 and "bfloat16" in g.ARMS["ours_bf16_mmaf"]
+    assert cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_bf16_mmaf"]["REPLAYSSM_CUDA_CONFIG_KDA"]])[8] == 3
     assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
 
 

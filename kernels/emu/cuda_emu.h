@@ -80,6 +80,12 @@ template <typename T>
 inline T __ldg(const T* p) { return *p; }
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }  // (bulk copies only)
 inline float __expf(float x) { return std::exp(x); }
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte i of the result: byte (s >> 4i) & 7 of y:x
+    const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
 inline float __logf(float x) { return std::log(x); }
 #include <math.h>  // (sqrtf, expf, logf, fmaxf, fminf in the global namespace)
 
