@@ -954,18 +954,17 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, flo
 #pragma unroll
     for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(ws[i] << 16), f[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
 }
-// x and y as bf16 pairs (x in the low half): their high parts, and the low parts x - hi (x = hi + lo to ~2^-17)
-__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
-    const uint32_t hx = mma_bits(x), hy = mma_bits(y);
-    hi = hx | (hy << 16);
-    lo = mma_bits(x - mma_float(hx)) | (mma_bits(y - mma_float(hy)) << 16);
-}
 // two floats as a bf16 pair rounded to nearest (from_f's rounding; x in the low half): one cvt.rn.bf16x2.f32
 __device__ __forceinline__ uint32_t bf16x2(float x, float y) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
     uint32_t r;
     memcpy(&r, &v, 4);
     return r;
+}
+// x and y as bf16 pairs (x in the low half): their high parts, and the low parts x - hi (x = hi + lo to ~2^-17)
+__device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t& lo) {
+    hi = bf16x2(x, y);
+    lo = bf16x2(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
 
 // A folding warp's fold on the tensor cores (MMA_FOLD, session 43): its 16 rows of the bf16 tile become
@@ -988,7 +987,8 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
                                          const float* __restrict__ gf, const X_T* __restrict__ kraw, float sk,
                                          int lane) {
     constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value);  // (KDA's w_j: the records' u_j as stored)
-    constexpr bool RAW_B = !IS_KDA && is_bf16_t<KR_T>::value;      // (GDN's keys as stored: B without a low part)
+    constexpr bool BF16_K = is_bf16_t<KR_T>::value;                // (the keys' words loaded as they are)
+    constexpr bool RAW_B = !IS_KDA && BF16_K;                      // (GDN's keys as stored: B without a low part)
     const int gid = lane >> 2, tig = lane & 3, odd = gid & 1;
     // A: rows gid (a0, a2) and gid + 8 (a1, a3); records 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9 (a2, a3)
     uint32_t ah[4], al[4];
@@ -1015,7 +1015,7 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
         for (int e = 0; e < 4; ++e) {
             const int j = 2 * tig + (e & 1) + 8 * (e >> 1);
             const bool live = j < CAP_ && j < h_old;
-            if constexpr (RAW_B) {
+            if constexpr (BF16_K) {
                 kw[e] = live ? __ldg(reinterpret_cast<const uint4*>(base_k + j * K_ + cb)) : make_uint4(0u, 0u, 0u, 0u);
             } else if (live) {
                 load8(base_k + j * K_ + cb, kf[e]);
@@ -1058,7 +1058,14 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
             } else {
                 float v[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) v[e] = odd ? kf[e][2 * b + 1] : kf[e][2 * b];
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (BF16_K) {  // (this lane's half of word b: the column of its parity)
+                        const uint32_t w = word_of(kw[e], b);
+                        v[e] = __uint_as_float(odd ? (w & 0xffff0000u) : (w << 16));
+                    } else {
+                        v[e] = odd ? kf[e][2 * b + 1] : kf[e][2 * b];
+                    }
+                }
 #if IS_KDA
                 const float eh = __expf(0.5f * (odd ? gb[2 * b + 1] : gb[2 * b]));
 #pragma unroll

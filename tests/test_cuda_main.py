@@ -216,8 +216,8 @@ def test_st_mma_builds_compile(name, kind, rec):
 @pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
 def test_mma_fold_builds_compile(name, kind, rec):
     """MMA_FOLD (session 43; rc_lean 3: ST_MMA with the fold on the tensor cores): within the cap, at most 64 bytes of
-    spill (the fold's: ptxas sm_90, the server's bf16 records, GDN 0 at 7 and 8 blocks per SM, KDA 0 at 7, 16 at
-    8); the MMA_FOLD macro only in these builds (the others' cubins keep their keys)."""
+    spill (the fold's: ptxas sm_90, the server's bf16 records, GDN and KDA 0 at 7 and 8 blocks per SM; fp32 records up to
+    40 bytes, KDA at 8); the MMA_FOLD macro only in these builds (the others' cubins keep their keys)."""
     d = _server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=torch.bfloat16, kind=kind)
     assert d.get("MMA_FOLD") == 1 and d.get("ST_MMA") == 1
     res = cuda_main.resources(d)
