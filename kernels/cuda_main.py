@@ -106,13 +106,20 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m6_gp_mma": (16, 4, 1, 6, 0, 1, 1, 1, 2),
                 "x16w4c1_m7_gp_mma": (16, 4, 1, 7, 0, 1, 1, 1, 2),
                 "x16w4c1_m8_gp_mma": (16, 4, 1, 8, 0, 1, 1, 1, 2),
-                # rc_lean 3 (session 43, gdn_main.cu's MMA_FOLD; a bf16 checkpoint without a read copy): ST_MMA, and a
-                # folding block's fold on the tensor cores too (each warp's 16 rows take the records as one 16-deep
-                # product per 8 columns, where the CUDA-core fold took ~1,700 instructions per warp)
-                "x16w4c1_m7_mmaf": (16, 4, 1, 7, 0, 0, 1, 1, 3),
-                "x16w4c1_m8_mmaf": (16, 4, 1, 8, 0, 0, 1, 1, 3),
-                "x16w4c1_m7_gp_mmaf": (16, 4, 1, 7, 0, 1, 1, 1, 3),
-                "x16w4c1_m8_gp_mmaf": (16, 4, 1, 8, 0, 1, 1, 1, 3)}
+                # the fold on the tensor cores (a tenth element, 1: gdn_main.cu's MMA_FOLD; session 43): a folding
+                # warp's 16 rows take the records as one 16-deep product per 8 columns (bf16 checkpoints: bf16
+                # products, split where a factor is not bf16; fp32 ones: 3xTF32) where the CUDA-core fold issued
+                # ~2,500 instructions per warp more than the plain step; "_mf" on the shape it folds for: ST_MMA's,
+                # the fp32 defaults and the read copies' (GDN's fp8 default, its RC_MMA m8, KDA's fp8 default)
+                "x16w4c1_m7_mma_mf": (16, 4, 1, 7, 0, 0, 1, 1, 2, 1),
+                "x16w4c1_m8_mma_mf": (16, 4, 1, 8, 0, 0, 1, 1, 2, 1),
+                "x16w4c1_m7_gp_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1),
+                "x16w4c1_m8_gp_mma_mf": (16, 4, 1, 8, 0, 1, 1, 1, 2, 1),
+                "x16w4c1_m5_mf": (16, 4, 1, 5, 0, 0, 1, 1, 0, 1),
+                "x16w4c1_m4_gp_mf": (16, 4, 1, 4, 0, 1, 1, 1, 0, 1),
+                "x16w4c1_m7_lean_mf": (16, 4, 1, 7, 0, 0, 1, 1, 1, 1),
+                "x16w4c1_m8_lean_mma_mf": (16, 4, 1, 8, 0, 0, 1, 1, 2, 1),
+                "x16w4c1_m7_gp_lean_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -138,9 +145,11 @@ XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
 # shapes the benchmark times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
 XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
 XL_KDA_BF16_MMA_CONFIGS = ("x16w4c1_m6_gp_mma", "x16w4c1_m7_gp_mma", "x16w4c1_m8_gp_mma")
-# and with the fold on the tensor cores too (MMA_FOLD, rc_lean 3; session 43)
-XL_BF16_MMAF_CONFIGS = ("x16w4c1_m7_mmaf", "x16w4c1_m8_mmaf")
-XL_KDA_BF16_MMAF_CONFIGS = ("x16w4c1_m7_gp_mmaf", "x16w4c1_m8_gp_mmaf")
+# and with the fold on the tensor cores too (MMA_FOLD, mma_fold 1; session 43)
+XL_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_mma_mf", "x16w4c1_m8_mma_mf")
+XL_KDA_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_gp_mma_mf", "x16w4c1_m8_gp_mma_mf")
+# the fp32 states' defaults with it (GDN x16w4c1_m5, KDA x16w4c1_m4_gp; the benchmark's --variants mmaf)
+XL_FP32_MF_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m5_mf"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m4_gp_mf")}
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):
 # G_t per column from the pre launch (gt_pre, as KDA's defaults), waited for before the dots
 XL_KDA_FP32_CONFIGS = ("x16w4c1_m5_gp", "x16w4c1_m4_gp")
@@ -168,17 +177,18 @@ CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
 # (and since session 40 the rc_lean shapes: registers sized for the copy, tighter caps)
 XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_lean", "x16w4c1_m6_lean",
                          "x16w4c1_m7_lean", "x16w4c1_m8_lean", "x16w4c1_m6_lean_mma", "x16w4c1_m7_lean_mma",
-                         "x16w4c1_m8_lean_mma"),
+                         "x16w4c1_m8_lean_mma", "x16w4c1_m7_lean_mf", "x16w4c1_m8_lean_mma_mf"),
                  "kda": ("x16w4c1_m4_gp", "x16w4c1_m5_gp", "x16w4c1_m5_gp_lean", "x16w4c1_m6_gp_lean",
-                         "x16w4c1_m6_gp_lean_mma", "x16w4c1_m7_gp_lean_mma")}
+                         "x16w4c1_m6_gp_lean_mma", "x16w4c1_m7_gp_lean_mma", "x16w4c1_m7_gp_lean_mma_mf")}
 
 
-CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch", "rc_lean")
-CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1, 0)  # (the first two are required)
+CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch", "rc_lean",
+                 "mma_fold")
+CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1, 0, 0)  # (the first two are required)
 
 
 def full_config(config) -> tuple:
-    """A block shape of 2 to 9 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 9."""
+    """A block shape of 2 to 10 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 10."""
     return (*config, *CONFIG_DEFAULTS[len(config):])
 
 
@@ -345,7 +355,7 @@ def ctype(dtype: torch.dtype) -> str:
 
 
 def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_coef=0, gt_pre=0, xl=0, nch=1,
-            rc_lean=0, diag_stream=0,
+            rc_lean=0, mma_fold=0, diag_stream=0,
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
@@ -357,8 +367,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     makes the pre launch's coefficients itself (GDN's XL layout; SELF_PRE, session 37: likewise only where set);
     rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: the tile's dots on
     the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; fp8 or bf16 copies), without
-    one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's; 3: ST_MMA with the fold on the tensor
-    cores too (MMA_FOLD, session 43; no read copy)."""
+    one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's. mma_fold: a folding warp's fold on
+    the tensor cores (MMA_FOLD, session 43; the XL layout; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": 1} if self_pre else {}
@@ -366,10 +376,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
         rc |= ({"RC_LEAN": 1} if rc_lean else {}) | ({"RC_MMA": 1} if rc_lean == 2 else {})
     elif rc_lean == 2:
         rc |= {"ST_MMA": 1}
-    elif rc_lean == 3:
-        rc |= {"ST_MMA": 1, "MMA_FOLD": 1}
     elif rc_lean:
         rc |= {"RC_LEAN": 1}  # (refused by gdn_main.cu: a lean tile needs a copy)
+    rc |= {"MMA_FOLD": 1} if mma_fold else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -386,11 +395,12 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type. For offline checks of a shape (ptxas resources, SASS, PDL hazards)."""
-    rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean = full_config(config)
+    rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean, mf = full_config(config)
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     bf16, f32 = torch.bfloat16, torch.float32
     return defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean, has_h_rows=False, has_forced=True,
+                   late_coef=late, gt_pre=gt, xl=xl, nch=nch, rc_lean=lean, mma_fold=mf, has_h_rows=False,
+                   has_forced=True,
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
@@ -645,19 +655,19 @@ def function(defs: dict, device: torch.device, name: str = "replay_gdn_main"):
 
 
 def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_reg=0, min_blocks=0,
-                       late_coef=0, gt_pre=0, xl=0, nch=1, rc_lean=0, self_pre=False) -> str | None:
+                       late_coef=0, gt_pre=0, xl=0, nch=1, rc_lean=0, mma_fold=0, self_pre=False) -> str | None:
     """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if rc_lean == 3 and (ring.rc is not None or cap > 16):
-        return ("the fold on the tensor cores (rc_lean 3, MMA_FOLD) is a bf16 checkpoint's without a read copy (ST_MMA) "
-                "and folds at most 16 records: a ring capacity of at most 16 (--linear-replayssm-cache-len <= 16), "
-                "and rc_lean 2 for a read copy")
-    if rc_lean >= 2 and ring.rc is None:
+    if mma_fold and (not xl or rpw != 16 or cap > 16 or K != 128 or self_pre):
+        return ("the fold on the tensor cores (mma_fold, MMA_FOLD) is the eight-lanes-per-row layout's (xl) with 16 rows "
+                "per warp, K = 128, the pre launch's coefficients (no self_pre), and folds at most 16 records: a ring "
+                "capacity of at most 16 (--linear-replayssm-cache-len <= 16)")
+    if rc_lean == 2 and ring.rc is None:
         if state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef or self_pre or K != 128:
-            return (f"the tile's dots on the tensor cores (rc_lean {rc_lean}) without a read copy (ST_MMA) take a bf16 "
-                    "state, the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef "
-                    "or self_pre, K = 128")
+            return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) take a bf16 state, "
+                    "the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef or "
+                    "self_pre, K = 128")
     elif rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
                 "one V-tile per block and the pre launch's coefficients (no self_pre)")
@@ -800,10 +810,10 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
-                   late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean,
+                   late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean, mma_fold=mma_fold,
                    diag_stream=diag_stream, has_h_rows=h_rows is not None,
                    has_forced=forced is not None, has_ring_idx=ring_idx is not None, pdl=pdl,
                    x_dtype=mixed_qkv.dtype, a_dtype=a2.dtype, b_dtype=b2.dtype, alog_dtype=A_log.dtype,
@@ -874,9 +884,9 @@ FRAG_WORDS = 16 * 8 * 2  # per (row, key head): 16 lanes x 8 K-steps x 2 words (
 
 
 def tensor_core_shape(config) -> bool:
-    """A block shape that takes its tile's dots on the tensor cores (rc_lean 2, and 3 with its fold there too), and so
-    the CUDA pre launch's operand: tensor_core_dots of every build it makes."""
-    return full_config(config)[8] >= 2
+    """A block shape that takes its tile's dots on the tensor cores (rc_lean 2), and so the CUDA pre launch's operand:
+    tensor_core_dots of every build it makes."""
+    return full_config(config)[8] == 2
 
 
 def tensor_core_dots(defs: dict) -> bool:
@@ -944,16 +954,16 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean]]]]])
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean[, mma_fold]]]]]])
     (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
     launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step);
     frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA, ST_MMA), the last parameter."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean = full_config(
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, _ = full_config(
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")
     B = mixed_qkv.shape[0]
-    if rc_lean >= 2:
+    if rc_lean == 2:
         check_frag(frag, B, H)
     if out.stride(-1) != 1 or not out.is_contiguous() or mixed_qkv.stride(-1) != 1:
         raise ValueError("the CUDA main launch needs a contiguous output and unit-stride inputs")
@@ -973,7 +983,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
-            ptr(frag if rc_lean >= 2 else None)]
+            ptr(frag if rc_lean == 2 else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

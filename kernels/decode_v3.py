@@ -1185,7 +1185,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             cuda_cfg = cuda_main.full_config(cuda_cfg)
         if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == nf):
             raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"gt_pre[, xl[, nch[, rc_lean]]]]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+                             f"gt_pre[, xl[, nch[, rc_lean[, mma_fold]]]]]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")

@@ -112,10 +112,10 @@
 #error "ST_MMA: the XL layout, a bf16 checkpoint and no read copy, 16 rows per warp, one V-tile per block, the pre launch's coefficients before the dots, K = 128"
 #endif
 #ifndef MMA_FOLD
-#define MMA_FOLD 0  // ST_MMA, and a folding block's fold on the tensor cores too (session 43; rc_lean 3): the warp's 16
-#endif              // rows x 128 columns take the records as one 16-deep product per 8 columns (fold_mma)
-#if MMA_FOLD && (!ST_MMA || CAP_ > 16)
-#error "MMA_FOLD: ST_MMA's (a bf16 checkpoint, 16 rows per warp), a ring capacity of at most 16 (one 16-deep product)"
+#define MMA_FOLD 0  // XL: a folding warp's fold on the tensor cores (session 43; fold_mma): its 16 rows x 128 columns
+#endif              // take the records as products of 16 (bf16) or 2 x 8 (tf32) records per 8 columns
+#if MMA_FOLD && (!XL || RPW != 16 || CAP_ > 16 || SELF_PRE || K_ != 128)
+#error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, the pre launch's coefficients, K = 128"
 #endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
@@ -941,7 +941,8 @@ __device__ __forceinline__ float xl_reduce(float (&v)[NVAL], int lane) {
 #if MMA_FOLD
 template <typename T> struct is_bf16_t { static constexpr bool value = false; };
 template <> struct is_bf16_t<__nv_bfloat16> { static constexpr bool value = true; };
-// eight consecutive elements as fp32 (16-byte aligned for bf16: one load)
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// eight consecutive elements as fp32 (16-byte aligned for bf16: one load; 32-byte for fp32: two)
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
     const float4 x = load4(p), y = load4(p + 4);
@@ -966,54 +967,127 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
     hi = bf16x2(x, y);
     lo = bf16x2(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
+// x as a high and a low tf32 part, x = hi + lo to ~2^-21: hi its fp32 word cut to tf32's 10 mantissa bits (exact:
+// a truncation), lo = x - hi (exact in fp32) passed as it is, which the tensor cores read as tf32 by dropping its low
+// 13 bits (round toward zero, as CUTLASS's fast tf32 path relies on; the emulation below does the same)
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+}
+// d += A B for the fold: mma.sync m16n8k16 with bf16 A, B (whatever the dots' MMA_BF16), and m16n8k8 with tf32
+// ones; the fragments as in the TC_DOTS comment (tf32: a0 = (row gid; k tig), a1 = (row gid + 8; k tig), a2, a3 the
+// same at k tig + 4; b0 = (k tig; column gid), b1 = (k tig + 4; column gid); d as m16n8k16's). The CPU emulation forms
+// the same sums from the fragments' definition
+__device__ __forceinline__ void fold_mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              int lane) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    const int gid = lane >> 2, tig = lane & 3;
+    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xffff0000u); };
+    emu_mma_frags(a, b0, b1, [&](const uint32_t (*fr)[6]) {
+        for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: 2 st, 2 st + 1 (a0 / a1, b0), + 8 (a2 / a3, b1)
+            const uint32_t* ra = fr[4 * gid + st];
+            for (int c = 0; c < 2; ++c) {  // columns 2 tig + c: B's column n is held by the lanes with gid = n
+                const uint32_t* rb = fr[4 * (2 * tig + c) + st] + 4;
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t x = ra[h], y = ra[2 + h];
+                    d[2 * h + c] += lo(x) * lo(rb[0]) + hi(x) * hi(rb[0]) + lo(y) * lo(rb[1]) + hi(y) * hi(rb[1]);
+                }
+            }
+        }
+    });
+#endif
+}
+__device__ __forceinline__ void fold_mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              int lane) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    const int gid = lane >> 2, tig = lane & 3;
+    auto tf = [](uint32_t w) { return __uint_as_float(w & 0xffffe000u); };  // (a tf32 operand: its top 19 bits)
+    emu_mma_frags(a, b0, b1, [&](const uint32_t (*fr)[6]) {
+        for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: st (a0 / a1, b0) and st + 4 (a2 / a3, b1)
+            const uint32_t* ra = fr[4 * gid + st];
+            for (int c = 0; c < 2; ++c) {
+                const uint32_t* rb = fr[4 * (2 * tig + c) + st] + 4;
+                for (int h = 0; h < 2; ++h) d[2 * h + c] += tf(ra[h]) * tf(rb[0]) + tf(ra[2 + h]) * tf(rb[1]);
+            }
+        }
+    });
+#endif
+}
 
-// A folding warp's fold on the tensor cores (MMA_FOLD, session 43): its 16 rows of the bf16 tile become
+// A folding warp's fold on the tensor cores (MMA_FOLD, session 43): its 16 rows of the tile become
 //   C e^{G_f} + u_t k~^T + sum_{j < h} w_j k_j^T,
 // what fold_rows computes (GDN: w_j = u_j e^{G_f - G_j}, from wsm; KDA: w_j = u_j, k_j the predecayed key times
-// e^{G_f / 2} twice, e^{G_f} per column). The records are one 16-deep product per 8 columns (mma.sync m16n8k16 bf16,
-// fp32 sums): A = W [16 rows x 16 records], B = the keys [16 records x 8 columns], D = the tile decayed, the token's
-// term added on the CUDA cores first (a pre-fold that flushes takes 16 records and the token). A factor that is not a
-// bf16 value as it stands (GDN's w_j, KDA's scaled keys, fp32 records) is split into high and low bf16 parts and
-// takes a second product, so each term is kept to ~2^-17 relative before the bf16 store. The column map: D's n-tile
-// 4 a + b, column n, is the tile's column 32 a + 8 (n >> 1) + 2 b + (n & 1), so lane (gid, tig) holds columns 32 a +
-// 8 tig .. + 7 of rows gid and gid + 8 (a 16-byte run of each, load_mma's) and B's lane (column n = gid) reads 8
-// columns of a record at 32 a + 8 (gid >> 1), taking those of its parity (GDN's bf16 keys: one byte permutation per
-// pair of records, no conversion).
-// tsrc, tdst: the warp's first row of the checkpoint (the same rows: each run is read before it is written); wrow, urow: the warp's rows of wsm (BC_ apart) and uasm (u_t, 0
-// without the token); base_k: the key head's CAP_ records; eG1: GDN's e^{G_f}; gf: KDA's G_f per column (null: 0);
-// kraw, sk: the token's raw key and 1 / |k|.
-__device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const float* wrow,
-                                         const float* urow, const KR_T* __restrict__ base_k, int h_old, float eG1,
+// e^{G_f / 2} twice, e^{G_f} per column), as products on the tensor cores with fp32 sums, A = W [16 rows x the
+// records], B = the keys [the records x 8 columns], D = the tile decayed, the token's term added on the CUDA cores
+// first (a pre-fold that also flushes folds 16 records and the token, one more than a 16-deep product holds).
+// A bf16 checkpoint: one 16-deep bf16 product per 8 columns, a factor that is not a bf16 value as it stands (GDN's
+// w_j, KDA's scaled keys, fp32 records) split into high and low bf16 parts with a second product, so each term keeps
+// ~2^-17 relative before the bf16 store. An fp32 checkpoint: 3xTF32, two 8-deep steps, every factor split into high
+// and low tf32 parts and hi hi + lo hi + hi lo summed (~2^-20 relative per term), and the read copy written from the
+// same unrounded values (bf16 to nearest; fp8 codes of x / scale with scale = max |x| over the V-row / 448, as
+// rc_store_row: a second pass over the stored row, after its maximum is known).
+// The column map: D's n-tile 4 a + b, column n, is the tile's column 32 a + 8 (n >> 1) + 2 b + (n & 1), so lane (gid,
+// tig) holds columns 32 a + 8 tig .. + 7 of rows gid and gid + 8 (16-byte runs of a bf16 row, two of an fp32 one) and
+// B's lane (column n = gid) reads 8 columns of a record at 32 a + 8 (gid >> 1), taking those of its parity.
+// tsrc, tdst: the warp's first row of the checkpoint (the same rows: each run is read before it is written); wrow,
+// urow: the warp's rows of wsm (BC_ apart) and uasm (u_t, 0 without the token); base_k: the key head's CAP_ records;
+// eG1: GDN's e^{G_f}; gf: KDA's G_f per column (null: 0); kraw, sk: the token's raw key and 1 / |k|; rdst, sdst: the
+// warp's first row of the read copy and of its scales (HAS_RC).
+__device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const float* wrow, const float* urow,
+                                         const KR_T* __restrict__ base_k, int h_old, float eG1,
                                          const float* __restrict__ gf, const X_T* __restrict__ kraw, float sk,
-                                         int lane) {
-    constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value);  // (KDA's w_j: the records' u_j as stored)
+                                         RC_T* rdst, float* sdst, int lane) {
+    constexpr bool BF16_ST = sizeof(ST_T) == 2;
+    constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value);  // (bf16: KDA's w_j, the records' u_j as stored)
     constexpr bool BF16_K = is_bf16_t<KR_T>::value;                // (the keys' words loaded as they are)
-    constexpr bool RAW_B = !IS_KDA && BF16_K;                      // (GDN's keys as stored: B without a low part)
+    constexpr bool RAW_B = BF16_ST && !IS_KDA && BF16_K;           // (bf16: GDN's keys as stored, no low part)
     const int gid = lane >> 2, tig = lane & 3, odd = gid & 1;
-    // A: rows gid (a0, a2) and gid + 8 (a1, a3); records 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9 (a2, a3)
-    uint32_t ah[4], al[4];
+    // A. bf16: rows gid (a0, a2) and gid + 8 (a1, a3); records 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9
+    // (a2, a3). tf32, step ks: records 8 ks + tig (a0, a1) and 8 ks + tig + 4 (a2, a3)
+    uint32_t ah[2][4], al[2][4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-        const int row = gid + 8 * (r & 1), j = 2 * tig + 8 * (r >> 1);
-        const float x = j < CAP_ ? wrow[row * BC_ + j] : 0.0f, y = j + 1 < CAP_ ? wrow[row * BC_ + j + 1] : 0.0f;
-        split2(x, y, ah[r], al[r]);
+        const int row = gid + 8 * (r & 1);
+        if constexpr (BF16_ST) {
+            const int j = 2 * tig + 8 * (r >> 1);
+            const float x = j < CAP_ ? wrow[row * BC_ + j] : 0.0f, y = j + 1 < CAP_ ? wrow[row * BC_ + j + 1] : 0.0f;
+            split2(x, y, ah[0][r], al[0][r]);
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int j = 8 * ks + tig + 4 * (r >> 1);
+                split_tf32(j < CAP_ ? wrow[row * BC_ + j] : 0.0f, ah[ks][r], al[ks][r]);
+            }
+        }
     }
     const float ut0 = urow[gid], ut1 = urow[gid + 8];
+    float am0 = 0.0f, am1 = 0.0f;  // (an fp8 copy: the rows' largest |value|, this lane's columns)
 #pragma unroll 1
     for (int a = 0; a < 4; ++a) {  // (rolled: one run's values live at a time)
         // D: this lane's run of rows gid and gid + 8 (columns cc .. cc + 7), decayed, plus the token's term
         const int cc = 32 * a + 8 * tig, cb = 32 * a + 8 * (gid >> 1);
-        const uint4 t0 = __ldg(reinterpret_cast<const uint4*>(tsrc + gid * K_ + cc));
-        const uint4 t1 = __ldg(reinterpret_cast<const uint4*>(tsrc + (gid + 8) * K_ + cc));
-        float kt[8];
+        float c0[8], c1[8], kt[8];
+        load8(tsrc + gid * K_ + cc, c0);
+        load8(tsrc + (gid + 8) * K_ + cc, c1);
         load8(kraw + cc, kt);
-        // B's records 2 tig + (e & 1) + 8 (e >> 1) at columns cb .. cb + 7; 0 past h (a stale record may hold
-        // anything, NaN included)
+        // B's records at columns cb .. cb + 7 (bf16: 2 tig + (e & 1) + 8 (e >> 1); tf32: tig + 4 e), 0 past h (a
+        // stale record may hold anything, NaN included)
         float kf[4][8];
         uint4 kw[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int j = 2 * tig + (e & 1) + 8 * (e >> 1);
+            const int j = BF16_ST ? 2 * tig + (e & 1) + 8 * (e >> 1) : tig + 4 * e;
             const bool live = j < CAP_ && j < h_old;
             if constexpr (BF16_K) {
                 kw[e] = live ? __ldg(reinterpret_cast<const uint4*>(base_k + j * K_ + cb)) : make_uint4(0u, 0u, 0u, 0u);
@@ -1046,21 +1120,15 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
                 const float eg = eG1;
 #endif
                 const float k = kt[e] * sk;
-                const uint32_t w0 = word_of(t0, b), w1 = word_of(t1, b);
-                d[b][c] = __uint_as_float(c ? (w0 & 0xffff0000u) : (w0 << 16)) * eg + ut0 * k;
-                d[b][2 + c] = __uint_as_float(c ? (w1 & 0xffff0000u) : (w1 << 16)) * eg + ut1 * k;
+                d[b][c] = c0[e] * eg + ut0 * k;
+                d[b][2 + c] = c1[e] * eg + ut1 * k;
             }
-            uint32_t bh0, bl0 = 0u, bh1, bl1 = 0u;  // (b0: records 2 tig, 2 tig + 1; b1: 2 tig + 8, 2 tig + 9)
-            if constexpr (RAW_B) {
-                const uint32_t sel = odd ? 0x7632u : 0x5410u;  // (the high or low halves of the two words)
-                bh0 = __byte_perm(word_of(kw[0], b), word_of(kw[1], b), sel);
-                bh1 = __byte_perm(word_of(kw[2], b), word_of(kw[3], b), sel);
-            } else {
-                float v[4];
+            float v[4];  // (this lane's B values at column cb + 2 b + odd, records as above)
+            if constexpr (!RAW_B) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     if constexpr (BF16_K) {  // (this lane's half of word b: the column of its parity)
-                        const uint32_t w = word_of(kw[e], b);
+                        const uint32_t w = u4_word(kw[e], b);
                         v[e] = __uint_as_float(odd ? (w & 0xffff0000u) : (w << 16));
                     } else {
                         v[e] = odd ? kf[e][2 * b + 1] : kf[e][2 * b];
@@ -1071,19 +1139,89 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
 #pragma unroll
                 for (int e = 0; e < 4; ++e) v[e] = (v[e] * eh) * eh;
 #endif
+            }
+            if constexpr (RAW_B) {
+                const uint32_t sel = odd ? 0x7632u : 0x5410u;  // (the high or low halves of the two words)
+                const uint32_t bh0 = __byte_perm(u4_word(kw[0], b), u4_word(kw[1], b), sel);
+                const uint32_t bh1 = __byte_perm(u4_word(kw[2], b), u4_word(kw[3], b), sel);
+                fold_mma_bf16(d[b], ah[0], bh0, bh1, lane);
+                fold_mma_bf16(d[b], al[0], bh0, bh1, lane);
+            } else if constexpr (BF16_ST) {
+                uint32_t bh0, bl0, bh1, bl1;  // (b0: records 2 tig, 2 tig + 1; b1: 2 tig + 8, 2 tig + 9)
                 split2(v[0], v[1], bh0, bl0);
                 split2(v[2], v[3], bh1, bl1);
+                fold_mma_bf16(d[b], ah[0], bh0, bh1, lane);
+                if (A_SPLIT) fold_mma_bf16(d[b], al[0], bh0, bh1, lane);
+                fold_mma_bf16(d[b], ah[0], bl0, bl1, lane);
+            } else {
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    if (8 * ks >= CAP_) break;
+                    uint32_t bh0, bl0, bh1, bl1;  // (b0: record 8 ks + tig; b1: 8 ks + tig + 4)
+                    split_tf32(v[2 * ks], bh0, bl0);
+                    split_tf32(v[2 * ks + 1], bh1, bl1);
+                    fold_mma_tf32(d[b], ah[ks], bh0, bh1, lane);
+                    fold_mma_tf32(d[b], al[ks], bh0, bh1, lane);
+                    fold_mma_tf32(d[b], ah[ks], bl0, bl1, lane);
+                }
             }
-            mma_16816(d[b], ah, bh0, bh1, lane);
-            if (A_SPLIT) mma_16816(d[b], al, bh0, bh1, lane);
-            if (!RAW_B) mma_16816(d[b], ah, bl0, bl1, lane);
         }
-        // the two runs back, rounded to nearest
-        *reinterpret_cast<uint4*>(tdst + gid * K_ + cc) = make_uint4(
-            bf16x2(d[0][0], d[0][1]), bf16x2(d[1][0], d[1][1]), bf16x2(d[2][0], d[2][1]), bf16x2(d[3][0], d[3][1]));
-        *reinterpret_cast<uint4*>(tdst + (gid + 8) * K_ + cc) = make_uint4(
-            bf16x2(d[0][2], d[0][3]), bf16x2(d[1][2], d[1][3]), bf16x2(d[2][2], d[2][3]), bf16x2(d[3][2], d[3][3]));
+        // the two runs back (bf16: rounded to nearest), and the read copy's
+        if constexpr (BF16_ST) {
+            *reinterpret_cast<uint4*>(tdst + gid * K_ + cc) = make_uint4(
+                bf16x2(d[0][0], d[0][1]), bf16x2(d[1][0], d[1][1]), bf16x2(d[2][0], d[2][1]), bf16x2(d[3][0], d[3][1]));
+            *reinterpret_cast<uint4*>(tdst + (gid + 8) * K_ + cc) = make_uint4(
+                bf16x2(d[0][2], d[0][3]), bf16x2(d[1][2], d[1][3]), bf16x2(d[2][2], d[2][3]), bf16x2(d[3][2], d[3][3]));
+        } else {
+            float* t0 = reinterpret_cast<float*>(tdst + gid * K_ + cc);
+            float* t1 = reinterpret_cast<float*>(tdst + (gid + 8) * K_ + cc);
+            *reinterpret_cast<float4*>(t0) = make_float4(d[0][0], d[0][1], d[1][0], d[1][1]);
+            *reinterpret_cast<float4*>(t0 + 4) = make_float4(d[2][0], d[2][1], d[3][0], d[3][1]);
+            *reinterpret_cast<float4*>(t1) = make_float4(d[0][2], d[0][3], d[1][2], d[1][3]);
+            *reinterpret_cast<float4*>(t1 + 4) = make_float4(d[2][2], d[2][3], d[3][2], d[3][3]);
+#if HAS_RC && !RC_FP8
+            *reinterpret_cast<uint4*>(rdst + gid * K_ + cc) = make_uint4(
+                bf16x2(d[0][0], d[0][1]), bf16x2(d[1][0], d[1][1]), bf16x2(d[2][0], d[2][1]), bf16x2(d[3][0], d[3][1]));
+            *reinterpret_cast<uint4*>(rdst + (gid + 8) * K_ + cc) = make_uint4(
+                bf16x2(d[0][2], d[0][3]), bf16x2(d[1][2], d[1][3]), bf16x2(d[2][2], d[2][3]), bf16x2(d[3][2], d[3][3]));
+#elif HAS_RC
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                am0 = fmaxf(am0, fmaxf(fabsf(d[b][0]), fabsf(d[b][1])));
+                am1 = fmaxf(am1, fmaxf(fabsf(d[b][2]), fabsf(d[b][3])));
+            }
+#endif
+        }
     }
+#if HAS_RC && RC_FP8
+    // the fp8 copy: each V-row's scale from its largest |value| (the row's 4 lanes: tig 0-3), then its codes from the
+    // values just stored (this lane's own stores, read back)
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        am0 = fmaxf(am0, __shfl_xor_sync(0xffffffffu, am0, o));
+        am1 = fmaxf(am1, __shfl_xor_sync(0xffffffffu, am1, o));
+    }
+    const float sc0 = am0 == 0.0f ? 1.0f : am0 / 448.0f, sc1 = am1 == 0.0f ? 1.0f : am1 / 448.0f;
+#pragma unroll 1
+    for (int a = 0; a < 4; ++a) {
+        const int cc = 32 * a + 8 * tig;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float* t = reinterpret_cast<const float*>(tdst + (gid + 8 * h) * K_ + cc);
+            const float4 x = *reinterpret_cast<const float4*>(t), y = *reinterpret_cast<const float4*>(t + 4);
+            const float s = h ? sc1 : sc0;
+            *reinterpret_cast<uint2*>(rdst + (gid + 8 * h) * K_ + cc) = make_uint2(
+                f2_to_e4m3x2(x.x / s, x.y / s) | (f2_to_e4m3x2(x.z / s, x.w / s) << 16),
+                f2_to_e4m3x2(y.x / s, y.y / s) | (f2_to_e4m3x2(y.z / s, y.w / s) << 16));
+        }
+    }
+    if (tig == 0) {
+        sdst[gid] = sc0;
+        sdst[gid + 8] = sc1;
+    }
+#else
+    (void)am0, (void)am1, (void)rdst, (void)sdst;
+#endif
 }
 #endif
 
@@ -1623,9 +1761,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
             const float* gf = nullptr;
 #endif
+#if HAS_RC
+            RC_T* rdst = rc + (rrow * HV_ + hv) * static_cast<long long>(V_) * K_ + wrow * K_;
+            float* sdst = RC_FP8 ? rc_scale + (rrow * HV_ + hv) * V_ + wrow : nullptr;  // (bf16: no scales)
+#else
+            RC_T* rdst = nullptr;
+            float* sdst = nullptr;
+#endif
             fold_mma(src + wrow * K_, state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_,
                      wsm + warp * RPW * BC_, uasm + warp * RPW, base_k - 4 * lane, h_old, eG.x, gf,
-                     px + H_ * K_ + i_h * K_, sk_t, lane);
+                     px + H_ * K_ + i_h * K_, sk_t, rdst, sdst, lane);
             (void)kn;
             (void)eh;
 #else

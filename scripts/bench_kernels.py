@@ -676,8 +676,9 @@ def main():
                     "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update); "
                     "'rcr16' = the fp8 copy's default CUDA shape and the plain one with fp32 and with bf16 records "
                     "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states); 'mmaf' = "
-                    "the bf16 states' fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape> for the default, "
-                    "ST_MMA's m7 / m8 and MMA_FOLD's, and ST_MMA without folds, round-robin medians; B >= 128)")
+                    "the fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape>; bf16 states: the default, ST_MMA's "
+                    "m7 / m8 and their _mf; fp32 states: the default and its _mf; the first CUDA-core shape without "
+                    "folds; round-robin medians; B >= 128)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
     ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
@@ -1237,22 +1238,34 @@ def main():
                             arms[f"v3_rc_fp8_sl_cu_{name}_{rtag}"] = arm_ours(
                                 c, rec, impl="v3", read_dtype="fp8_e4m3", **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=_pre_for(name)))
-                if v3 and "mmaf" in variants and B >= 128 and sdt == "bfloat16":
-                    # the fold on the tensor cores (gdn_main.cu's MMA_FOLD, rc_lean 3; session 43) against ST_MMA's
-                    # CUDA-core fold (the same dots) and the bf16 state's default, the CUDA pre launch beside each, the
-                    # server's records; ST_MMA without its folds (_nofold, wrong results) is what the fold can give at
-                    # most; then all four round-robin, medians
+                if v3 and "mmaf" in variants and B >= 128:
+                    # the fold on the tensor cores (gdn_main.cu's MMA_FOLD, mma_fold 1; session 43) against the
+                    # CUDA-core fold of the same shape, the server's records, the CUDA pre launch beside each where the
+                    # server takes it: a bf16 state's default, ST_MMA's m7 and m8 and their _mf; an fp32 state's
+                    # default and its _mf; the first CUDA-core shape without its folds (_nofold, wrong results) is what
+                    # the fold can give at most; then all of them round-robin, medians
                     from replayssm_sglang.kernels import cuda_main as _cm_f
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    mm = (_cm_f.XL_BF16_MMA_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_CONFIGS)[1:]
-                    mf = _cm_f.XL_BF16_MMAF_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMAF_CONFIGS
-                    f_names = [_cm_f.config_name(_cm_f.default_config(torch.bfloat16, kind)), *mm, *mf]
-                    base = dict(main_impl="cuda", pre_impl="cuda")
-                    f_arms = {f"v3_mf_{n}": arm_ours(c, torch.bfloat16, impl="v3", **srv, v3_opts=dict(base, cuda_config=n))
+
+                    def _pre_for(name):  # (the server's pre launch; a tensor-core shape's operand: the CUDA one's)
+                        tc = _cm_f.tensor_core_shape(_cm_f.CUDA_CONFIGS[name])
+                        return "cuda" if tc or kind in _cm_f.PRE_AUTO_KINDS else "triton"
+                    if sdt == "bfloat16":
+                        mm = (_cm_f.XL_BF16_MMA_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_CONFIGS)[1:]
+                        mf = _cm_f.XL_BF16_MMA_MF_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_MF_CONFIGS
+                        f_names = [_cm_f.config_name(_cm_f.default_config(torch.bfloat16, kind)), *mm, *mf]
+                        nofold = mm[0]
+                    else:
+                        f_names = list(_cm_f.XL_FP32_MF_CONFIGS[kind])
+                        nofold = f_names[0]
+                    f_arms = {f"v3_mf_{n}": arm_ours(c, DT[sdt], impl="v3", **srv,
+                                                     v3_opts=dict(main_impl="cuda", cuda_config=n, pre_impl=_pre_for(n)))
                               for n in f_names}
-                    f_arms[f"v3_mf_{mm[0]}_nofold"] = arm_ours(c, torch.bfloat16, impl="v3", **srv,  # (cubin prebuilt)
-                                                              v3_opts=dict(base, cuda_config=mm[0], _diag_parts="nofold"))
+                    f_arms[f"v3_mf_{nofold}_nofold"] = arm_ours(c, DT[sdt], impl="v3", **srv,  # (its cubin prebuilt)
+                                                               v3_opts=dict(main_impl="cuda", cuda_config=nofold,
+                                                                            pre_impl=_pre_for(nofold),
+                                                                            _diag_parts="nofold"))
                     arms.update(f_arms)
                     per = round_robin(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf")
                     meta.setdefault("mmaf_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
@@ -1270,12 +1283,12 @@ def main():
                     # defaults g8w4_gp / g8w4_m7_gp beside its XL shapes, session 34's next runs)
                     if kind == "kda":
                         names = (("g8w4_m7_gp",) + _cm.XL_KDA_BF16_CONFIGS + _cm.XL_KDA_BF16_MMA_CONFIGS
-                                 + _cm.XL_KDA_BF16_MMAF_CONFIGS if sdt == "bfloat16"
+                                 + _cm.XL_KDA_BF16_MMA_MF_CONFIGS if sdt == "bfloat16"
                                  else ("g8w4_gp",) + _cm.XL_KDA_FP32_CONFIGS)
                     else:
                         # (a bf16 checkpoint: ST_MMA's shapes too, session 42, the tile's dots on the tensor cores)
                         names = (("g8w4_m8_late",) + _cm.XL_BF16_CONFIGS + _cm.XL_BF16_MMA_CONFIGS
-                                 + _cm.XL_BF16_MMAF_CONFIGS if sdt == "bfloat16" else ("g8w4",) + _cm.XL_FP32_CONFIGS)
+                                 + _cm.XL_BF16_MMA_MF_CONFIGS if sdt == "bfloat16" else ("g8w4",) + _cm.XL_FP32_CONFIGS)
                     base = dict(main_impl="cuda", pre_impl="cuda")
                     arms["v3_sl_cu_cpre"] = arm_ours(c, rec, impl="v3", **srv, v3_opts=base)
                     for name in names:

@@ -39,10 +39,10 @@ def combos():
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
     # (and ST_MMA's shapes, session 42: rc_lean 2 without a copy)
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16)
-               for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS + cm.XL_BF16_MMAF_CONFIGS]
+               for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS + cm.XL_BF16_MMA_MF_CONFIGS]
     server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16)
                for n in ("g8w4_m8_late",) + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS
-               + cm.XL_BF16_MMAF_CONFIGS]  # (xl: bf16 records; MMA_FOLD's, session 43)
+               + cm.XL_BF16_MMA_MF_CONFIGS]  # (xl: bf16 records; MMA_FOLD's, session 43)
     # --variants xl's diagnostics: the shapes before XL and GDN's defaults (x16w4c1_m5) of each state type, bf16 records
     # beside a bf16 state
     server += [(cm.CUDA_CONFIGS[n], True, d, F32, F32) for n in ("g8w4", "x16w4c1_m5") for d in (1, 2)]
@@ -59,20 +59,21 @@ def combos():
     server += [(cm.CUDA_CONFIGS[cm.XL_KDA_BF16_MMA_CONFIGS[1]], True, d, BF16, BF16, "kda") for d in (1, 2)]
     # KDA in the XL layout (--variants xl): the shapes with the server's records, the first one's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.XL_KDA_FP32_CONFIGS]
+    server += [(cm.CUDA_CONFIGS["x16w4c1_m4_gp_mf"], True, 0, F32, F32, "kda")]  # (MMA_FOLD's, session 43)
     server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16, "kda")
                for n in ("g8w4_m7_gp",) + cm.XL_KDA_BF16_CONFIGS + cm.XL_KDA_BF16_MMA_CONFIGS
-               + cm.XL_KDA_BF16_MMAF_CONFIGS]  # (ST_MMA's: session 42; MMA_FOLD's: 43)
+               + cm.XL_KDA_BF16_MMA_MF_CONFIGS]  # (ST_MMA's: session 42; MMA_FOLD's: 43)
     server += [(cm.CUDA_CONFIGS[n], True, d, r, s, "kda") for n, r, s in (("g8w4_gp", F32, F32), ("x16w4c1_m5_gp", F32, F32),
                                                                        ("g8w4_m7_gp", BF16, BF16),
                                                                        ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cfg)
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
-                              kind=kind, rc_lean=lean))
+                              kind=kind, rc_lean=lean, mma_fold=mf))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
     from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_MAIN_SLOW_CASES,
                                      CUDA_PRE_CASES, CUDA_PRE_KDA_CASES)
@@ -88,26 +89,26 @@ def combos():
     cases += [(cm.CUDA_CONFIGS[c], "float32", "bfloat16", True, False, getattr(torch, sdt))
               for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "gdn"]
     for cfg, rec, qkv, ri, hr, sdt in cases:
-        rpw, nw, lr, mb, late, _, xl, nch, lean = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, _, xl, nch, lean, mf = cm.full_config(cfg)
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, xl=xl, nch=nch,
                               has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
-                              state_dtype=sdt, rc_lean=lean))
+                              state_dtype=sdt, rc_lean=lean, mma_fold=mf))
     kda_cases = list(CUDA_MAIN_KDA_CASES) + [
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES] + [
         (c, sdt, "float32", "bfloat16", True, None, None) for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "kda"]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
         out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt, xl=xl,
                               nch=nch, has_h_rows=False,
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",
-                              lower_bound=lb is not None, rc_lean=lean))
+                              lower_bound=lb is not None, rc_lean=lean, mma_fold=mf))
     # issue 7's read copies read by the CUDA main launch (session 36): test_gpu_real_shapes_cuda_main_read_copy (the
     # harness's arguments, as above) and bench_kernels.py --variants rccu (the server's)
     from test_decode_kernels import CUDA_MAIN_RC_CASES
@@ -115,13 +116,13 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32):  # (io: a, b, the output's;
-        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
                           alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
-                          self_pre=self_pre, rc_lean=lean)
+                          self_pre=self_pre, rc_lean=lean, mma_fold=mf)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -145,7 +146,7 @@ def combos():
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean = cm.full_config(cm.CUDA_CONFIGS[c])
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,

@@ -141,8 +141,11 @@ ARMS = {
     "ours_bf16_cu_policy": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     # a bf16 state with its tile's dots on the tensor cores (gdn_main.cu's ST_MMA, session 42; GDN and KDA, window 16)
     "ours_bf16_mma": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
-    # and with the fold on the tensor cores too (gdn_main.cu's MMA_FOLD, session 43; GDN and KDA, window 16)
-    "ours_bf16_mmaf": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    # and with the fold on the tensor cores too (gdn_main.cu's MMA_FOLD, session 43; GDN and KDA, window 16); the fp32
+    # state's and the fp8 copy's defaults with it
+    "ours_bf16_mf": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    "ours_mf": ["--enable-linear-replayssm"],
+    "ours_rc_fp8_mf": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # KDA's fp8 copy in the rc_lean shape, and with its dots on the tensor cores (session 42; kernel benchmark at
     # B = 256, kernels-20261205-0141: 129.5 and 125.3 us against the default x16w4c1_m4_gp's 151.5)
     "ours_rc_fp8_klean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
@@ -179,9 +182,12 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_bf16_mma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
                              "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma",
                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma"},
-           "ours_bf16_mmaf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
-                              "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mmaf",
-                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mmaf"},
+           "ours_bf16_mf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
+                            "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma_mf",
+                            "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_mma_mf"},
+           "ours_mf": {"REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5_mf", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp_mf"},
+           "ours_rc_fp8_mf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean_mf",
+                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma_mf"},
            "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},
            "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"},
            "ours_rc_fp8_km4": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"}}

@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="x16w4c1_m7_lean,x16w4c1_m7_lean_mma,x16w4c1_m8_lean_mma")
     ap.add_argument("--rc", default="fp8_e4m3", choices=sorted(RC))
     ap.add_argument("--kind", default="gdn", choices=("gdn", "kda"))
+    ap.add_argument("--state", default="auto", choices=("auto", "fp32", "bf16"),
+                    help="the checkpoint's type: auto (bf16 with --rc none, the server's bf16-state build; else fp32)")
     ap.add_argument("--rec", default="server", choices=("server", "fp32", "bf16"),
                     help="the ring records' type: server (the server's: the state's, so bf16 with --rc none; session "
                     "42's counts took fp32), fp32 or bf16")
@@ -109,7 +111,8 @@ def main() -> None:
         print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | {path} | {path}'s top opcodes |")
         print("|---|---|---|---|---|")
         for name in args.shapes.split(","):
-            state_dtype = torch.bfloat16 if args.rc == "none" else torch.float32
+            state_dtype = ({"fp32": torch.float32, "bf16": torch.bfloat16}[args.state] if args.state != "auto"
+                           else torch.bfloat16 if args.rc == "none" else torch.float32)
             rec = state_dtype if args.rec == "server" else getattr(torch, {"fp32": "float32"}.get(args.rec, "bfloat16"))
             d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc], kind=args.kind,
                                   state_dtype=state_dtype, rec_dtype=rec)

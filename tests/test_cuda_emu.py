@@ -22,7 +22,10 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
              ("gdn", "g8w4", "float32", "fast"), ("kda", "g8w4_gp", "float32", "slow"),
              ("kda", "x16w4c1_m4_gp", "float32", "slow"), ("kda", "x16w4c1_m5_gp", "float32", "fast"),
              ("kda", "x16w4c1_m6_gp", "bfloat16", "slow"),
-             ("kda", "g8w4_m7_gp", "bfloat16", "fast")]
+             ("kda", "g8w4_m7_gp", "bfloat16", "fast"),
+             # the fold on the tensor cores for an fp32 checkpoint (MMA_FOLD's 3xTF32, session 43)
+             ("gdn", "x16w4c1_m5_mf", "float32", "slow"), ("gdn", "x16w4c1_m5_mf", "float32", "fast"),
+             ("kda", "x16w4c1_m4_gp_mf", "float32", "slow")]
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
@@ -152,7 +155,12 @@ RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", {}, "triton"), ("gdn", "x16w4c1_m5
             ("gdn", "x16w4c1_m6_lean_mma", "bf16", dict(H=2, HV=4, V=128), "cuda"),
             # and KDA's (session 42: the operand per value head with e^{G_t} per column, from KDA's CUDA pre launch)
             ("kda", "x16w4c1_m6_gp_lean_mma", "fp8_e4m3", {}, "cuda"),
-            ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", {}, "cuda")]
+            ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", {}, "cuda"),
+            # the fold on the tensor cores (MMA_FOLD, session 43): 3xTF32 into the fp32 checkpoint, the copy from the same
+            # values (fp8: a second pass for each V-row's scale)
+            ("gdn", "x16w4c1_m7_lean_mf", "fp8_e4m3", dict(H=2, HV=4, V=128), "cuda"),
+            ("gdn", "x16w4c1_m8_lean_mma_mf", "bf16", {}, "cuda"),
+            ("kda", "x16w4c1_m7_gp_lean_mma_mf", "fp8_e4m3", {}, "cuda")]
 
 
 @pytest.mark.parametrize("kind,cfg,read_dtype,shape,pre_impl", RC_CASES, ids=str)
@@ -206,11 +214,11 @@ ST_MMA_CASES = [("gdn", "x16w4c1_m8_mma", "fast", {}), ("gdn", "x16w4c1_m7_mma",
                 ("kda", "x16w4c1_m7_gp_mma", "fast", {}), ("kda", "x16w4c1_m8_gp_mma", "slow", dict(V=128)),
                 # and with the fold on the tensor cores too (MMA_FOLD, rc_lean 3; session 43): bf16 records (the
                 # server's for a bf16 state: GDN's keys straight into B, KDA's u_j straight into A) and fp32 ones (split)
-                ("gdn", "x16w4c1_m8_mmaf", "fast", dict(rec_dtype=torch.bfloat16)),
-                ("gdn", "x16w4c1_m7_mmaf", "slow", dict(H=2, HV=4, V=128)),
-                ("gdn", "x16w4c1_m7_mmaf", "slow", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
-                ("kda", "x16w4c1_m7_gp_mmaf", "fast", dict(rec_dtype=torch.bfloat16)),
-                ("kda", "x16w4c1_m8_gp_mmaf", "slow", dict(V=128))]
+                ("gdn", "x16w4c1_m8_mma_mf", "fast", dict(rec_dtype=torch.bfloat16)),
+                ("gdn", "x16w4c1_m7_mma_mf", "slow", dict(H=2, HV=4, V=128)),
+                ("gdn", "x16w4c1_m7_mma_mf", "slow", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+                ("kda", "x16w4c1_m7_gp_mma_mf", "fast", dict(rec_dtype=torch.bfloat16)),
+                ("kda", "x16w4c1_m8_gp_mma_mf", "slow", dict(V=128))]
 
 
 @pytest.mark.parametrize("kind,cfg,decay,shape", ST_MMA_CASES, ids=str)
@@ -321,49 +329,57 @@ def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype,
     assert len(calls) == 14, "every step: the CUDA main launch"
 
 
-# gdn_main.cu's MMA_FOLD (session 43): ST_MMA with a folding warp's fold on the tensor cores too (rc_lean 3). Against
-# ST_MMA's CUDA-core fold from the same checkpoint and ring, step by step: the outputs and records are the same code's
-# (bit-identical), the checkpoints the folds write differ by the bf16 roundings that a ~1e-7 change of the unrounded
-# sum flips
-# (bf16 records, the server's for a bf16 state)
-MMAF_PAIRS = {"gdn": ("x16w4c1_m8_mma", "x16w4c1_m8_mmaf", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
-              "kda": ("x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mmaf", dict(V=128, rec_dtype=torch.bfloat16))}
-MMAF_TOL = 3e-4  # (rms ratio of the folded heads' checkpoints: 7-9e-5 here; without a split's low part 1.4-1.5e-3)
+# gdn_main.cu's MMA_FOLD (session 43): a folding warp's fold on the tensor cores (the tenth config field, "_mf"
+# shapes). Against the CUDA-core fold of the same shape from the same checkpoint and ring, step by step: the outputs and
+# records are the same code's (bit-identical), the checkpoints the folds write differ by the split products' ~2^-17
+# (bf16: the bf16 roundings that flips) or ~2^-20 (fp32, 3xTF32). Bf16 states with the server's bf16 records; the fp32
+# default; the fp8 copy's default (its copy written from the same values, checked beside)
+MMAF_PAIRS = {"gdn": ("x16w4c1_m8_mma", "x16w4c1_m8_mma_mf", "bfloat16", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+              "kda": ("x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mma_mf", "bfloat16", dict(V=128, rec_dtype=torch.bfloat16)),
+              "gdn32": ("x16w4c1_m5", "x16w4c1_m5_mf", "float32", dict(H=2, HV=4, V=128)),
+              "kda32": ("x16w4c1_m4_gp", "x16w4c1_m4_gp_mf", "float32", dict(V=128)),
+              "gdn8": ("x16w4c1_m7_lean", "x16w4c1_m7_lean_mf", "float32", dict(H=2, HV=4, V=128,
+                                                                              read_dtype="fp8_e4m3"))}
+# (rms ratio of the folded heads' checkpoints. bf16: 4-8e-5 here, 1.3-1.8e-3 without a split's low part; fp32: ~1e-7)
+MMAF_TOL = {"bfloat16": 3e-4, "float32": 5e-6}
 
 
-def _mma_fold_against_cuda_cores(monkeypatch, kind="gdn", steps=8, decay="slow"):
+def _mma_fold_against_cuda_cores(monkeypatch, pair="gdn", steps=8, decay="slow"):
     from test_decode_kernels import tensor_core_dots_against_cuda_cores
 
-    cuda_cores, tensor_cores, shape = MMAF_PAIRS[kind]
+    cuda_cores, tensor_cores, sdt, shape = MMAF_PAIRS[pair]
+    kind = pair[:3]
 
     def make(cfg):
-        return _emu_harness(kind, cfg, "bfloat16", decay, monkeypatch, pre_impl="cuda", seed=17, **shape)[0]
+        return _emu_harness(kind, cfg, sdt, decay, monkeypatch, pre_impl="cuda", seed=17, **shape)[0]
 
     return tensor_core_dots_against_cuda_cores(monkeypatch, make, cuda_cores, tensor_cores, steps, with_state=True)
 
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_mma_fold_matches_the_cuda_core_fold(kind, monkeypatch):
+@pytest.mark.parametrize("pair", list(MMAF_PAIRS))
+def test_mma_fold_matches_the_cuda_core_fold(pair, monkeypatch):
     """MMA_FOLD's checkpoints within MMAF_TOL (rms ratio) of the CUDA-core fold's over 8 steps with folds; outputs and
     records bit-identical (the same dots)."""
-    worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, kind)
-    print(f"MMA_FOLD against the CUDA-core fold ({kind}): checkpoints {worst_s:.2e}, outputs {worst_o:.1e}, "
+    worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, pair)
+    print(f"MMA_FOLD against the CUDA-core fold ({pair}): checkpoints {worst_s:.2e}, outputs {worst_o:.1e}, "
           f"records {worst_u:.1e}")
     assert worst_o == 0.0 and worst_u == 0.0, (worst_o, worst_u)
-    assert worst_s < MMAF_TOL, worst_s
+    assert worst_s < MMAF_TOL[MMAF_PAIRS[pair][2]], worst_s
 
 
-@pytest.mark.parametrize("kind,old,new", [
-    ("gdn", "            if (A_SPLIT) mma_16816(d[b], al, bh0, bh1, lane);", ""),  # GDN's w_j without its low part
-    ("kda", "            if (!RAW_B) mma_16816(d[b], ah, bl0, bl1, lane);", ""),  # KDA's scaled keys without theirs
-    ("gdn", "            const float k = kt[e] * sk;", "            const float k = 0.0f * kt[e] * sk;")])  # no token
-def test_mma_fold_check_can_fail(kind, old, new, monkeypatch, tmp_path):
+@pytest.mark.parametrize("pair,old,new", [
+    ("gdn", "                fold_mma_bf16(d[b], al[0], bh0, bh1, lane);", ""),  # GDN's w_j without its low part
+    ("kda", "                fold_mma_bf16(d[b], ah[0], bl0, bl1, lane);", ""),  # KDA's scaled keys without theirs
+    ("gdn", "                const float k = kt[e] * sk;", "                const float k = 0.0f * kt[e] * sk;"),  # token
+    ("gdn32", "                    fold_mma_tf32(d[b], al[ks], bh0, bh1, lane);", ""),  # tf32: W's low part
+    ("kda32", "                    fold_mma_tf32(d[b], ah[ks], bl0, bl1, lane);", "")])  # tf32: the keys' low part
+def test_mma_fold_check_can_fail(pair, old, new, monkeypatch, tmp_path):
     """The comparison above fails when the fold loses a split's low part or the token's term."""
     _emulate_mutated(monkeypatch, tmp_path, old, new)
     try:
-        worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, kind, steps=4)
+        worst_o, worst_u, worst_s = _mma_fold_against_cuda_cores(monkeypatch, pair, steps=4)
     except AssertionError as e:  # (the harness's float64 check may fail first)
         assert "rms ratio" in str(e), e
         return
-    print(f"mutated ({kind}): checkpoints {worst_s:.2e}")
-    assert worst_s > MMAF_TOL, worst_s
+    print(f"mutated ({pair}): checkpoints {worst_s:.2e}")
+    assert worst_s > MMAF_TOL[MMAF_PAIRS[pair][2]], worst_s

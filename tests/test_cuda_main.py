@@ -173,8 +173,9 @@ def test_read_copy_builds_compile(name, kind, rc_dtype):
 
 
 _LEAN = [(n, cuda_main.full_config(c)[8]) for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[8]
-         in (1, 2) and n not in cuda_main.XL_BF16_MMA_CONFIGS + cuda_main.XL_KDA_BF16_MMA_CONFIGS]  # (the same tuples
-# as the _lean_mma ones, named for ST_MMA; rc_lean 3, MMA_FOLD, has no copy)
+         and not cuda_main.full_config(c)[9] and n not in cuda_main.XL_BF16_MMA_CONFIGS
+         + cuda_main.XL_KDA_BF16_MMA_CONFIGS]  # (the same tuples as the _lean_mma ones, named for ST_MMA; MMA_FOLD's
+# "_mf" shapes: test_mma_fold_builds_compile)
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
@@ -210,45 +211,63 @@ def test_st_mma_builds_compile(name, kind, rec):
     assert res["spill_stores"] <= limit and res["spill_loads"] <= limit, res
 
 
+_MF = [n for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[9]]
+
+
 @pytest.mark.skipif(cuda_main.find_nvcc() is None, reason="no nvcc (scripts/setup-nvcc installs one)")
-@pytest.mark.parametrize("name,kind", [(n, "gdn") for n in cuda_main.XL_BF16_MMAF_CONFIGS]
-                         + [(n, "kda") for n in cuda_main.XL_KDA_BF16_MMAF_CONFIGS])
-@pytest.mark.parametrize("rec", [torch.float32, torch.bfloat16])
-def test_mma_fold_builds_compile(name, kind, rec):
-    """MMA_FOLD (session 43; rc_lean 3: ST_MMA with the fold on the tensor cores): within the cap, at most 64 bytes of
-    spill (the fold's: ptxas sm_90, the server's bf16 records, GDN and KDA 0 at 7 and 8 blocks per SM; fp32 records up to
-    40 bytes, KDA at 8); the MMA_FOLD macro only in these builds (the others' cubins keep their keys)."""
-    d = _server_defs(*cuda_main.CUDA_CONFIGS[name], rec, state_dtype=torch.bfloat16, kind=kind)
-    assert d.get("MMA_FOLD") == 1 and d.get("ST_MMA") == 1
+@pytest.mark.parametrize("name,rec,rc_dtype", [(n, r, None) for n in _MF if "_lean" not in n
+                                                for r in (torch.float32, torch.bfloat16)]
+                         + [(n, torch.float32, c) for n in _MF if "_lean" in n
+                            for c in (torch.float8_e4m3fn, torch.bfloat16)])
+def test_mma_fold_builds_compile(name, rec, rc_dtype):
+    """MMA_FOLD (session 43; mma_fold 1, the "_mf" shapes: the fold on the tensor cores): within the cap, at most 64
+    bytes of spill (the fold's; ptxas sm_90: the bf16 states with the server's bf16 records none, the read copies' up to
+    56 at 7-8 blocks per SM); the MMA_FOLD macro only in these builds (the others' cubins keep their keys)."""
+    kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
+    cfg = cuda_main.CUDA_CONFIGS[name]
+    lean = cuda_main.full_config(cfg)[8]
+    sdt = torch.bfloat16 if lean == 2 and "_lean" not in name else torch.float32  # (ST_MMA's: a bf16 checkpoint)
+    d = _server_defs(*cfg, rec, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype)
+    assert d.get("MMA_FOLD") == 1
     res = cuda_main.resources(d)
-    cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
+    cap = 65536 // (128 * cfg[3])
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
     assert res["spill_stores"] <= 64 and res["spill_loads"] <= 64, res
-    st_mma = name.replace("mmaf", "mma")
-    assert "MMA_FOLD" not in _server_defs(*cuda_main.CUDA_CONFIGS[st_mma], rec, state_dtype=torch.bfloat16, kind=kind)
+    base = next(n for n, c in cuda_main.CUDA_CONFIGS.items() if cuda_main.full_config(c)[:9] == cuda_main.full_config(
+        cfg)[:9] and not cuda_main.full_config(c)[9])  # (the same shape with the CUDA-core fold)
+    assert "MMA_FOLD" not in _server_defs(*cuda_main.CUDA_CONFIGS[base], rec, state_dtype=sdt, kind=kind,
+                                          rc_dtype=rc_dtype)
 
 
 def test_mma_fold_is_refused_where_it_cannot_run():
-    """rc_lean 3 (MMA_FOLD) is a bf16 checkpoint's without a read copy (ST_MMA) and one 16-deep product: a read copy,
-    a ring longer than 16 and an fp32 checkpoint are refused with why; it takes the CUDA pre launch's operand."""
+    """mma_fold (MMA_FOLD) is the XL layout's with 16 rows per warp and folds at most 16 records: a ring longer than 16,
+    another layout and self_pre are refused with why; with ST_MMA's dots an fp32 checkpoint is refused as ST_MMA's; with
+    a read copy, and for an fp32 checkpoint without one, it runs."""
     from replayssm_sglang import ring as ringmod
 
     st = torch.zeros(2, 2, 128, 128)
-    for kind, name in (("gdn", "x16w4c1_m8_mmaf"), ("kda", "x16w4c1_m7_gp_mmaf")):
+    for kind, name in (("gdn", "x16w4c1_m8_mma_mf"), ("kda", "x16w4c1_m7_gp_mma_mf")):
         cfg = cuda_main.CUDA_CONFIGS[name]
-        assert cuda_main.tensor_core_shape(cfg)
+        assert cuda_main.tensor_core_shape(cfg) and cuda_main.full_config(cfg)[9] == 1
         extra = dict(kda_keys="predecayed") if kind == "kda" else {}
         lay = ringmod.RingLayout.for_layer(kind, L=16, H=2, HV=2, K=128, V=128)
         ok = cuda_main.unavailable_reason(kind, st.bfloat16(), lay.allocate(2, **extra), None, 128, 128, *cfg)
         assert ok in (None, "it needs a CUDA GPU"), ok
         why = cuda_main.unavailable_reason(kind, st, lay.allocate(2, **extra), None, 128, 128, *cfg)  # fp32
         assert why is not None and "ST_MMA" in why and "bf16" in why
-        why = cuda_main.unavailable_reason(kind, st, lay.allocate(2, read_dtype="fp8_e4m3", **extra), None, 128, 128,
-                                           *cfg)
-        assert why is not None and "rc_lean 3" in why and "read copy" in why
         long = ringmod.RingLayout.for_layer(kind, L=32, H=2, HV=2, K=128, V=128)
         why = cuda_main.unavailable_reason(kind, st.bfloat16(), long.allocate(2, **extra), None, 128, 128, *cfg)
-        assert why is not None and "--linear-replayssm-cache-len" in why
+        assert why is not None and "--linear-replayssm-cache-len" in why and "mma_fold" in why
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=2, HV=2, K=128, V=128)
+    for name, rd in (("x16w4c1_m5_mf", "same"), ("x16w4c1_m7_lean_mf", "fp8_e4m3"), ("x16w4c1_m8_lean_mma_mf", "bf16")):
+        ok = cuda_main.unavailable_reason("gdn", st, lay.allocate(2, read_dtype=rd), None, 128, 128,
+                                          *cuda_main.CUDA_CONFIGS[name])
+        assert ok in (None, "it needs a CUDA GPU"), (name, ok)
+    g8 = cuda_main.full_config(cuda_main.CUDA_CONFIGS["x8w4c1"])[:9] + (1,)  # (8 rows per warp)
+    assert "mma_fold" in cuda_main.unavailable_reason("gdn", st, lay.allocate(2), None, 128, 128, *g8)
+    why = cuda_main.unavailable_reason("gdn", st, lay.allocate(2), None, 128, 128,
+                                       *cuda_main.CUDA_CONFIGS["x16w4c1_m5_mf"], self_pre=True)
+    assert why is not None and "self_pre" in why
 
 
 def test_rc_mma_is_refused_where_it_cannot_run():
@@ -748,7 +767,8 @@ PDL_CASES = [("x16w4c1_m5", "gdn", torch.float32), ("x16w4c1_m6", "gdn", torch.b
              ("x16w4c1_m7_mma", "gdn", torch.bfloat16), ("x16w4c1_m8_mma", "gdn", torch.bfloat16),
              ("x16w4c1_m6_gp_mma", "kda", torch.bfloat16), ("x16w4c1_m7_gp_mma", "kda", torch.bfloat16),
              # MMA_FOLD (session 43): its fold reads G_t (gts) after the wait
-             ("x16w4c1_m8_mmaf", "gdn", torch.bfloat16), ("x16w4c1_m7_gp_mmaf", "kda", torch.bfloat16)]
+             ("x16w4c1_m8_mma_mf", "gdn", torch.bfloat16), ("x16w4c1_m7_gp_mma_mf", "kda", torch.bfloat16),
+             ("x16w4c1_m5_mf", "gdn", torch.float32), ("x16w4c1_m4_gp_mf", "kda", torch.float32)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
@@ -769,7 +789,10 @@ PDL_RC_CASES = [("x16w4c1_m5", "gdn", torch.float8_e4m3fn), ("x16w4c1_m5", "gdn"
                 ("x16w4c1_m7_lean_mma", "gdn", torch.float8_e4m3fn),
                 ("x16w4c1_m8_lean_mma", "gdn", torch.float8_e4m3fn),
                 ("x16w4c1_m6_lean_mma", "gdn", torch.bfloat16),
-                ("x16w4c1_m6_gp_lean_mma", "kda", torch.float8_e4m3fn), ("x16w4c1_m7_gp_lean_mma", "kda", torch.bfloat16)]
+                ("x16w4c1_m6_gp_lean_mma", "kda", torch.float8_e4m3fn), ("x16w4c1_m7_gp_lean_mma", "kda", torch.bfloat16),
+                # MMA_FOLD (session 43)
+                ("x16w4c1_m7_lean_mf", "gdn", torch.float8_e4m3fn), ("x16w4c1_m7_gp_lean_mma_mf", "kda",
+                                                                     torch.float8_e4m3fn)]
 
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,

@@ -1440,7 +1440,9 @@ CUDA_MAIN_CASES = [("g8w8", "float32", "bfloat16", True, False), ("g8w8", "bfloa
                    ("x8w4c2_m5", "bfloat16", "bfloat16", True, False), ("x8w2c4_m10", "float32", "float32", False, True),
                    ("x16w4c1_m5", "bfloat16", "float32", False, True), ("x16w4c1_m4", "float32", "bfloat16", True, False),
                    ("x16w4c1_m5_late", "float32", "bfloat16", True, False),
-                   ("x16w2c1_m10", "float32", "float32", False, True), ("x16w8c1_m2", "float32", "bfloat16", True, False)]
+                   ("x16w2c1_m10", "float32", "float32", False, True), ("x16w8c1_m2", "float32", "bfloat16", True, False),
+                   # the fold on the tensor cores (MMA_FOLD's 3xTF32, session 43)
+                   ("x16w4c1_m5_mf", "float32", "bfloat16", True, False)]
 
 
 @pytest.mark.gpu
@@ -1499,8 +1501,9 @@ def tensor_core_dots_against_cuda_cores(monkeypatch, make, cfg_a, cfg_b, steps=8
     folded = 0
     for _ in range(steps):
         hb.state.copy_(ha.state)
-        for name in ("u", "k", "g", "h"):
-            getattr(hb.ring, name).copy_(getattr(ha.ring, name))
+        for name in ("u", "k", "g", "h", "rc", "rc_scale", "rc_valid"):  # (a read copy's too, where there is one)
+            if getattr(ha.ring, name, None) is not None:
+                getattr(hb.ring, name).copy_(getattr(ha.ring, name))
         u_before = ha.ring.u.cpu().clone()
         s_before = ha.state.cpu().clone()
         ha.step()
@@ -1544,8 +1547,8 @@ def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(kind, cuda_cores, ten
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind,cuda_cores,tensor_cores", [("gdn", "x16w4c1_m7_mma", "x16w4c1_m7_mmaf"),
-                                                          ("kda", "x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mmaf")])
+@pytest.mark.parametrize("kind,cuda_cores,tensor_cores", [("gdn", "x16w4c1_m7_mma", "x16w4c1_m7_mma_mf"),
+                                                          ("kda", "x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mma_mf")])
 def test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold(kind, cuda_cores, tensor_cores, monkeypatch):
     """MMA_FOLD (session 43) at the real head sizes against ST_MMA's CUDA-core fold of the same bf16 checkpoint and
     ring (bf16 records, the server's), step by step: the checkpoints the folds write within 3e-4 (rms ratio; the CPU
@@ -1767,8 +1770,8 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         # straight into the product) and fp32 ones (split); ST_MMA with bf16 records beside it (the
                         # builds test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold compares)
                         ("x16w4c1_m7_mma", "bfloat16", "bfloat16", True, False),
-                        ("x16w4c1_m7_mmaf", "bfloat16", "bfloat16", True, False),
-                        ("x16w4c1_m8_mmaf", "float32", "bfloat16", False, True)]
+                        ("x16w4c1_m7_mma_mf", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c1_m8_mma_mf", "float32", "bfloat16", False, True)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
@@ -1794,8 +1797,9 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        # MMA_FOLD for KDA (session 43): bf16 records (u_j straight into the product) with rebases,
                        # fp32 ones (split) with a lower bound; ST_MMA with bf16 records beside it (the fold comparison)
                        ("x16w4c1_m7_gp_mma", "bfloat16", "bfloat16", "bfloat16", True, None, None),
-                       ("x16w4c1_m7_gp_mmaf", "bfloat16", "bfloat16", "bfloat16", True, None, -10.0),
-                       ("x16w4c1_m8_gp_mmaf", "bfloat16", "float32", "bfloat16", True, -5.0, None)]
+                       ("x16w4c1_m7_gp_mma_mf", "bfloat16", "bfloat16", "bfloat16", True, None, -10.0),
+                       ("x16w4c1_m8_gp_mma_mf", "bfloat16", "float32", "bfloat16", True, -5.0, None),
+                       ("x16w4c1_m4_gp_mf", "float32", "float32", "bfloat16", True, None, -10.0)]
 
 
 @pytest.mark.gpu
@@ -1830,7 +1834,10 @@ CUDA_MAIN_RC_CASES = [("gdn", "x16w4c1_m5", "fp8_e4m3", "cuda"), ("gdn", "x16w4c
                       # and a bf16 copy's, and KDA's (session 42)
                       ("gdn", "x16w4c1_m6_lean_mma", "bf16", "cuda"),
                       ("kda", "x16w4c1_m6_gp_lean_mma", "fp8_e4m3", "cuda"),
-                      ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", "cuda")]
+                      ("kda", "x16w4c1_m7_gp_lean_mma", "bf16", "cuda"),
+                      # the fold on the tensor cores (MMA_FOLD, session 43): 3xTF32, the copies from the same values
+                      ("gdn", "x16w4c1_m7_lean_mf", "fp8_e4m3", "cuda"), ("gdn", "x16w4c1_m8_lean_mma_mf", "bf16", "cuda"),
+                      ("kda", "x16w4c1_m7_gp_lean_mma_mf", "fp8_e4m3", "cuda")]
 
 
 @pytest.mark.gpu

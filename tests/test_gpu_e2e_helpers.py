@@ -212,9 +212,21 @@ def test_read_copy_arms_force_the_buffered_window():
     # ST_MMA's arm (session 42): a bf16 state, rc_lean 2 without a copy, window 16 as the other bf16 arm
     assert lean("ours_bf16_mma") == 2 and "bfloat16" in g.ARMS["ours_bf16_mma"]
     assert g.ARM_ENV["ours_bf16_mma"]["REPLAYSSM_DECODE_WINDOW"] == g.ARM_ENV["ours_bf16_cu"]["REPLAYSSM_DECODE_WINDOW"]
-    # MMA_FOLD's (session 43): rc_lean 3, GDN's and KDA's shapes named
-    assert lean("ours_bf16_mmaf") == 3 and "bfloat16" in g.ARMS["ours_bf16_mmaf"]
-    assert cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV["ours_bf16_mmaf"]["REPLAYSSM_CUDA_CONFIG_KDA"]])[8] == 3
+    # MMA_FOLD's (session 43): the tenth field, GDN's and KDA's shapes named; the bf16 state's on ST_MMA's, the fp32
+    # state's and the fp8 copy's on their defaults' shapes
+    def fields(arm, kind):
+        return cuda_main.full_config(cuda_main.CUDA_CONFIGS[g.ARM_ENV[arm][f"REPLAYSSM_CUDA_CONFIG_{kind}"]])
+
+    for arm in ("ours_bf16_mf", "ours_mf", "ours_rc_fp8_mf"):
+        assert fields(arm, "GDN")[9] == 1 and fields(arm, "KDA")[9] == 1, arm
+    assert fields("ours_bf16_mf", "GDN")[8] == 2 and "bfloat16" in g.ARMS["ours_bf16_mf"]
+    assert fields("ours_mf", "GDN")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)[:9]
+    assert fields("ours_mf", "KDA")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT_KDA)[:9]
+    assert fields("ours_rc_fp8_mf", "GDN")[:9] == cuda_main.full_config(
+        cuda_main.CUDA_DEFAULT_RC[torch.float8_e4m3fn])[:9]
+    assert fields("ours_rc_fp8_mf", "KDA")[:9] == cuda_main.full_config(
+        cuda_main.CUDA_DEFAULT_RC_KDA[torch.float8_e4m3fn])[:9]
+    assert int(g.ARM_ENV["ours_rc_fp8_mf"]["REPLAYSSM_DECODE_WINDOW"]) > 1
     assert policy.decode_window("gdn", 16, torch.float32, 16) == 1  # why the arms need it
 
 

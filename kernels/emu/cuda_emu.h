@@ -93,6 +93,7 @@ inline float __logf(float x) { return std::log(x); }
 struct EmuWarp {
     std::barrier<> bar{32};
     uint64_t v[32];
+    uint32_t frag[32][6];  // (emu_mma_frags: every lane's fragment words at once)
 };
 extern EmuWarp* emu_warps;
 extern std::barrier<>* emu_block_bar;
@@ -113,6 +114,18 @@ inline T emu_shfl(T x, int src) {  // every lane of the warp takes part (the ker
     T y;
     std::memcpy(&y, &r, sizeof(T));
     return y;
+}
+// an mma.sync's fragments of the whole warp in one exchange (two barriers instead of a shuffle per word): each lane
+// publishes its a0-a3, b0, b1 and f(frag) runs with every lane's [32][6] words, then the warp moves on together
+template <typename F>
+inline void emu_mma_frags(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, F f) {
+    EmuWarp& w = emu_warps[threadIdx.x / 32];
+    uint32_t* mine = w.frag[threadIdx.x % 32];
+    for (int r = 0; r < 4; ++r) mine[r] = a[r];
+    mine[4] = b0, mine[5] = b1;
+    w.bar.arrive_and_wait();
+    f(w.frag);
+    w.bar.arrive_and_wait();
 }
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T x, int m) { return emu_shfl(x, static_cast<int>(threadIdx.x % 32) ^ m); }
