@@ -36,7 +36,8 @@ ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
 # registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
 # coefficients loaded after the tile's dots, not before[, KDA's G_t from the pre launch[, the eight-lanes-per-row layout
-# (xl)[, V-tiles per block (nch)]]]]; CONFIG_FIELDS): the block's V-tile is rows x warps. CUDA_CONFIGS names
+# (xl)[, V-tiles per block (nch)[, rc_lean[, the fold on the tensor cores (mma_fold)]]]]]]; CONFIG_FIELDS): the block's
+# V-tile is rows x warps. CUDA_CONFIGS names
 # the ones the benchmark times ("r": shared memory, "g": registers, "x": xl with "cN" its nch, "_mN" a cap, "_late"
 # the coefficients late);
 # CUDA_DEFAULT is what launch() takes when none is asked.
@@ -108,9 +109,10 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m8_gp_mma": (16, 4, 1, 8, 0, 1, 1, 1, 2),
                 # the fold on the tensor cores (a tenth element, 1: gdn_main.cu's MMA_FOLD; session 43): a folding
                 # warp's 16 rows take the records as one 16-deep product per 8 columns (bf16 checkpoints: bf16
-                # products, split where a factor is not bf16; fp32 ones: 3xTF32) where the CUDA-core fold issued
-                # ~2,500 instructions per warp more than the plain step; "_mf" on the shape it folds for: ST_MMA's,
-                # the fp32 defaults and the read copies' (GDN's fp8 default, its RC_MMA m8, KDA's fp8 default)
+                # products, split where a factor is not bf16; fp32 ones: 3xTF32) where the CUDA-core fold's warp
+                # issued 1,600-4,000 instructions more than a plain step's (sass_main_paths.py --path fold; 40-50% of
+                # that saved); "_mf" on the shape it folds for: ST_MMA's, the fp32 defaults and the read copies'
+                # (GDN's fp8 default, its RC_MMA m8, KDA's fp8 default)
                 "x16w4c1_m7_mma_mf": (16, 4, 1, 7, 0, 0, 1, 1, 2, 1),
                 "x16w4c1_m8_mma_mf": (16, 4, 1, 8, 0, 0, 1, 1, 2, 1),
                 "x16w4c1_m7_gp_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1),

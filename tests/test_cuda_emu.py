@@ -212,7 +212,7 @@ def test_rc_mma_needs_the_cuda_pre_launch(monkeypatch):
 # head and two V-tiles per head (the real shapes' GQA and tiling) in the second case
 ST_MMA_CASES = [("gdn", "x16w4c1_m8_mma", "fast", {}), ("gdn", "x16w4c1_m7_mma", "slow", dict(H=2, HV=4, V=128)),
                 ("kda", "x16w4c1_m7_gp_mma", "fast", {}), ("kda", "x16w4c1_m8_gp_mma", "slow", dict(V=128)),
-                # and with the fold on the tensor cores too (MMA_FOLD, rc_lean 3; session 43): bf16 records (the
+                # and with the fold on the tensor cores too (MMA_FOLD, the "_mf" shapes; session 43): bf16 records (the
                 # server's for a bf16 state: GDN's keys straight into B, KDA's u_j straight into A) and fp32 ones (split)
                 ("gdn", "x16w4c1_m8_mma_mf", "fast", dict(rec_dtype=torch.bfloat16)),
                 ("gdn", "x16w4c1_m7_mma_mf", "slow", dict(H=2, HV=4, V=128)),
