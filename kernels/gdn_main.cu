@@ -967,7 +967,7 @@ __device__ __forceinline__ void split2(float x, float y, uint32_t& hi, uint32_t&
     hi = bf16x2(x, y);
     lo = bf16x2(x - __uint_as_float(hi << 16), y - __uint_as_float(hi & 0xffff0000u));
 }
-// x as a high and a low tf32 part, x = hi + lo to ~2^-21: hi its fp32 word cut to tf32's 10 mantissa bits (exact:
+// x as a high and a low tf32 part, x = hi + lo to ~2^-20: hi its fp32 word cut to tf32's 10 mantissa bits (exact:
 // a truncation), lo = x - hi (exact in fp32) passed as it is, which the tensor cores read as tf32 by dropping its low
 // 13 bits (round toward zero, as CUTLASS's fast tf32 path relies on; the emulation below does the same)
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
