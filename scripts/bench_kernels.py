@@ -275,6 +275,15 @@ def arm_upstream(c: Case, aligned=False):
 SERVER_PARTS = frozenset({"perm", "ident", "i32", "forced"})
 
 
+def server_pre_impl(kind: str, name: str) -> str:
+    """The pre launch the server runs beside the CUDA main launch's shape `name`: the CUDA one where the shape takes
+    its tile's dots on the tensor cores (only it writes their operand), else the kind's default
+    (cuda_main.PRE_AUTO_KINDS)."""
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    return "cuda" if cm.tensor_core_shape(cm.CUDA_CONFIGS[name]) or kind in cm.PRE_AUTO_KINDS else "triton"
+
+
 def arm_ours(c: Case, rec_dtype, *args, **kwargs):
     """One arm of ours (_arm_ours, below), its run tagged with its records' element size (rec_es) for the bytes
     model: the TB/s column then counts the records the arm moves (before session 33 every arm but the *_r32 /
@@ -675,10 +684,10 @@ def main():
                     "(row %% L), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
                     "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update); "
                     "'rcr16' = the fp8 copy's default CUDA shape and the plain one with fp32 and with bf16 records "
-                    "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states); 'mmaf' = "
-                    "the fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape>; bf16 states: the default, ST_MMA's "
-                    "m7 / m8 and their _mf; fp32 states: the default and its _mf; the first CUDA-core shape without "
-                    "folds; round-robin medians; B >= 128)")
+                    "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states); "
+                    "'mmaf' = the fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape>; bf16 states: the "
+                    "default, ST_MMA's m7 / m8 and their _mf; fp32 states: the default and its _mf; the first "
+                    "CUDA-core shape without folds; round-robin medians; B >= 128)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
     ap.add_argument("--v2-sweep", action="store_true", help="first time decode_v2.V2_SWEEP (BVxwarps) at B=256")
@@ -1166,9 +1175,6 @@ def main():
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     shapes = _cm_rc.XL_RC_CONFIGS[kind]
                     pre_srv = "cuda" if kind in _cm_rc.PRE_AUTO_KINDS else "triton"  # (the server's, by default)
-
-                    def _pre_for(name):  # (a tensor-core shape reads its operand from the CUDA pre launch only)
-                        return "cuda" if _cm_rc.tensor_core_shape(_cm_rc.CUDA_CONFIGS[name]) else pre_srv
                     rc_names = []
                     for rd, tag in (("fp8_e4m3", "v3_rc_fp8_sl"), ("bf16", "v3_rc_bf16_sl")):
                         arms[tag] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv)
@@ -1176,7 +1182,7 @@ def main():
                         for name in shapes:  # (RC_MMA's: fp8 copies since session 41, bf16 ones and KDA's since 42)
                             arms[f"{tag}_cu_{name}"] = arm_ours(c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name,
-                                                                             pre_impl=_pre_for(name)))
+                                                                             pre_impl=server_pre_impl(kind, name)))
                             rc_names.append(f"{tag}_cu_{name}")
                         if kind == "gdn":  # (GDN's pre launch is CUDA's beside the CUDA main launch: Triton's too)
                             arms[f"{tag}_cu_{shapes[0]}_tpre"] = arm_ours(
@@ -1196,7 +1202,7 @@ def main():
                         if name == shapes[0] or _cm_rc.full_config(_cm_rc.CUDA_CONFIGS[name])[8]:
                             arms[f"v3_rc_fp8_sl_cu_{name}_aligned"] = arm_ours(
                                 c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv, aligned=True,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=_pre_for(name)))
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name)))
                     # the rc_lean shapes' main launch alone and streaming floor (session 40: the copy-sized registers,
                     # tighter caps)
                     for name in shapes:
@@ -1205,7 +1211,7 @@ def main():
                                 arms[f"v3_rc_fp8_sl_cu_{name}_{dg}"] = arm_ours(
                                     c, torch.float32, impl="v3", read_dtype="fp8_e4m3", **srv,
                                     v3_opts=dict(main_impl="cuda", cuda_config=name, _diag_parts=dg,
-                                                 pre_impl=_pre_for(name)))
+                                                 pre_impl=server_pre_impl(kind, name)))
                     # the first shape's opt-in form, with the fp8 copy and without one (`same`, beside the same shape
                     # as the server runs it): gdn_main.cu's SELF_PRE (GDN, session 37: no pre launch, the main launch
                     # makes its coefficients; `_sp`)
@@ -1230,14 +1236,13 @@ def main():
                     from replayssm_sglang.kernels import cuda_main as _cm_r
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    pre_srv = "cuda" if kind in _cm_r.PRE_AUTO_KINDS else "triton"
                     d_rc = _cm_r.config_name(_cm_r.default_config(torch.float32, kind, torch.float8_e4m3fn))
                     d_plain = _cm_r.config_name(_cm_r.default_config(torch.float32, kind))
                     for name in dict.fromkeys((d_rc, d_plain)):
                         for rec, rtag in ((torch.float32, "r32"), (torch.bfloat16, "r16")):
                             arms[f"v3_rc_fp8_sl_cu_{name}_{rtag}"] = arm_ours(
                                 c, rec, impl="v3", read_dtype="fp8_e4m3", **srv,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=_pre_for(name)))
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name)))
                 if v3 and "mmaf" in variants and B >= 128:
                     # the fold on the tensor cores (gdn_main.cu's MMA_FOLD, mma_fold 1; session 43) against the
                     # CUDA-core fold of the same shape, the server's records, the CUDA pre launch beside each where the
@@ -1247,10 +1252,6 @@ def main():
                     from replayssm_sglang.kernels import cuda_main as _cm_f
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-
-                    def _pre_for(name):  # (the server's pre launch; a tensor-core shape's operand: the CUDA one's)
-                        tc = _cm_f.tensor_core_shape(_cm_f.CUDA_CONFIGS[name])
-                        return "cuda" if tc or kind in _cm_f.PRE_AUTO_KINDS else "triton"
                     if sdt == "bfloat16":
                         mm = (_cm_f.XL_BF16_MMA_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_CONFIGS)[1:]
                         mf = _cm_f.XL_BF16_MMA_MF_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_MF_CONFIGS
@@ -1260,11 +1261,12 @@ def main():
                         f_names = list(_cm_f.XL_FP32_MF_CONFIGS[kind])
                         nofold = f_names[0]
                     f_arms = {f"v3_mf_{n}": arm_ours(c, DT[sdt], impl="v3", **srv,
-                                                     v3_opts=dict(main_impl="cuda", cuda_config=n, pre_impl=_pre_for(n)))
+                                                     v3_opts=dict(main_impl="cuda", cuda_config=n,
+                                                                  pre_impl=server_pre_impl(kind, n)))
                               for n in f_names}
                     f_arms[f"v3_mf_{nofold}_nofold"] = arm_ours(c, DT[sdt], impl="v3", **srv,  # (its cubin prebuilt)
                                                                v3_opts=dict(main_impl="cuda", cuda_config=nofold,
-                                                                            pre_impl=_pre_for(nofold),
+                                                                            pre_impl=server_pre_impl(kind, nofold),
                                                                             _diag_parts="nofold"))
                     arms.update(f_arms)
                     per = round_robin(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf")

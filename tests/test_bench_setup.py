@@ -205,3 +205,12 @@ def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
     bk.main()
     png = tmp_path / "run.png"
     assert png.exists() and png.stat().st_size > 1000
+
+
+def test_server_pre_impl():
+    """The benchmark's pre launch for a CUDA main-launch shape is the server's: the CUDA one for a tensor-core shape
+    (only it writes their operand), else the kind's default (GDN CUDA, KDA Triton)."""
+    assert bk.server_pre_impl("gdn", "x16w4c1_m5") == "cuda"
+    assert bk.server_pre_impl("kda", "x16w4c1_m4_gp") == "triton"
+    assert bk.server_pre_impl("kda", "x16w4c1_m7_gp_lean_mma") == "cuda"
+    assert bk.server_pre_impl("kda", "x16w4c1_m4_gp_mf") == "triton"
