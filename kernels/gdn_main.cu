@@ -219,6 +219,9 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// word i (0-3) of a 16-byte word
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
 #if TC_DOTS
 // The tensor-core dots (RC_MMA, ST_MMA). mma.sync m16n8k16 (f16 or bf16 in, fp32 sums), PTX ISA's fragments, lane =
 // 4 gid + tig: A (16 x 16, rows): a0 = (row gid; k 2 tig, 2 tig + 1), a1 = (row gid + 8; same k), a2 = (row gid; k
@@ -290,26 +293,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 #else
-    const int gid = lane >> 2, tig = lane & 3;
-    for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: 2 st, 2 st + 1 (a0 / a1, b0), + 8 (a2 / a3, b1)
-        uint32_t ra[4], rb[2][2];
-        for (int r = 0; r < 4; ++r) ra[r] = __shfl_sync(0xffffffffu, a[r], 4 * gid + st);
-        for (int c = 0; c < 2; ++c) {  // columns 2 tig + c: B's column n is held by the lanes with gid = n
-            rb[c][0] = __shfl_sync(0xffffffffu, b0, 4 * (2 * tig + c) + st);
-            rb[c][1] = __shfl_sync(0xffffffffu, b1, 4 * (2 * tig + c) + st);
-        }
-        for (int c = 0; c < 2; ++c)
-            for (int half = 0; half < 2; ++half) {  // rows gid (a0, a2) and gid + 8 (a1, a3)
-                const uint32_t lo = ra[half], hi = ra[2 + half];
-                d[2 * half + c] += h_lo(lo) * h_lo(rb[c][0]) + h_hi(lo) * h_hi(rb[c][0]) + h_lo(hi) * h_lo(rb[c][1])
-                                   + h_hi(hi) * h_hi(rb[c][1]);
-            }
-    }
+    (void)lane;  // (the k of lanes with tig = st: 2 st, 2 st + 1 in a0 / a1 and b0, + 8 in a2 / a3 and b1)
+    emu_mma(d, a, b0, b1, [](uint32_t x, uint32_t y, uint32_t p, uint32_t q) {
+        return h_lo(x) * h_lo(p) + h_hi(x) * h_hi(p) + h_lo(y) * h_lo(q) + h_hi(y) * h_hi(q);
+    });
 #endif
 }
 
-// word i (0-3) of a 16-byte word
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // the A fragment of K-step st from a lane's tile words (rw: run r of row gid at rw[r], of row gid + 8 at
 // rw[MMA_NRUN + r]): fp8, one word of each row holds the step's 4 codes, widened to f16 pairs; bf16, two words of each
 template <typename W>
@@ -892,6 +882,8 @@ __device__ __forceinline__ uint32_t f2_to_e4m3x2(float x, float y) {
     return f_to_e4m3(x) | (f_to_e4m3(y) << 8);
 #endif
 }
+// an fp8 copy's V-row scale from the row's largest |value|: amax / 448 (e4m3's largest), 1 for a zero row
+__device__ __forceinline__ float fp8_row_scale(float amax) { return amax == 0.0f ? 1.0f : amax / 448.0f; }
 // the fold's store of one row's 4 columns (this lane's) into the read copy: bf16 to nearest even, or fp8 codes of
 // x / scale with the row's scale = max |x| over the warp's 32 lanes / 448 (1 for a zero row; lane 0 stores it), as
 // decode_v3's fold writes them
@@ -900,7 +892,7 @@ __device__ __forceinline__ void rc_store_row(RC_T* dst, float* sdst, float4 x, i
     float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float sc = m == 0.0f ? 1.0f : m / 448.0f;
+    const float sc = fp8_row_scale(m);
     *reinterpret_cast<uint32_t*>(dst) = f2_to_e4m3x2(x.x / sc, x.y / sc) | (f2_to_e4m3x2(x.z / sc, x.w / sc) << 16);
     if (lane == 0) *sdst = sc;
 #else
@@ -941,7 +933,6 @@ __device__ __forceinline__ float xl_reduce(float (&v)[NVAL], int lane) {
 #if MMA_FOLD
 template <typename T> struct is_bf16_t { static constexpr bool value = false; };
 template <> struct is_bf16_t<__nv_bfloat16> { static constexpr bool value = true; };
-__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // eight consecutive elements as fp32 (16-byte aligned for bf16: one load; 32-byte for fp32: two)
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, float (&f)[8]) {
@@ -986,20 +977,11 @@ __device__ __forceinline__ void fold_mma_bf16(float (&d)[4], const uint32_t (&a)
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-    const int gid = lane >> 2, tig = lane & 3;
-    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
-    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xffff0000u); };
-    emu_mma_frags(a, b0, b1, [&](const uint32_t (*fr)[6]) {
-        for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: 2 st, 2 st + 1 (a0 / a1, b0), + 8 (a2 / a3, b1)
-            const uint32_t* ra = fr[4 * gid + st];
-            for (int c = 0; c < 2; ++c) {  // columns 2 tig + c: B's column n is held by the lanes with gid = n
-                const uint32_t* rb = fr[4 * (2 * tig + c) + st] + 4;
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t x = ra[h], y = ra[2 + h];
-                    d[2 * h + c] += lo(x) * lo(rb[0]) + hi(x) * hi(rb[0]) + lo(y) * lo(rb[1]) + hi(y) * hi(rb[1]);
-                }
-            }
-        }
+    (void)lane;
+    emu_mma(d, a, b0, b1, [](uint32_t x, uint32_t y, uint32_t p, uint32_t q) {
+        auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+        auto hi = [](uint32_t w) { return __uint_as_float(w & 0xffff0000u); };
+        return lo(x) * lo(p) + hi(x) * hi(p) + lo(y) * lo(q) + hi(y) * hi(q);
     });
 #endif
 }
@@ -1011,16 +993,10 @@ __device__ __forceinline__ void fold_mma_tf32(float (&d)[4], const uint32_t (&a)
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-    const int gid = lane >> 2, tig = lane & 3;
-    auto tf = [](uint32_t w) { return __uint_as_float(w & 0xffffe000u); };  // (a tf32 operand: its top 19 bits)
-    emu_mma_frags(a, b0, b1, [&](const uint32_t (*fr)[6]) {
-        for (int st = 0; st < 4; ++st) {  // the k of lanes with tig = st: st (a0 / a1, b0) and st + 4 (a2 / a3, b1)
-            const uint32_t* ra = fr[4 * gid + st];
-            for (int c = 0; c < 2; ++c) {
-                const uint32_t* rb = fr[4 * (2 * tig + c) + st] + 4;
-                for (int h = 0; h < 2; ++h) d[2 * h + c] += tf(ra[h]) * tf(rb[0]) + tf(ra[2 + h]) * tf(rb[1]);
-            }
-        }
+    (void)lane;  // (the k of lanes with tig = st: st in a0 / a1 and b0, st + 4 in a2 / a3 and b1)
+    emu_mma(d, a, b0, b1, [](uint32_t x, uint32_t y, uint32_t p, uint32_t q) {
+        auto tf = [](uint32_t w) { return __uint_as_float(w & 0xffffe000u); };  // (a tf32 operand: its top 19 bits)
+        return tf(x) * tf(p) + tf(y) * tf(q);
     });
 #endif
 }
@@ -1128,7 +1104,7 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     if constexpr (BF16_K) {  // (this lane's half of word b: the column of its parity)
-                        const uint32_t w = u4_word(kw[e], b);
+                        const uint32_t w = word_of(kw[e], b);
                         v[e] = __uint_as_float(odd ? (w & 0xffff0000u) : (w << 16));
                     } else {
                         v[e] = odd ? kf[e][2 * b + 1] : kf[e][2 * b];
@@ -1142,8 +1118,8 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
             }
             if constexpr (RAW_B) {
                 const uint32_t sel = odd ? 0x7632u : 0x5410u;  // (the high or low halves of the two words)
-                const uint32_t bh0 = __byte_perm(u4_word(kw[0], b), u4_word(kw[1], b), sel);
-                const uint32_t bh1 = __byte_perm(u4_word(kw[2], b), u4_word(kw[3], b), sel);
+                const uint32_t bh0 = __byte_perm(word_of(kw[0], b), word_of(kw[1], b), sel);
+                const uint32_t bh1 = __byte_perm(word_of(kw[2], b), word_of(kw[3], b), sel);
                 fold_mma_bf16(d[b], ah[0], bh0, bh1, lane);
                 fold_mma_bf16(d[b], al[0], bh0, bh1, lane);
             } else if constexpr (BF16_ST) {
@@ -1201,7 +1177,7 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
         am0 = fmaxf(am0, __shfl_xor_sync(0xffffffffu, am0, o));
         am1 = fmaxf(am1, __shfl_xor_sync(0xffffffffu, am1, o));
     }
-    const float sc0 = am0 == 0.0f ? 1.0f : am0 / 448.0f, sc1 = am1 == 0.0f ? 1.0f : am1 / 448.0f;
+    const float sc0 = fp8_row_scale(am0), sc1 = fp8_row_scale(am1);
 #pragma unroll 1
     for (int a = 0; a < 4; ++a) {
         const int cc = 32 * a + 8 * tig;

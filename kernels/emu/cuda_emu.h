@@ -93,7 +93,7 @@ inline float __logf(float x) { return std::log(x); }
 struct EmuWarp {
     std::barrier<> bar{32};
     uint64_t v[32];
-    uint32_t frag[32][6];  // (emu_mma_frags: every lane's fragment words at once)
+    uint32_t frag[32][6];  // (emu_mma: every lane's fragment words at once)
 };
 extern EmuWarp* emu_warps;
 extern std::barrier<>* emu_block_bar;
@@ -115,16 +115,26 @@ inline T emu_shfl(T x, int src) {  // every lane of the warp takes part (the ker
     std::memcpy(&y, &r, sizeof(T));
     return y;
 }
-// an mma.sync's fragments of the whole warp in one exchange (two barriers instead of a shuffle per word): each lane
-// publishes its a0-a3, b0, b1 and f(frag) runs with every lane's [32][6] words, then the warp moves on together
-template <typename F>
-inline void emu_mma_frags(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, F f) {
+// d += A B of an mma.sync with 4 A words and 2 B words a lane (m16n8k16 f16 / bf16, m16n8k8 tf32), from the whole
+// warp's fragments in one exchange (two barriers, where a shuffle per word took 32): lane (gid, tig) adds, for each
+// k-group st (the words of the lanes with tig = st) and its columns 2 tig + c, term(a_lo, a_hi, b0, b1) of its rows
+// gid (h 0: a0, a2) and gid + 8 (h 1: a1, a3) with column 2 tig + c's B words (held by the lanes with gid = that
+// column); term sums the products the words hold, in the order the kernels wrote them
+template <typename T>
+inline void emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, T term) {
     EmuWarp& w = emu_warps[threadIdx.x / 32];
-    uint32_t* mine = w.frag[threadIdx.x % 32];
+    const int lane = static_cast<int>(threadIdx.x % 32), gid = lane >> 2, tig = lane & 3;
+    uint32_t* mine = w.frag[lane];
     for (int r = 0; r < 4; ++r) mine[r] = a[r];
     mine[4] = b0, mine[5] = b1;
     w.bar.arrive_and_wait();
-    f(w.frag);
+    for (int st = 0; st < 4; ++st) {
+        const uint32_t* ra = w.frag[4 * gid + st];
+        for (int c = 0; c < 2; ++c) {
+            const uint32_t* rb = w.frag[4 * (2 * tig + c) + st] + 4;
+            for (int h = 0; h < 2; ++h) d[2 * h + c] += term(ra[h], ra[2 + h], rb[0], rb[1]);
+        }
+    }
     w.bar.arrive_and_wait();
 }
 template <typename T>
