@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,6 +171,13 @@ def main():
     with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as ex:
         paths = list(ex.map(cm.build, todo))
     print(f"{len(set(paths))} cubins in {args.out} ({time.time() - t0:.0f} s)")
+    # the same, xz-compressed, for a GPU call that cannot carry the folder (scripts/gpu_kernels.sh takes either)
+    out = Path(args.out).resolve()
+    tarball = out.with_name(out.name + ".tar.xz")
+    with tarfile.open(tarball, "w:xz") as tf:
+        for p in sorted(out.glob("*.cubin")):
+            tf.add(p, arcname=f"{out.name}/{p.name}")
+    print(f"and {tarball} ({tarball.stat().st_size / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

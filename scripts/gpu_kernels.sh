@@ -38,8 +38,12 @@ export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # the CUDA main launch's cubins, prebuilt on the CPU machine (scripts/cuda_prebuild.py); a missing one is compiled
-# here by the image's nvcc (kernels/cuda_main.py finds it on PATH or in /usr/local/cuda)
-if ls .gpu/cubin/*.cubin >/dev/null 2>&1; then
+# here by the image's nvcc (kernels/cuda_main.py finds it on PATH or in /usr/local/cuda). Carry .gpu/cubin.tar.xz
+# (written beside the folder by the prebuild, ~1.5 MB for ~300 cubins) where .gpu/cubin (~18 MB) would push a call past
+# the 64 MiB it carries
+if [ -f .gpu/cubin.tar.xz ]; then
+  mkdir -p /tmp/cubin && tar -C /tmp/cubin --strip-components=1 -xJf .gpu/cubin.tar.xz && export REPLAYSSM_CUBIN_DIR=/tmp/cubin
+elif ls .gpu/cubin/*.cubin >/dev/null 2>&1; then
   mkdir -p /tmp/cubin && cp .gpu/cubin/*.cubin /tmp/cubin/ && export REPLAYSSM_CUBIN_DIR=/tmp/cubin
 fi
 echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo none); cubins: $(ls /tmp/cubin 2>/dev/null | wc -l)"
