@@ -121,7 +121,14 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m4_gp_mf": (16, 4, 1, 4, 0, 1, 1, 1, 0, 1),
                 "x16w4c1_m7_lean_mf": (16, 4, 1, 7, 0, 0, 1, 1, 1, 1),
                 "x16w4c1_m8_lean_mma_mf": (16, 4, 1, 8, 0, 0, 1, 1, 2, 1),
-                "x16w4c1_m7_gp_lean_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1)}
+                "x16w4c1_m7_gp_lean_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1),
+                # and a bf16 checkpoint's CUDA-core shapes with it (session 44: on an H100 the default x16w4c1_m6 was
+                # faster than ST_MMA's shapes, whose fold MMA_FOLD shortened by 2-7 us; ptxas sm_90, bf16 records: m6
+                # 80 registers and m7 72, 0 / 8 bytes of spill, where x16w4c1_m6's CUDA-core fold spills 12 with fp32
+                # records)
+                "x16w4c1_m6_mf": (16, 4, 1, 6, 0, 0, 1, 1, 0, 1),
+                "x16w4c1_m7_mf": (16, 4, 1, 7, 0, 0, 1, 1, 0, 1),
+                "x16w4c1_m6_gp_mf": (16, 4, 1, 6, 0, 1, 1, 1, 0, 1)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
@@ -142,7 +149,7 @@ XL_FP32_CONFIGS = ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_late", "x16w2c1_m10",
 XL_BF16_CONFIGS = ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m5_late", "x16w4c2_m5", "x16w2c2_m10", "x16w8c1_m3",
                    "x16w4c1_m7")
 # the XL shapes for a bf16 checkpoint only (their caps spill more than 64 bytes of an fp32 one's fold)
-XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7")
+XL_BF16_ONLY = ("x16w4c1_m6", "x16w8c1_m3", "x16w4c1_m7", "x16w4c1_m6_mf", "x16w4c1_m7_mf")
 # a bf16 checkpoint's tile dots on the tensor cores (ST_MMA, session 42; the CUDA pre launch), GDN's and KDA's: the
 # shapes the benchmark times (--variants xl, bf16) and scripts/cuda_prebuild.py builds
 XL_BF16_MMA_CONFIGS = ("x16w4c1_m6_mma", "x16w4c1_m7_mma", "x16w4c1_m8_mma")
@@ -150,6 +157,9 @@ XL_KDA_BF16_MMA_CONFIGS = ("x16w4c1_m6_gp_mma", "x16w4c1_m7_gp_mma", "x16w4c1_m8
 # and with the fold on the tensor cores too (MMA_FOLD, mma_fold 1; session 43)
 XL_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_mma_mf", "x16w4c1_m8_mma_mf")
 XL_KDA_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_gp_mma_mf", "x16w4c1_m8_gp_mma_mf")
+# and with the CUDA-core tile dots (session 44; bf16 checkpoints only, as their bases)
+XL_BF16_MF_CONFIGS = ("x16w4c1_m6_mf", "x16w4c1_m7_mf")
+XL_KDA_BF16_MF_CONFIGS = ("x16w4c1_m6_gp_mf",)
 # the fp32 states' defaults with it (GDN x16w4c1_m5, KDA x16w4c1_m4_gp; the benchmark's --variants mmaf)
 XL_FP32_MF_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m5_mf"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m4_gp_mf")}
 # KDA in the XL layout (session 34; timed and served since session 35, benchmarks.md):

@@ -686,7 +686,7 @@ def main():
                     "'rcr16' = the fp8 copy's default CUDA shape and the plain one with fp32 and with bf16 records "
                     "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states); "
                     "'mmaf' = the fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape>; bf16 states: the "
-                    "default, ST_MMA's m7 / m8 and their _mf; fp32 states: the default and its _mf; the first "
+                    "default, ST_MMA's m7 / m8 and their _mf, the CUDA-core dots' _mf shapes; fp32 states: the default and its _mf; the first "
                     "CUDA-core shape without folds; round-robin medians; B >= 128)")
     ap.add_argument("--impl", default="v1,v2", help="which of ours to run: v1 (kernels/decode.py), v2 "
                     "(kernels/decode_v2.py), or both")
@@ -1246,7 +1246,8 @@ def main():
                 if v3 and "mmaf" in variants and B >= 128:
                     # the fold on the tensor cores (gdn_main.cu's MMA_FOLD, mma_fold 1; session 43) against the
                     # CUDA-core fold of the same shape, the server's records, the CUDA pre launch beside each where the
-                    # server takes it: a bf16 state's default, ST_MMA's m7 and m8 and their _mf; an fp32 state's
+                    # server takes it: a bf16 state's default, ST_MMA's m7 and m8, their _mf and the CUDA-core dots'
+                    # _mf shapes (session 44); an fp32 state's
                     # default and its _mf; the first CUDA-core shape without its folds (_nofold, wrong results) is what
                     # the fold can give at most; then all of them round-robin, medians
                     from replayssm_sglang.kernels import cuda_main as _cm_f
@@ -1254,7 +1255,8 @@ def main():
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     if sdt == "bfloat16":
                         mm = (_cm_f.XL_BF16_MMA_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_CONFIGS)[1:]
-                        mf = _cm_f.XL_BF16_MMA_MF_CONFIGS if kind == "gdn" else _cm_f.XL_KDA_BF16_MMA_MF_CONFIGS
+                        mf = (_cm_f.XL_BF16_MMA_MF_CONFIGS + _cm_f.XL_BF16_MF_CONFIGS if kind == "gdn"
+                              else _cm_f.XL_KDA_BF16_MMA_MF_CONFIGS + _cm_f.XL_KDA_BF16_MF_CONFIGS)
                         f_names = [_cm_f.config_name(_cm_f.default_config(torch.bfloat16, kind)), *mm, *mf]
                         nofold = mm[0]
                     else:

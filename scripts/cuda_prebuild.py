@@ -40,10 +40,11 @@ def combos():
     # a bf16 checkpoint (--variants cuda16): its shapes, the default's bf16 records and diagnostics
     # (and ST_MMA's shapes, session 42: rc_lean 2 without a copy)
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16)
-               for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS + cm.XL_BF16_MMA_MF_CONFIGS]
+               for n in cm.CUDA_BF16_CONFIGS + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS + cm.XL_BF16_MMA_MF_CONFIGS
+               + cm.XL_BF16_MF_CONFIGS]
     server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16)
                for n in ("g8w4_m8_late",) + cm.XL_BF16_CONFIGS + cm.XL_BF16_MMA_CONFIGS
-               + cm.XL_BF16_MMA_MF_CONFIGS]  # (xl: bf16 records; MMA_FOLD's, session 43)
+               + cm.XL_BF16_MMA_MF_CONFIGS + cm.XL_BF16_MF_CONFIGS]  # (xl: bf16 records; MMA_FOLD's, sessions 43-44)
     # --variants xl's diagnostics: the shapes before XL and GDN's defaults (x16w4c1_m5) of each state type, bf16 records
     # beside a bf16 state
     server += [(cm.CUDA_CONFIGS[n], True, d, F32, F32) for n in ("g8w4", "x16w4c1_m5") for d in (1, 2)]
@@ -63,7 +64,7 @@ def combos():
     server += [(cm.CUDA_CONFIGS["x16w4c1_m4_gp_mf"], True, 0, F32, F32, "kda")]  # (MMA_FOLD's, session 43)
     server += [(cm.CUDA_CONFIGS[n], True, 0, BF16, BF16, "kda")
                for n in ("g8w4_m7_gp",) + cm.XL_KDA_BF16_CONFIGS + cm.XL_KDA_BF16_MMA_CONFIGS
-               + cm.XL_KDA_BF16_MMA_MF_CONFIGS]  # (ST_MMA's: session 42; MMA_FOLD's: 43)
+               + cm.XL_KDA_BF16_MMA_MF_CONFIGS + cm.XL_KDA_BF16_MF_CONFIGS]  # (ST_MMA's: session 42; MMA_FOLD's: 43-44)
     server += [(cm.CUDA_CONFIGS[n], True, d, r, s, "kda") for n, r, s in (("g8w4_gp", F32, F32), ("x16w4c1_m5_gp", F32, F32),
                                                                        ("g8w4_m7_gp", BF16, BF16),
                                                                        ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]

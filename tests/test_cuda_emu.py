@@ -25,7 +25,9 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
              ("kda", "g8w4_m7_gp", "bfloat16", "fast"),
              # the fold on the tensor cores for an fp32 checkpoint (MMA_FOLD's 3xTF32, session 43)
              ("gdn", "x16w4c1_m5_mf", "float32", "slow"), ("gdn", "x16w4c1_m5_mf", "float32", "fast"),
-             ("kda", "x16w4c1_m4_gp_mf", "float32", "slow")]
+             ("kda", "x16w4c1_m4_gp_mf", "float32", "slow"),
+             # and for a bf16 checkpoint beside the CUDA-core tile dots (session 44)
+             ("gdn", "x16w4c1_m6_mf", "bfloat16", "fast"), ("kda", "x16w4c1_m6_gp_mf", "bfloat16", "slow")]
 
 
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
@@ -339,7 +341,10 @@ MMAF_PAIRS = {"gdn": ("x16w4c1_m8_mma", "x16w4c1_m8_mma_mf", "bfloat16", dict(H=
               "gdn32": ("x16w4c1_m5", "x16w4c1_m5_mf", "float32", dict(H=2, HV=4, V=128)),
               "kda32": ("x16w4c1_m4_gp", "x16w4c1_m4_gp_mf", "float32", dict(V=128)),
               "gdn8": ("x16w4c1_m7_lean", "x16w4c1_m7_lean_mf", "float32", dict(H=2, HV=4, V=128,
-                                                                              read_dtype="fp8_e4m3"))}
+                                                                              read_dtype="fp8_e4m3")),
+              # the bf16 states' defaults (CUDA-core tile dots) with it (session 44)
+              "gdn16": ("x16w4c1_m6", "x16w4c1_m6_mf", "bfloat16", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+              "kda16": ("x16w4c1_m6_gp", "x16w4c1_m6_gp_mf", "bfloat16", dict(V=128, rec_dtype=torch.bfloat16))}
 # (rms ratio of the folded heads' checkpoints. bf16: 4-8e-5 here, 1.3-1.8e-3 without a split's low part; fp32: ~1e-7)
 MMAF_TOL = {"bfloat16": 3e-4, "float32": 5e-6}
 
@@ -369,6 +374,7 @@ def test_mma_fold_matches_the_cuda_core_fold(pair, monkeypatch):
 
 @pytest.mark.parametrize("pair,old,new", [
     ("gdn", "                fold_mma_bf16(d[b], al[0], bh0, bh1, lane);", ""),  # GDN's w_j without its low part
+    ("gdn16", "                fold_mma_bf16(d[b], al[0], bh0, bh1, lane);", ""),  # the same beside CUDA-core dots
     ("kda", "                fold_mma_bf16(d[b], ah[0], bl0, bl1, lane);", ""),  # KDA's scaled keys without theirs
     ("gdn", "                const float k = kt[e] * sk;", "                const float k = 0.0f * kt[e] * sk;"),  # token
     ("gdn32", "                    fold_mma_tf32(d[b], al[ks], bh0, bh1, lane);", ""),  # tf32: W's low part

@@ -226,7 +226,8 @@ def test_mma_fold_builds_compile(name, rec, rc_dtype):
     kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
     cfg = cuda_main.CUDA_CONFIGS[name]
     lean = cuda_main.full_config(cfg)[8]
-    sdt = torch.bfloat16 if lean == 2 and "_lean" not in name else torch.float32  # (ST_MMA's: a bf16 checkpoint)
+    bf16 = cuda_main.XL_BF16_MF_CONFIGS + cuda_main.XL_KDA_BF16_MF_CONFIGS  # (and session 44's, CUDA-core dots)
+    sdt = torch.bfloat16 if (lean == 2 and "_lean" not in name) or name in bf16 else torch.float32  # (ST_MMA's: bf16)
     d = _server_defs(*cfg, rec, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype)
     assert d.get("MMA_FOLD") == 1
     res = cuda_main.resources(d)

@@ -1550,7 +1550,8 @@ def test_gpu_real_shapes_st_mma_matches_the_cuda_core_dots(kind, cuda_cores, ten
 @pytest.mark.parametrize("kind,cuda_cores,tensor_cores,state_dtype", [
     ("gdn", "x16w4c1_m7_mma", "x16w4c1_m7_mma_mf", "bfloat16"), ("kda", "x16w4c1_m7_gp_mma", "x16w4c1_m7_gp_mma_mf",
                                                                  "bfloat16"),
-    ("gdn", "x16w4c1_m5", "x16w4c1_m5_mf", "float32")])
+    ("gdn", "x16w4c1_m5", "x16w4c1_m5_mf", "float32"),
+    ("gdn", "x16w4c1_m6", "x16w4c1_m6_mf", "bfloat16"), ("kda", "x16w4c1_m6_gp", "x16w4c1_m6_gp_mf", "bfloat16")])
 def test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold(kind, cuda_cores, tensor_cores, state_dtype, monkeypatch):
     """MMA_FOLD (session 43) at the real head sizes against the CUDA-core fold of the same shape, checkpoint and ring
     (the server's records), step by step: the checkpoints the folds write within 3e-4 for a bf16 state (rms ratio; the
@@ -1778,7 +1779,10 @@ CUDA_MAIN_BF16_CASES = [("g8w4_m8", "float32", "bfloat16", True, False),
                         # builds test_gpu_real_shapes_mma_fold_matches_the_cuda_core_fold compares)
                         ("x16w4c1_m7_mma", "bfloat16", "bfloat16", True, False),
                         ("x16w4c1_m7_mma_mf", "bfloat16", "bfloat16", True, False),
-                        ("x16w4c1_m8_mma_mf", "float32", "bfloat16", False, True)]
+                        ("x16w4c1_m8_mma_mf", "float32", "bfloat16", False, True),
+                        # and beside the CUDA-core tile dots (session 44)
+                        ("x16w4c1_m6_mf", "bfloat16", "bfloat16", True, False),
+                        ("x16w4c1_m7_mf", "float32", "bfloat16", False, True)]
 
 
 # the CUDA main launch for KDA (IS_KDA: predecayed keys, per-column decay, the pre launch's overflow flags): fp32 and
@@ -1806,7 +1810,10 @@ CUDA_MAIN_KDA_CASES = [("g8w4", "float32", "float32", "bfloat16", True, None, No
                        ("x16w4c1_m7_gp_mma", "bfloat16", "bfloat16", "bfloat16", True, None, None),
                        ("x16w4c1_m7_gp_mma_mf", "bfloat16", "bfloat16", "bfloat16", True, None, -10.0),
                        ("x16w4c1_m8_gp_mma_mf", "bfloat16", "float32", "bfloat16", True, -5.0, None),
-                       ("x16w4c1_m4_gp_mf", "float32", "float32", "bfloat16", True, None, -10.0)]
+                       ("x16w4c1_m4_gp_mf", "float32", "float32", "bfloat16", True, None, -10.0),
+                       # beside the CUDA-core tile dots (session 44), and its base with bf16 records (the comparison)
+                       ("x16w4c1_m6_gp", "bfloat16", "bfloat16", "bfloat16", True, None, None),
+                       ("x16w4c1_m6_gp_mf", "bfloat16", "bfloat16", "bfloat16", True, None, -10.0)]
 
 
 @pytest.mark.gpu
