@@ -139,8 +139,13 @@ CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
 CUDA_BF16_CONFIGS = ("g8w4_m8", "g8w1_m32", "g8w4_m8_late", "g8w1_m32_late", "g8w2_m16_late")
 # a bf16 checkpoint's since session 34: x16w4c1_m6 (80 registers, 12 bytes of the fold spilled; B = 128 / 256 / 512: 60.1 /
 # 106.9 / 202.9 us against g8w4_m8_late's 64.8 / 120.7 / 233.6 and x16w4c1_m5's 64.4 / 114.6 / 218.6, the CUDA pre
-# launch beside each, kernels-20261203-2019)
-CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m6"]
+# launch beside each, kernels-20261203-2019); since session 44: x16w4c1_m7_mma_mf (ST_MMA's tile dots and MMA_FOLD's
+# fold, both on the tensor cores; the CUDA pre launch's operand). On the H100 it was the fastest GDN bf16 shape or tied
+# in both runs (kernels-20261205-2346: 123.3 us against 125.1 at B = 256; -20261206-0044: 126.3 / 126.4, and 69.5 /
+# 70.5 and 241.7 / 243.7 round-robin at B = 128 / 512); on the H200 ST_MMA's m7 without it already took 102.6
+# against 107.3 (kernels-20261205-0140), and MMA_FOLD took 3.6-7.3 us off that shape on the H100. Its float64 GPU
+# cases and the step-by-step comparison with the CUDA-core fold passed in both runs
+CUDA_DEFAULT_BF16 = CUDA_CONFIGS["x16w4c1_m7_mma_mf"]
 # the XL shapes the benchmark times (--variants xl) for an fp32 and for a bf16 checkpoint (x16w4c1_m5 is in both)
 # (run kernels-20261203-2008, B = 256, with the CUDA pre launch: fp32 x16w4c1_m5 164.5 us against the default's 171.1,
 # x8w4c1 186.7, x8w4c2_m5 178.1, x8w4c4_m5 175.9, x8w2c4_m10 174.6; bf16 x16w4c1_m5 114.2 against 120.2, x8w4c1_m8
@@ -184,7 +189,11 @@ KDA_ONLY = tuple(n for n, c in CUDA_CONFIGS.items() if len(c) > 5 and c[5])
 # 140.3 / 267.6; its float64 GPU cases passed, the slow-decay one and the CUDA-graph-against-eager one among them;
 # not yet served
 CUDA_DEFAULT_KDA = CUDA_CONFIGS["x16w4c1_m4_gp"]
-CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp"]
+# KDA's bf16 checkpoint since session 44: x16w4c1_m6_gp_mf, its default before with the fold on the tensor cores
+# (MMA_FOLD): round-robin on the H100 (kernels-20261206-0044) 74.4 / 140.1 / 268.7 us against 76.0 / 141.4 / 270.3 at
+# B = 128 / 256 / 512 (1.41x at 512); the same tile dots, so the outputs are the same code's, the checkpoints within
+# 4e-5 (rms ratio, emulated) of the CUDA-core fold's; float64 GPU cases passed
+CUDA_DEFAULT_KDA_BF16 = CUDA_CONFIGS["x16w4c1_m6_gp_mf"]
 # the shapes the benchmark times with a read copy (--variants rccu; issue 7) and scripts/cuda_prebuild.py builds
 # (and since session 40 the rc_lean shapes: registers sized for the copy, tighter caps)
 XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_lean", "x16w4c1_m6_lean",
@@ -238,6 +247,13 @@ CUDA_DEFAULT_RC = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_lean"],
 # (its rc_lean shape x16w4c1_m6_gp_lean timed 137.9 against 159.5, not yet served or checked on the GPU with a bf16
 # copy)
 CUDA_DEFAULT_RC_KDA = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_gp_lean_mma"]}
+# A ring longer than the CUDA pre launch's 16 records (--linear-replayssm-cache-len > 16) cannot feed a tensor-core
+# shape's operand, and MMA_FOLD folds at most 16 records: where the default is such a shape (the bf16 states', KDA's
+# fp8 copy's), such a ring takes the shape its state had before them (default_config). (Until session 44 KDA's fp8
+# copy took its tensor-core default there too and its first decode step raised: the pre launch could not run.)
+LONG_RING_DEFAULT = {("gdn", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m6"],
+                     ("kda", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m6_gp"],
+                     ("gdn", torch.float32): CUDA_DEFAULT, ("kda", torch.float32): CUDA_DEFAULT_KDA}
 
 
 def config_name(config) -> str:
@@ -252,31 +268,41 @@ def rc_dtype_of(ring):
 
 
 def launch_default_config(state, ring, kind: str = "gdn") -> tuple:
-    """default_config for a launch on this checkpoint and ring (its element type, its read copy's)."""
-    return default_config(state.dtype, kind, rc_dtype_of(ring))
+    """default_config for a launch on this checkpoint and ring (its element type, its read copy's, its capacity)."""
+    return default_config(state.dtype, kind, rc_dtype_of(ring), ring.layout.cap)
 
 
-def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None) -> tuple:
+def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,
+                   cap: int | None = None) -> tuple:
     """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind, the
     checkpoint's element type and the read copy's (rc_dtype, None without one: GDN's copies take CUDA_DEFAULT_RC,
-    KDA's fp8 copy CUDA_DEFAULT_RC_KDA)."""
+    KDA's fp8 copy CUDA_DEFAULT_RC_KDA). A ring longer than PRE_MAX_CAP (cap; --linear-replayssm-cache-len > 16)
+    cannot take a default that reads the CUDA pre launch's tensor-core operand (rc_lean 2: that pre launch holds at
+    most 16 records per row) or folds on the tensor cores (mma_fold: at most 16 records): it takes LONG_RING_DEFAULT's
+    shape for its kind and state instead."""
     env = env_config(kind)
     if env is not None:
         return env
     if kind == "gdn" and rc_dtype in CUDA_DEFAULT_RC and state_dtype == torch.float32:
-        return CUDA_DEFAULT_RC[rc_dtype]
-    if kind == "kda" and rc_dtype in CUDA_DEFAULT_RC_KDA and state_dtype == torch.float32:
-        return CUDA_DEFAULT_RC_KDA[rc_dtype]
-    if kind == "kda":
-        return CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
-    return CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
+        cfg = CUDA_DEFAULT_RC[rc_dtype]
+    elif kind == "kda" and rc_dtype in CUDA_DEFAULT_RC_KDA and state_dtype == torch.float32:
+        cfg = CUDA_DEFAULT_RC_KDA[rc_dtype]
+    elif kind == "kda":
+        cfg = CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
+    else:
+        cfg = CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
+    if cap is not None and cap > PRE_MAX_CAP and (tensor_core_shape(cfg) or full_config(cfg)[9]):
+        cfg = LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
+    return cfg
 
 
-def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None):
+def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,
+                 cap: int | None = None):
     """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by
-    decode_v3.launch), None the default for the kind, the checkpoint's element type and the read copy's."""
+    decode_v3.launch), None the default for the kind, the checkpoint's element type, the read copy's and the ring's
+    capacity."""
     return (CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
-            else default_config(state_dtype, kind, rc_dtype))
+            else default_config(state_dtype, kind, rc_dtype, cap))
 
 
 # (a ring with a read copy, issue 7, takes the CUDA main launch as any other since session 37, the XL layout: opt-in
@@ -749,7 +775,19 @@ def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
         return False
     if unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
         return False
+    if operand_unavailable_reason(kind, state, ring, K, config) is not None:
+        return False
     return _obtainable()
+
+
+def operand_unavailable_reason(kind, state, ring, K, config) -> str | None:
+    """Why a tensor-core shape (rc_lean 2: its tile's dots take the CUDA pre launch's operand) cannot have that
+    operand here: the CUDA pre launch's own limits (pre_unavailable_reason; a ring of at most PRE_MAX_CAP). None for
+    other shapes."""
+    if not tensor_core_shape(config):
+        return None
+    why = pre_unavailable_reason(kind, state, ring, K, max(4, 1 << max(0, ring.layout.cap - 1).bit_length()))
+    return None if why is None else f"its tensor-core operand comes from the CUDA pre launch ({why})"
 
 
 def preference_note(kind, state, ring, K, V) -> str:
@@ -757,7 +795,9 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    why = unavailable_reason(kind, state, ring, None, K, V, *launch_default_config(state, ring, kind))
+    cfg = launch_default_config(state, ring, kind)
+    why = (unavailable_reason(kind, state, ring, None, K, V, *cfg)
+           or operand_unavailable_reason(kind, state, ring, K, cfg))
     if why:
         return f"Triton (the CUDA one: {why})"
     if not _obtainable():

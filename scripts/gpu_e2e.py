@@ -146,8 +146,10 @@ ARMS = {
     "ours_bf16_mf": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     "ours_mf": ["--enable-linear-replayssm"],
     "ours_rc_fp8_mf": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
-    # the bf16 state's default shape (CUDA-core tile dots) with MMA_FOLD (session 44; window 16)
+    # the bf16 state's default shape before session 44 (CUDA-core tile dots, x16w4c1_m6 / _m6_gp) with MMA_FOLD, and
+    # without it (the defaults since are ST_MMA's m7 with MMA_FOLD for GDN, x16w4c1_m6_gp_mf for KDA; window 16)
     "ours_bf16_mf6": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    "ours_bf16_m6": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     # KDA's fp8 copy in the rc_lean shape, and with its dots on the tensor cores (session 42; kernel benchmark at
     # B = 256, kernels-20261205-0141: 129.5 and 125.3 us against the default x16w4c1_m4_gp's 151.5)
     "ours_rc_fp8_klean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
@@ -190,6 +192,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_bf16_mf6": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
                              "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m6_mf",
                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_mf"},
+           "ours_bf16_m6": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
+                            "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m6", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp"},
            "ours_mf": {"REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5_mf", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp_mf"},
            "ours_rc_fp8_mf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean_mf",
                               "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma_mf"},

@@ -486,7 +486,10 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     run()
     assert calls == []
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "cuda")
-    # a bf16 checkpoint takes its own default shape
+    # a bf16 checkpoint takes its own default shape (since session 44 a tensor-core one, so the CUDA pre launch with
+    # it: pretended available too)
+    monkeypatch.setattr(cuda_main, "pre_unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: None)
     calls.clear()
     H, HV, K, V = 1, 2, 128, 128
     ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2)
@@ -736,6 +739,55 @@ def test_xl_refusals():
     assert "gt_pre" in why(kring, cuda_main.CUDA_DEFAULT, "kda")  # (GDN's default: no G_t from the pre launch)
     assert "needs a CUDA GPU" in why(kring, cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"], "kda")
     assert "gt_pre" in why(kring, (16, 4, 1, 5, 1, 1, 1, 1), "kda")  # (late coefficients)
+
+
+@pytest.mark.parametrize("kind,state_dtype,read_dtype", [(k, s, r) for k in ("gdn", "kda")
+                                                          for s, r in ((torch.float32, "same"),
+                                                                       (torch.float32, "fp8_e4m3"),
+                                                                       (torch.float32, "bf16"),
+                                                                       (torch.bfloat16, "same"))])
+def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
+    """Every default shape runs on its ring, 16 records or more (--linear-replayssm-cache-len 32, 64): where the
+    default reads the CUDA pre launch's tensor-core operand (rc_lean 2; that pre launch holds at most 16 records) or
+    folds on the tensor cores (MMA_FOLD, at most 16), a longer ring takes LONG_RING_DEFAULT's shape, which needs
+    neither (until session 44 KDA's fp8 copy took its tensor-core shape there and its first step raised); the 16-record
+    ring keeps the default. A tensor-core shape named for a long ring is not usable (its launch falls back to
+    Triton's) and the log says why."""
+    from replayssm_sglang import ring as ringmod
+
+    monkeypatch.delenv(cuda_main.CONFIG_ENV[kind], raising=False)
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+    st = torch.zeros(2, 2, 128, 128, dtype=state_dtype)
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}[read_dtype]
+    for L in (16, 32, 64):
+        ring = ringmod.RingLayout.for_layer(kind, L=L, H=2, HV=2, K=128, V=128).allocate(2, read_dtype=read_dtype,
+                                                                                         **extra)
+        cfg = cuda_main.launch_default_config(st, ring, kind)
+        assert cfg == cuda_main.default_config(state_dtype, kind, rc, L)
+        assert cuda_main.unavailable_reason(kind, st, ring, None, 128, 128, *cfg) is None, (L, cfg)
+        assert cuda_main.operand_unavailable_reason(kind, st, ring, 128, cfg) is None, (L, cfg)
+        if L == 16:
+            assert cfg == cuda_main.default_config(state_dtype, kind, rc)
+        else:
+            assert not cuda_main.tensor_core_shape(cfg) and not cuda_main.full_config(cfg)[9], (L, cfg)
+            short = cuda_main.default_config(state_dtype, kind, rc)
+            if cuda_main.tensor_core_shape(short) or cuda_main.full_config(short)[9]:
+                sdt = torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32
+                assert cfg == cuda_main.LONG_RING_DEFAULT[(kind, sdt)]
+            else:
+                assert cfg == short
+    # the rule's cases today: the bf16 states' defaults and KDA's fp8 copy's take the tensor cores
+    if (state_dtype, read_dtype) == (torch.bfloat16, "same") or (kind, read_dtype) == ("kda", "fp8_e4m3"):
+        assert cuda_main.default_config(state_dtype, kind, rc, 32) != cuda_main.default_config(state_dtype, kind, rc)
+    # a tensor-core shape asked for a long ring: not usable here, and the reason names the pre launch's limit
+    tc = "x16w4c1_m7_gp_lean_mma" if kind == "kda" else "x16w4c1_m8_lean_mma"
+    if read_dtype != "same":
+        ring = ringmod.RingLayout.for_layer(kind, L=32, H=2, HV=2, K=128, V=128).allocate(2, read_dtype=read_dtype,
+                                                                                         **extra)
+        why = cuda_main.operand_unavailable_reason(kind, st, ring, 128, cuda_main.CUDA_CONFIGS[tc])
+        assert why is not None and "pre launch" in why and "16" in why
+        assert not cuda_main.usable(kind, st, ring, None, 128, 128, cuda_main.CUDA_CONFIGS[tc])
 
 
 def test_env_config_picks_the_default_shape_per_kind(monkeypatch):

@@ -1088,6 +1088,39 @@ def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype,read_dtype", [("kda", "float32", "fp8_e4m3"), ("gdn", "bfloat16", "same"),
+                                                         ("kda", "bfloat16", "same")])
+@pytest.mark.parametrize("L", [16, 32])
+def test_gpu_default_shapes_on_long_rings(kind, state_dtype, read_dtype, L, monkeypatch):
+    """The server's default shapes that take the tensor cores (the bf16 states', KDA's fp8 copy's; session 44) on their
+    16-record ring and on a 32-record one (--linear-replayssm-cache-len 32), where they give way to
+    LONG_RING_DEFAULT's (default_config; until session 44 KDA's fp8 copy raised there): the environment's preference
+    (REPLAYSSM_MAIN_IMPL auto) takes the CUDA main launch in the shape the rule names, every step, against float64;
+    the server's arguments (bf16 inputs, the state's records, the ring keyed by its own rows), forced window L."""
+    from replayssm_sglang.kernels import cuda_main
+
+    monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "auto")
+    monkeypatch.delenv(cuda_main.CONFIG_ENV[kind], raising=False)
+    calls = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
+    H, HV = (16, 32) if kind == "gdn" else (32, 32)
+    extra = dict(kda_keys="predecayed") if kind == "kda" else {}
+    if read_dtype != "same":
+        extra["read_dtype"] = read_dtype
+    sdt = DTYPES[state_dtype]
+    hz = Harness(kind, B=8, H=H, HV=HV, K=128, V=128, L=L, windows=(L,), seed=29, impl="v3", ring_idx=True,
+                 state_dtype=sdt, rec_dtype=sdt, qkv_dtype=torch.bfloat16, decay="slow", v3_opts={}, **extra)
+    st = hz.run(L + 6)
+    assert st["flushes"] > 0, st
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
+    want = cuda_main.full_config(cuda_main.default_config(sdt, kind, rc, L))
+    assert len(calls) == L + 6 and {cuda_main.full_config(c) for c in calls} == {want}, (L, want)
+    assert (cuda_main.tensor_core_shape(want) or want[9]) == (L == 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("B", [8, 96])

@@ -219,10 +219,15 @@ def test_read_copy_arms_force_the_buffered_window():
 
     for arm in ("ours_bf16_mf", "ours_mf", "ours_rc_fp8_mf", "ours_bf16_mf6"):
         assert fields(arm, "GDN")[9] == 1 and fields(arm, "KDA")[9] == 1, arm
-    # (session 44's: the bf16 state's defaults with it, a bf16 state, window 16)
-    assert fields("ours_bf16_mf6", "GDN")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT_BF16)[:9]
-    assert fields("ours_bf16_mf6", "KDA")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT_KDA_BF16)[:9]
-    assert "bfloat16" in g.ARMS["ours_bf16_mf6"] and int(g.ARM_ENV["ours_bf16_mf6"]["REPLAYSSM_DECODE_WINDOW"]) > 1
+    # (session 44's: the bf16 states' defaults before it with and without it, a bf16 state, window 16; the GDN bf16
+    # default is ST_MMA's m7 with it since, KDA's its m6_gp with it)
+    for arm in ("ours_bf16_mf6", "ours_bf16_m6"):
+        assert fields(arm, "GDN")[:9] == cuda_main.full_config(cuda_main.CUDA_CONFIGS["x16w4c1_m6"])[:9]
+        assert fields(arm, "KDA")[:9] == cuda_main.full_config(cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp"])[:9]
+        assert "bfloat16" in g.ARMS[arm] and int(g.ARM_ENV[arm]["REPLAYSSM_DECODE_WINDOW"]) > 1
+    assert fields("ours_bf16_m6", "GDN")[9] == 0 and fields("ours_bf16_m6", "KDA")[9] == 0
+    assert cuda_main.CUDA_DEFAULT_BF16 == cuda_main.CUDA_CONFIGS["x16w4c1_m7_mma_mf"]
+    assert cuda_main.CUDA_DEFAULT_KDA_BF16 == cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp_mf"]
     assert fields("ours_bf16_mf", "GDN")[8] == 2 and "bfloat16" in g.ARMS["ours_bf16_mf"]
     assert fields("ours_mf", "GDN")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)[:9]
     assert fields("ours_mf", "KDA")[:9] == cuda_main.full_config(cuda_main.CUDA_DEFAULT_KDA)[:9]
