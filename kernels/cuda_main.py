@@ -122,7 +122,7 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m7_lean_mf": (16, 4, 1, 7, 0, 0, 1, 1, 1, 1),
                 "x16w4c1_m8_lean_mma_mf": (16, 4, 1, 8, 0, 0, 1, 1, 2, 1),
                 "x16w4c1_m7_gp_lean_mma_mf": (16, 4, 1, 7, 0, 1, 1, 1, 2, 1),
-                # and a bf16 checkpoint's CUDA-core shapes with it (session 44: on an H100 the default x16w4c1_m6 was
+                # and a bf16 checkpoint's CUDA-core shapes with it (session 44: on an H100 the default then, x16w4c1_m6, was
                 # faster than ST_MMA's shapes, whose fold MMA_FOLD shortened by 2-7 us; ptxas sm_90, bf16 records: m6
                 # 80 registers and m7 72, 0 / 8 bytes of spill, where x16w4c1_m6's CUDA-core fold spills 12 with fp32
                 # records)
