@@ -788,6 +788,10 @@ def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
         why = cuda_main.operand_unavailable_reason(kind, st, ring, 128, cuda_main.CUDA_CONFIGS[tc])
         assert why is not None and "pre launch" in why and "16" in why
         assert not cuda_main.usable(kind, st, ring, None, 128, 128, cuda_main.CUDA_CONFIGS[tc])
+        monkeypatch.setenv(cuda_main.CONFIG_ENV[kind], tc)  # (the environment names it: the server's log line)
+        monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "auto")
+        note = cuda_main.preference_note(kind, st, ring, 128, 128)
+        assert note.startswith("Triton (the CUDA one: its tensor-core operand") and "at most 16" in note, note
 
 
 def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
