@@ -765,6 +765,10 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
         return "it needs sm_90 or newer (bulk asynchronous copies)"
     if state.stride()[1:] != (V * K, K, 1) or (state.stride(0) * state.element_size()) % 16 or state.data_ptr() % 16:
         return "it needs each slot's [HV, V, K] checkpoint contiguous and 16-byte aligned"
+    if rc_lean == 2 and not self_pre:  # (the tile's dots on the tensor cores take the CUDA pre launch's operand)
+        why = pre_unavailable_reason(kind, state, ring, K, max(4, 1 << (cap - 1).bit_length()))  # (BC: decode_v3's)
+        if why:
+            return f"its tensor-core operand comes from the CUDA pre launch ({why})"
     return None
 
 
@@ -775,19 +779,7 @@ def usable(kind, state, ring, lower_bound, K, V, config) -> bool:
         return False
     if unavailable_reason(kind, state, ring, lower_bound, K, V, *config) is not None:
         return False
-    if operand_unavailable_reason(kind, state, ring, K, config) is not None:
-        return False
     return _obtainable()
-
-
-def operand_unavailable_reason(kind, state, ring, K, config) -> str | None:
-    """Why a tensor-core shape (rc_lean 2: its tile's dots take the CUDA pre launch's operand) cannot have that
-    operand here: the CUDA pre launch's own limits (pre_unavailable_reason; a ring of at most PRE_MAX_CAP). None for
-    other shapes."""
-    if not tensor_core_shape(config):
-        return None
-    why = pre_unavailable_reason(kind, state, ring, K, max(4, 1 << max(0, ring.layout.cap - 1).bit_length()))
-    return None if why is None else f"its tensor-core operand comes from the CUDA pre launch ({why})"
 
 
 def preference_note(kind, state, ring, K, V) -> str:
@@ -795,9 +787,7 @@ def preference_note(kind, state, ring, K, V) -> str:
     "CUDA (...)" or "Triton (why)". (A CUDA kernel that then fails to build falls back at its first launch, warned.)"""
     if not prefers_cuda():
         return "Triton (REPLAYSSM_MAIN_IMPL=triton)"
-    cfg = launch_default_config(state, ring, kind)
-    why = (unavailable_reason(kind, state, ring, None, K, V, *cfg)
-           or operand_unavailable_reason(kind, state, ring, K, cfg))
+    why = unavailable_reason(kind, state, ring, None, K, V, *launch_default_config(state, ring, kind))
     if why:
         return f"Triton (the CUDA one: {why})"
     if not _obtainable():

@@ -765,8 +765,7 @@ def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
                                                                                          **extra)
         cfg = cuda_main.launch_default_config(st, ring, kind)
         assert cfg == cuda_main.default_config(state_dtype, kind, rc, L)
-        assert cuda_main.unavailable_reason(kind, st, ring, None, 128, 128, *cfg) is None, (L, cfg)
-        assert cuda_main.operand_unavailable_reason(kind, st, ring, 128, cfg) is None, (L, cfg)
+        assert cuda_main.unavailable_reason(kind, st, ring, None, 128, 128, *cfg) is None, (L, cfg)  # (its operand too)
         if L == 16:
             assert cfg == cuda_main.default_config(state_dtype, kind, rc)
         else:
@@ -785,7 +784,7 @@ def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
     if read_dtype != "same":
         ring = ringmod.RingLayout.for_layer(kind, L=32, H=2, HV=2, K=128, V=128).allocate(2, read_dtype=read_dtype,
                                                                                          **extra)
-        why = cuda_main.operand_unavailable_reason(kind, st, ring, 128, cuda_main.CUDA_CONFIGS[tc])
+        why = cuda_main.unavailable_reason(kind, st, ring, None, 128, 128, *cuda_main.CUDA_CONFIGS[tc])
         assert why is not None and "pre launch" in why and "16" in why
         assert not cuda_main.usable(kind, st, ring, None, 128, 128, cuda_main.CUDA_CONFIGS[tc])
         monkeypatch.setenv(cuda_main.CONFIG_ENV[kind], tc)  # (the environment names it: the server's log line)
