@@ -150,6 +150,9 @@ ARMS = {
     # without it (the defaults since are ST_MMA's m7 with MMA_FOLD for GDN, x16w4c1_m6_gp_mf for KDA; window 16)
     "ours_bf16_mf6": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     "ours_bf16_m6": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
+    # ST_MMA's m8 with MMA_FOLD for both (KDA's fastest bf16 shape on the H200 in run kernels-20261206-0258:
+    # x16w4c1_m8_gp_mma_mf 109.9 us against its default x16w4c1_m6_gp_mf's 118.4 at B = 256; on the H100 5 us behind)
+    "ours_bf16_mf8": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     # KDA's fp8 copy in the rc_lean shape, and with its dots on the tensor cores (session 42; kernel benchmark at
     # B = 256, kernels-20261205-0141: 129.5 and 125.3 us against the default x16w4c1_m4_gp's 151.5)
     "ours_rc_fp8_klean": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
@@ -194,6 +197,9 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_mf"},
            "ours_bf16_m6": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m6", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp"},
+           "ours_bf16_mf8": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_MAIN_IMPL": "cuda",
+                             "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma_mf",
+                             "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m8_gp_mma_mf"},
            "ours_mf": {"REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5_mf", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp_mf"},
            "ours_rc_fp8_mf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean_mf",
                               "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma_mf"},
