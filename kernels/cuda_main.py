@@ -19,6 +19,7 @@ Nothing here runs on a CPU: ``unavailable_reason`` says why a launch cannot take
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -256,6 +257,29 @@ LONG_RING_DEFAULT = {("gdn", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m6"],
                      ("gdn", torch.float32): CUDA_DEFAULT, ("kda", torch.float32): CUDA_DEFAULT_KDA}
 
 
+# The two GPUs we time order KDA's bf16 shapes differently (session 45): on the H200 ST_MMA's m8 with MMA_FOLD was
+# KDA's fastest bf16 shape in every round (kernels-20261206-0258, round-robin medians at B = 128 / 256 / 512: 61.3 /
+# 109.9 / 206.4 us against x16w4c1_m6_gp_mf's 64.3 / 118.4 / 239.0), on the H100 the CUDA-core dots' x16w4c1_m6_gp_mf
+# (kernels-20261206-0044: 74.4 / 140.1 / 268.7 against 79.1 / 145.4 / 278.1). So a GPU whose name holds a key here
+# takes these shapes for its (kind, checkpoint type) without a read copy; every other GPU the defaults above. (GDN's
+# bf16 default, x16w4c1_m7_mma_mf, was the fastest or tied on both.) The ring-length rule of default_config applies
+# after it.
+DEVICE_DEFAULTS = {"H200": {("kda", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m8_gp_mma_mf"]}}
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name_of(tensor) -> str | None:
+    """The name of the CUDA device a tensor lives on (what DEVICE_DEFAULTS's keys are found in), None off the GPU."""
+    dev = getattr(tensor, "device", None)
+    if dev is None or dev.type != "cuda":
+        return None
+    return _cuda_device_name(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 def config_name(config) -> str:
     """The first name of CUDA_CONFIGS for a block shape (a tuple as default_config returns)."""
     full = full_config(config)
@@ -269,17 +293,18 @@ def rc_dtype_of(ring):
 
 def launch_default_config(state, ring, kind: str = "gdn") -> tuple:
     """default_config for a launch on this checkpoint and ring (its element type, its read copy's, its capacity)."""
-    return default_config(state.dtype, kind, rc_dtype_of(ring), ring.layout.cap)
+    return default_config(state.dtype, kind, rc_dtype_of(ring), ring.layout.cap, device_name_of(state))
 
 
 def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,
-                   cap: int | None = None) -> tuple:
+                   cap: int | None = None, device_name: str | None = None) -> tuple:
     """The block shape a launch takes when none is asked: the environment's (env_config), else by the kind, the
     checkpoint's element type and the read copy's (rc_dtype, None without one: GDN's copies take CUDA_DEFAULT_RC,
     KDA's fp8 copy CUDA_DEFAULT_RC_KDA). A ring longer than PRE_MAX_CAP (cap; --linear-replayssm-cache-len > 16)
     cannot take a default that reads the CUDA pre launch's tensor-core operand (rc_lean 2: that pre launch holds at
     most 16 records per row) or folds on the tensor cores (mma_fold: at most 16 records): it takes LONG_RING_DEFAULT's
-    shape for its kind and state instead."""
+    shape for its kind and state instead. device_name (torch.cuda.get_device_name of the checkpoint's GPU; None: none
+    known) picks DEVICE_DEFAULTS's shape where a key of it is in the name."""
     env = env_config(kind)
     if env is not None:
         return env
@@ -291,18 +316,22 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
         cfg = CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
     else:
         cfg = CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
+    if rc_dtype is None and device_name:
+        for key, table in DEVICE_DEFAULTS.items():
+            if key in device_name:
+                cfg = table.get((kind, state_dtype), cfg)
     if cap is not None and cap > PRE_MAX_CAP and (tensor_core_shape(cfg) or full_config(cfg)[9]):
         cfg = LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
     return cfg
 
 
 def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,
-                 cap: int | None = None):
+                 cap: int | None = None, device_name: str | None = None):
     """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by
     decode_v3.launch), None the default for the kind, the checkpoint's element type, the read copy's and the ring's
-    capacity."""
+    capacity (and the GPU's name, DEVICE_DEFAULTS)."""
     return (CUDA_CONFIGS.get(cuda_config, cuda_config) if cuda_config
-            else default_config(state_dtype, kind, rc_dtype, cap))
+            else default_config(state_dtype, kind, rc_dtype, cap, device_name))
 
 
 # (a ring with a read copy, issue 7, takes the CUDA main launch as any other since session 37, the XL layout: opt-in

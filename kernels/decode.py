@@ -413,7 +413,7 @@ def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) ->
 
     if not cuda_main.prefers_cuda():
         return False
-    return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.default_config(state.dtype, kind))
+    return cuda_main.usable(kind, state, ring, lower_bound, K, V, cuda_main.launch_default_config(state, ring, kind))
 
 
 def replay_decode(

@@ -1162,7 +1162,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if self_pre and not cuda_sp:
         impl_main = "triton"  # (an environment preference for CUDA does not apply: self_pre is Triton's form here)
     cuda_sp = cuda_sp and self_pre  # (below: without a pre launch the CUDA main launch waits for nothing: no PDL)
-    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind, cuda_main.rc_dtype_of(ring), lay.cap)
+    cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind, cuda_main.rc_dtype_of(ring), lay.cap,
+                                       cuda_main.device_name_of(state))
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)

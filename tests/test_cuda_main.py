@@ -331,6 +331,32 @@ def test_read_copy_default_shapes(monkeypatch):
     assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m5"]
 
 
+def test_device_defaults(monkeypatch):
+    """DEVICE_DEFAULTS: a GPU whose name holds a key takes its shape for a (kind, checkpoint type) without a read copy
+    (KDA's bf16 state on an H200: x16w4c1_m8_gp_mma_mf, the H200's fastest in run 0258); another GPU, no GPU (None), a
+    read copy or another state keep the defaults; a long ring still takes LONG_RING_DEFAULT (the H200's shape folds on
+    the tensor cores); the environment's shape still wins; a CPU tensor has no device name."""
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_KDA", raising=False)
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    f32, fp8, bf16 = torch.float32, torch.float8_e4m3fn, torch.bfloat16
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    m8 = cuda_main.CUDA_CONFIGS["x16w4c1_m8_gp_mma_mf"]
+    assert cuda_main.default_config(bf16, "kda", None, 16, h200) == m8
+    assert cuda_main.asked_config(None, bf16, "kda", None, 16, h200) == m8
+    assert cuda_main.default_config(bf16, "kda", None, 16, h100) == cuda_main.CUDA_DEFAULT_KDA_BF16 != m8
+    assert cuda_main.default_config(bf16, "kda", None, 16, None) == cuda_main.CUDA_DEFAULT_KDA_BF16
+    assert cuda_main.default_config(bf16, "gdn", None, 16, h200) == cuda_main.CUDA_DEFAULT_BF16
+    assert cuda_main.default_config(f32, "kda", None, 16, h200) == cuda_main.CUDA_DEFAULT_KDA
+    assert cuda_main.default_config(f32, "kda", fp8, 16, h200) == cuda_main.CUDA_DEFAULT_RC_KDA[fp8]
+    assert cuda_main.default_config(bf16, "kda", None, 32, h200) == cuda_main.LONG_RING_DEFAULT[("kda", bf16)]
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m6_gp")
+    assert cuda_main.default_config(bf16, "kda", None, 16, h200) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp"]
+    assert cuda_main.device_name_of(torch.zeros(1)) is None and cuda_main.device_name_of(None) is None
+    for table in cuda_main.DEVICE_DEFAULTS.values():  # (every shape named there is one the prebuild knows)
+        for (kind, sdt), cfg in table.items():
+            assert cuda_main.config_name(cfg) in cuda_main.CUDA_CONFIGS and kind in ("gdn", "kda")
+
+
 def test_read_copy_refusals():
     """Where the CUDA main launch cannot read a read copy it says why (the XL layout and an fp32 state only)."""
     from replayssm_sglang import ring as ringmod
