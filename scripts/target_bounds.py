@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""What issue 3's and issue 7's speed targets ask of the memory system, from kernel-benchmark runs (CPU only).
+
+For every (layer, state, B >= 128) of one or more `scripts/bench_kernels.py` JSON files it prints one row:
+  - conventional's time and the fraction of the GPU's measured copy peak it streams at (its bytes: bench_kernels'
+    bytes_model, read AND write of the state per step);
+  - our fastest full step in that run (diagnostic arms excluded: `_nofold`, `_stream`, the launches alone, aligned
+    cursors), its speedup and fraction of the copy peak;
+  - the target (issue 3: GDN fp32 1.65x, GDN bf16 1.55x, KDA fp32 1.5x, KDA bf16 1.4x; issue 7: the fp8 read copy
+    3x conventional fp32), the time it allows, and the fraction of the copy peak our bytes would have to stream at
+    to meet it;
+  - the bytes ceiling: the speedup if our step streamed its bytes as efficiently as conventional streams its own
+    (conv_bytes / our_bytes), i.e. what the bytes model allows at conventional's efficiency;
+  - where the run has it, the `_nofold` diagnostic of the same shape (every row reads, none folds: wrong results,
+    fewer bytes by the fold's writes), which says how fast the streaming part runs alone.
+A target is out of reach of a design when the efficiency it needs is above what the same kernel reaches without its
+folds; it is within the bytes model when the ceiling is above it. The table says both.
+
+  python3 scripts/target_bounds.py benchmarks/results/kernels-20261206-0258-s1.json [more.json ...]
+      [--out docs-table.md] [--plot bounds.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# issue 3's targets (speedup over conventional decode of the same state, B >= 128) and issue 7's (the fp8 read copy
+# of an fp32 state against conventional fp32 decode, B >= 256)
+TARGETS = {("gdn", "float32"): 1.65, ("gdn", "bfloat16"): 1.55, ("kda", "float32"): 1.5, ("kda", "bfloat16"): 1.4}
+RC_FP8_TARGET = 3.0
+RC_FP8_MIN_B = 256
+SHAPES = {"gdn": dict(HV=32, K=128, V=128), "kda": dict(HV=32, K=128, V=128)}  # (bench_kernels.KIND_SHAPES)
+ES = {"float32": 4, "bfloat16": 2}
+# arm-name tokens of diagnostics: wrong results (nofold, stream), one launch alone (main, pre, post, premain,
+# mainpost), or another cursor distribution than the benchmark's staggered one (aligned)
+DIAG_TOKENS = {"nofold", "stream", "main", "pre", "post", "premain", "mainpost", "aligned"}
+BASELINE_ARMS = {"conv", "conv_cuda"}
+
+
+# the Triton launches every run times for reference: a cell with only these did not time this state's CUDA shapes
+# (a read-copy run's plain rows), so it gets no row of its own
+STOCK_ARMS = {"v3_r16", "v3_r32", "v3_r16_rows", "v3_r32_rows"}
+
+
+def nofold_of(arm: str, arms: dict):
+    """The `_nofold` diagnostic of an arm's shape in the same run, if timed: the same name with `_nofold` before a
+    round-robin `_rr`, the `_mf` (MMA_FOLD) dropped first where the run named the diagnostic after the base shape."""
+    rr = arm.endswith("_rr")
+    base = arm[:-3] if rr else arm
+    for b in (base, base[:-3] if base.endswith("_mf") else None):
+        if b is None:
+            continue
+        for name in ((b + "_nofold_rr", b + "_nofold") if rr else (b + "_nofold", b + "_nofold_rr")):
+            if name in arms:
+                return arms[name]
+    return None
+
+
+def is_diagnostic(arm: str) -> bool:
+    return bool(DIAG_TOKENS & set(arm.split("_")))
+
+
+def group_of(arm: str) -> str | None:
+    """Which target an arm's step answers to: "plain" (the state's own), "rc_fp8" (issue 7), None (not ours, or a
+    bf16 read copy, which has no target of its own)."""
+    if arm in BASELINE_ARMS or arm == "upstream" or arm.startswith("upstream"):
+        return None
+    if "_rc_bf16" in arm:
+        return None
+    return "rc_fp8" if "_rc_fp8" in arm else "plain"
+
+
+def fold_write_bytes(kind: str, B: int, sdt: str, L: int, group: str) -> float:
+    """The bytes the model counts for folding (what a `_nofold` arm does not move): the checkpoint's write (1 in L
+    steps), and with a read copy also the checkpoint's read on those steps."""
+    s = SHAPES[kind]
+    state = B * s["HV"] * s["V"] * s["K"] * ES[sdt]
+    return state / L if group == "plain" else 2 * state / L
+
+
+def bounds(run: dict, min_b: int = 128) -> list[dict]:
+    meta, rows = run["meta"], run["rows"]
+    peak, L = meta["copy_peak_Bps"], meta.get("L", 16)
+    gpu = meta.get("gpu", "?")
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        cells.setdefault((r["kind"], r["state_dtype"], r["B"]), {})[r["arm"]] = r
+    out = []
+    for (kind, sdt, B), arms in sorted(cells.items()):
+        conv = arms.get("conv")  # (the Triton conventional kernel every run times; bench_kernels' baseline)
+        if conv is None or B < min_b:
+            continue
+        conv_eff = conv["bytes"] / (conv["t_us"] * 1e-6) / peak
+        for group in ("plain", "rc_fp8"):
+            target = TARGETS.get((kind, sdt)) if group == "plain" else RC_FP8_TARGET
+            if target is None or (group == "rc_fp8" and (sdt != "float32" or B < RC_FP8_MIN_B)):
+                continue
+            ours = [r for a, r in arms.items() if group_of(a) == group and not is_diagnostic(a)]
+            if not any(r["arm"] not in STOCK_ARMS for r in ours):
+                continue  # (a run that times this state's stock launches only, beside another subject)
+            best = min(ours, key=lambda r: r["t_us"])
+            t_need = conv["t_us"] / target
+            row = dict(gpu=gpu, commit=meta.get("commit", "?"), kind=kind, state=sdt, B=B, group=group,
+                       conv_us=conv["t_us"], conv_eff=conv_eff, best_arm=best["arm"], best_us=best["t_us"],
+                       best_x=conv["t_us"] / best["t_us"], best_eff=best["bytes"] / (best["t_us"] * 1e-6) / peak,
+                       target=target, need_us=t_need, need_eff=best["bytes"] / (t_need * 1e-6) / peak,
+                       ceiling_x=conv["bytes"] / best["bytes"], our_mb=best["bytes"] / 1e6, met=best["t_us"] <= t_need)
+            nf = nofold_of(best["arm"], arms)
+            if nf is not None:
+                nf_bytes = nf["bytes"] - fold_write_bytes(kind, B, sdt, L, group)
+                row.update(nofold_arm=nf["arm"], nofold_us=nf["t_us"], nofold_x=conv["t_us"] / nf["t_us"],
+                           nofold_eff=nf_bytes / (nf["t_us"] * 1e-6) / peak, fold_us=best["t_us"] - nf["t_us"])
+            out.append(row)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| GPU | layer | state | B | conv us (% peak) | our fastest step | us | x conv | target: needs us "
+            "(% peak) | ours now % peak | bytes ceiling at conv's % peak | without folds (diagnostic): us, x conv, % "
+            "peak | folds cost us | met? |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        label = r["state"] + (" + fp8 copy" if r["group"] == "rc_fp8" else "")
+        nf = (f"{r['nofold_us']:.1f}, {r['nofold_x']:.2f}x, {100 * r['nofold_eff']:.0f}%" if "nofold_us" in r
+              else "-")
+        fold = f"{r['fold_us']:.1f}" if "fold_us" in r else "-"
+        lines.append(
+            f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {label} | {r['B']} | {r['conv_us']:.1f} "
+            f"({100 * r['conv_eff']:.0f}%) | `{r['best_arm']}` | {r['best_us']:.1f} | {r['best_x']:.2f}x | "
+            f"{r['target']:.2f}x: {r['need_us']:.1f} ({100 * r['need_eff']:.0f}%) | {100 * r['best_eff']:.0f}% | "
+            f"{r['ceiling_x']:.2f}x | {nf} | {fold} | {'yes' if r['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(rows)), 4.2))
+    xs = range(len(rows))
+    ax.bar([x - 0.27 for x in xs], [r["best_x"] for r in rows], 0.27, label="ours (fastest full step)")
+    ax.bar(list(xs), [r.get("nofold_x", 0) for r in rows], 0.27, label="ours without folds (diagnostic)")
+    ax.bar([x + 0.27 for x in xs], [r["ceiling_x"] for r in rows], 0.27, label="bytes ceiling at conv's efficiency")
+    ax.scatter(list(xs), [r["target"] for r in rows], marker="_", s=900, color="k", zorder=3, label="target")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {r['state'][:4]}"
+                        f"{'+fp8' if r['group'] == 'rc_fp8' else ''}\nB={r['B']}" for r in rows], fontsize=7)
+    ax.set_ylabel("x conventional (same run)")
+    ax.set_title("Speed targets against the bytes model (scripts/target_bounds.py)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="bench_kernels.py JSON files")
+    ap.add_argument("--min-b", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    ap.add_argument("--plot", type=Path, default=None, help="and a PNG of it (needs matplotlib)")
+    args = ap.parse_args(argv)
+    rows = []
+    for p in args.runs:
+        rows += bounds(json.loads(p.read_text()), args.min_b)
+    if not rows:
+        print("no cell with conventional and one of our full steps at B >= %d" % args.min_b, file=sys.stderr)
+        return 1
+    md = table(rows)
+    print(md, end="")
+    if args.out:
+        args.out.write_text(md)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
