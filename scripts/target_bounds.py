@@ -33,6 +33,7 @@ RC_FP8_TARGET = 3.0
 RC_FP8_MIN_B = 256
 SHAPES = {"gdn": dict(HV=32, K=128, V=128), "kda": dict(HV=32, K=128, V=128)}  # (bench_kernels.KIND_SHAPES)
 ES = {"float32": 4, "bfloat16": 2}
+ABBR = {"float32": "fp32", "bfloat16": "bf16"}
 # arm-name tokens of diagnostics: wrong results (nofold, stream), one launch alone (main, pre, post, premain,
 # mainpost), or another cursor distribution than the benchmark's staggered one (aligned)
 DIAG_TOKENS = {"nofold", "stream", "main", "pre", "post", "premain", "mainpost", "aligned"}
@@ -147,7 +148,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.bar([x + 0.27 for x in xs], [r["ceiling_x"] for r in rows], 0.27, label="bytes ceiling at conv's efficiency")
     ax.scatter(list(xs), [r["target"] for r in rows], marker="_", s=900, color="k", zorder=3, label="target")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {r['state'][:4]}"
+    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}"
                         f"{'+fp8' if r['group'] == 'rc_fp8' else ''}\nB={r['B']}" for r in rows], fontsize=7)
     ax.set_ylabel("x conventional (same run)")
     ax.set_title("Speed targets against the bytes model (scripts/target_bounds.py)")
