@@ -352,6 +352,15 @@ def test_device_defaults(monkeypatch):
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m6_gp")
     assert cuda_main.default_config(bf16, "kda", None, 16, h200) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp"]
     assert cuda_main.device_name_of(torch.zeros(1)) is None and cuda_main.device_name_of(None) is None
+    # the launch's own selection asks the checkpoint's GPU (device_name_of; here as an H200 would answer)
+    from replayssm_sglang import ring as ringmod
+
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_KDA")
+    ring = ringmod.RingLayout.for_layer("kda", L=16, H=2, HV=2, K=128, V=128).allocate(2, kda_keys="predecayed")
+    st = torch.zeros(2, 2, 128, 128, dtype=bf16)
+    assert cuda_main.launch_default_config(st, ring, "kda") == cuda_main.CUDA_DEFAULT_KDA_BF16
+    monkeypatch.setattr(cuda_main, "device_name_of", lambda t: h200)
+    assert cuda_main.launch_default_config(st, ring, "kda") == m8
     for table in cuda_main.DEVICE_DEFAULTS.values():  # (every shape named there is one the prebuild knows)
         for (kind, sdt), cfg in table.items():
             assert cuda_main.config_name(cfg) in cuda_main.CUDA_CONFIGS and kind in ("gdn", "kda")
