@@ -924,3 +924,11 @@ def test_sass_main_paths_still_finds_the_copy_path():
     src = (root / "kernels" / "gdn_main.cu").read_text()
     for old, _ in sass_main_paths.COPY_PATH + sass_main_paths.KDA_PATH:
         assert src.count(old) == 1, old
+    # --dead-padding's branch too (its replacement must leave a source that still has the rest of the branch)
+    assert src.count(sass_main_paths.PADDED_ROW) == 1
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as td:
+        out = sass_main_paths.copy_path_source(Path(td), "copy", dead_padding=True).read_text()
+    mark = "if (slot < 0) {  // a padded row: zero output"  # (the other launch keeps its own)
+    assert "if (false) {  // a padded row" in out and out.count(mark) == src.count(mark) - 1
