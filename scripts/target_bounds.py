@@ -66,7 +66,7 @@ def is_diagnostic(arm: str) -> bool:
 def group_of(arm: str) -> str | None:
     """Which target an arm's step answers to: "plain" (the state's own), "rc_fp8" (issue 7), None (not ours, or a
     bf16 read copy, which has no target of its own)."""
-    if arm in BASELINE_ARMS or arm == "upstream" or arm.startswith("upstream"):
+    if arm in BASELINE_ARMS or arm.startswith("upstream"):
         return None
     if "_rc_bf16" in arm:
         return None
