@@ -77,6 +77,10 @@ Arms (per layer kind, state dtype and batch size B):
               arm: the median; every round and the clocks after it in the meta), to tell placement from drift
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
+  v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
+              this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
+              pre + main, and the step without its folds, round-robin (_rr): over several batches, what a step costs
+              whatever its rows (scripts/target_bounds.py --fit) and which launch it is in
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -1274,6 +1278,26 @@ def main():
                     per = round_robin(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf")
                     meta.setdefault("mmaf_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
                                                                for n, v in per.items()})
+                    timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                if v3 and "fixed" in variants and sdt == "bfloat16" and B >= 32:
+                    # the step's fixed part (session 46): target_bounds.py --fit puts ~11-14 us of every bf16 step at
+                    # any B (conventional's: 5-7) beside a per-row part streaming at 89-96% of the copy peak; here the
+                    # default shape's step and each of its launches alone (pre, main, post), pre + main, and the step
+                    # without folds, round-robin at each B, so that a line through the batches says where it is
+                    from replayssm_sglang.kernels import cuda_main as _cm_x
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    name = _cm_x.config_name(_cm_x.default_config(torch.bfloat16, kind,
+                                                                  device_name=torch.cuda.get_device_name()))
+                    x_opts = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
+                    x_arms = {f"v3_fx_{name}": arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=x_opts)}
+                    for dg in ("pre", "main", "post", "pre+main", "nofold"):
+                        x_arms[f"v3_fx_{name}_{dg.replace('+', '')}"] = arm_ours(
+                            c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, _diag_parts=dg))
+                    arms.update(x_arms)
+                    per = round_robin(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fixed")
+                    meta.setdefault("fixed_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
+                                                                for n, v in per.items()})
                     timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's

@@ -12,9 +12,21 @@ For every (layer, state, B >= 128) of one or more `scripts/bench_kernels.py` JSO
   - the bytes ceiling: the speedup if our step streamed its bytes as efficiently as conventional streams its own
     (conv_bytes / our_bytes), i.e. what the bytes model allows at conventional's efficiency;
   - where the run has it, the `_nofold` diagnostic of the same shape (every row reads, none folds: wrong results,
-    fewer bytes by the fold's writes), which says how fast the streaming part runs alone.
+    fewer bytes by the fold's writes), which says how fast the streaming part runs alone;
+  - from it, the floor of a fold split (session 40's design: the folding rows in a launch of their own, the plain
+    rows in a lean one): the no-fold step plus the folds' own bytes at the full copy peak, i.e. as if folding cost
+    nothing but its writes and overlapped nothing. No split can be faster than that, so where this floor misses the
+    target, the split alone cannot meet it; the table then says the fraction of the copy peak the plain rows' bytes
+    would have to stream at (beside what they reach now) for any design that folds at that cost.
 A target is out of reach of a design when the efficiency it needs is above what the same kernel reaches without its
 folds; it is within the bytes model when the ceiling is above it. The table says both.
+
+With --fit it also splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
+run's batches >= --min-b, for conventional, for our arm that is fastest at the largest batch (the same arm at every
+B) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows
+without bound; bytes per row / b the fraction of the copy peak the rows stream at), a what a step costs however few
+rows it has (launches, the dependent loads before the first byte, the last wave). The fit then says from which B the
+line meets the target, and the fixed part a step may have at B = 128 and 256 with the slope it has.
 
   python3 scripts/target_bounds.py benchmarks/results/kernels-20261206-0258-s1.json [more.json ...]
       [--out docs-table.md] [--plot bounds.png]
@@ -113,25 +125,104 @@ def bounds(run: dict, min_b: int = 128) -> list[dict]:
                 nf_bytes = nf["bytes"] - fold_write_bytes(kind, B, sdt, L, group)
                 row.update(nofold_arm=nf["arm"], nofold_us=nf["t_us"], nofold_x=conv["t_us"] / nf["t_us"],
                            nofold_eff=nf_bytes / (nf["t_us"] * 1e-6) / peak, fold_us=best["t_us"] - nf["t_us"])
+                # the split's floor: the folds' bytes at the copy peak on top of the no-fold step
+                fold_peak_us = fold_write_bytes(kind, B, sdt, L, group) / peak * 1e6
+                split_us = nf["t_us"] + fold_peak_us
+                plain_us = t_need - fold_peak_us  # (the time the target leaves the plain rows' bytes)
+                row.update(split_us=split_us, split_x=conv["t_us"] / split_us, split_met=split_us <= t_need,
+                           plain_need_eff=nf_bytes / (plain_us * 1e-6) / peak if plain_us > 0 else float("inf"))
             out.append(row)
     return out
+
+
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares a, b of t = a + b B over (B, t) points (two or more distinct B)."""
+    n = len(points)
+    mb = sum(b for b, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    sbb = sum((b - mb) ** 2 for b, _ in points)
+    slope = sum((b - mb) * (t - mt) for b, t in points) / sbb
+    return mt - slope * mb, slope
+
+
+def fits(run: dict, min_b: int = 128) -> list[dict]:
+    """Per (layer, state) of a run's plain rows (no read copy): the fixed and per-row parts of conventional, of our
+    arm fastest at the largest B (timed at every B conventional was), and of its `_nofold` diagnostic; see --fit."""
+    meta, rows = run["meta"], run["rows"]
+    peak = meta["copy_peak_Bps"]
+    by: dict[tuple, dict] = {}
+    for r in rows:
+        if r["B"] >= min_b:
+            by.setdefault((r["kind"], r["state_dtype"]), {}).setdefault(r["arm"], {})[r["B"]] = r
+    out = []
+    for (kind, sdt), arms in sorted(by.items()):
+        target, conv = TARGETS.get((kind, sdt)), arms.get("conv")
+        if target is None or conv is None or len(conv) < 2:
+            continue
+        bs = sorted(conv)
+        full = {a: v for a, v in arms.items() if group_of(a) == "plain" and not is_diagnostic(a)
+                and a not in STOCK_ARMS and set(bs) <= set(v)}
+        if not full:
+            continue
+        best = min(full, key=lambda a: full[a][bs[-1]]["t_us"])
+        row = dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, batches=bs, target=target, arm=best)
+        for name, arm in (("conv", "conv"), ("ours", best), ("nofold", None)):
+            if arm is None:
+                nf = {b: nofold_of(best, {a: v[b] for a, v in arms.items() if b in v}) for b in bs}
+                if any(v is None for v in nf.values()):
+                    continue
+                series = nf
+            else:
+                series = arms[arm]
+            a, b = line_fit([(B, series[B]["t_us"]) for B in bs])
+            per_row = (series[bs[-1]]["bytes"] - series[bs[0]]["bytes"]) / (bs[-1] - bs[0])
+            row[name] = dict(a=a, b=b, eff=per_row / (b * 1e-6) / peak)
+        ca, cb = row["conv"]["a"], row["conv"]["b"]
+        oa, ob = row["ours"]["a"], row["ours"]["b"]
+        row["asym_x"] = cb / ob
+        # the line meets the target where oa + ob B <= (ca + cb B) / target
+        gain = cb / target - ob
+        row["meets_from_b"] = (oa - ca / target) / gain if gain > 0 else float("inf")
+        row["fixed_allowed"] = {B: (ca + cb * B) / target - ob * B for B in (128, 256)}
+        out.append(row)
+    return out
+
+
+def fit_table(rows: list[dict]) -> str:
+    head = ("| GPU | layer | state | arm | conv: a us + b us/row (% peak) | ours: a + b (% peak) | without folds: a + b | "
+            "x conv as B grows | target | the line meets it from B | fixed part allowed at B = 128 / 256 |")
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        def ab(p):
+            return f"{p['a']:.1f} + {p['b']:.4f} ({100 * p['eff']:.0f}%)"
+        nf = ab(r["nofold"]) if "nofold" in r else "-"
+        meets = "never" if r["meets_from_b"] == float("inf") else f"{max(r['meets_from_b'], 0):.0f}"
+        fa = r["fixed_allowed"]
+        lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | `{r['arm']}` | "
+                     f"{ab(r['conv'])} | {ab(r['ours'])} | {nf} | {r['asym_x']:.2f}x | {r['target']:.2f}x | {meets} | "
+                     f"{fa[128]:.1f} / {fa[256]:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def table(rows: list[dict]) -> str:
     head = ("| GPU | layer | state | B | conv us (% peak) | our fastest step | us | x conv | target: needs us "
             "(% peak) | ours now % peak | bytes ceiling at conv's % peak | without folds (diagnostic): us, x conv, % "
-            "peak | folds cost us | met? |")
-    lines = [head, "|" + "---|" * 14]
+            "peak | folds cost us | fold split's floor: us, x conv (meets?) | plain rows must stream at (now) | "
+            "met? |")
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         label = r["state"] + (" + fp8 copy" if r["group"] == "rc_fp8" else "")
         nf = (f"{r['nofold_us']:.1f}, {r['nofold_x']:.2f}x, {100 * r['nofold_eff']:.0f}%" if "nofold_us" in r
               else "-")
         fold = f"{r['fold_us']:.1f}" if "fold_us" in r else "-"
+        split = (f"{r['split_us']:.1f}, {r['split_x']:.2f}x ({'yes' if r['split_met'] else 'no'})" if "split_us" in r
+                 else "-")
+        plain = (f"{100 * r['plain_need_eff']:.0f}% ({100 * r['nofold_eff']:.0f}%)" if "split_us" in r else "-")
         lines.append(
             f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {label} | {r['B']} | {r['conv_us']:.1f} "
             f"({100 * r['conv_eff']:.0f}%) | `{r['best_arm']}` | {r['best_us']:.1f} | {r['best_x']:.2f}x | "
             f"{r['target']:.2f}x: {r['need_us']:.1f} ({100 * r['need_eff']:.0f}%) | {100 * r['best_eff']:.0f}% | "
-            f"{r['ceiling_x']:.2f}x | {nf} | {fold} | {'yes' if r['met'] else 'no'} |")
+            f"{r['ceiling_x']:.2f}x | {nf} | {fold} | {split} | {plain} | {'yes' if r['met'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +238,10 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.bar(list(xs), [r.get("nofold_x", 0) for r in rows], 0.27, label="ours without folds (diagnostic)")
     ax.bar([x + 0.27 for x in xs], [r["ceiling_x"] for r in rows], 0.27, label="bytes ceiling at conv's efficiency")
     ax.scatter(list(xs), [r["target"] for r in rows], marker="_", s=900, color="k", zorder=3, label="target")
+    split = [(x, r["split_x"]) for x, r in zip(xs, rows) if "split_x" in r]
+    if split:
+        ax.scatter([x for x, _ in split], [v for _, v in split], marker="v", s=28, color="tab:red", zorder=4,
+                   label="fold split's floor (folds at their bytes' peak time)")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}"
                         f"{'+fp8' if r['group'] == 'rc_fp8' else ''}\nB={r['B']}" for r in rows], fontsize=7)
@@ -163,14 +258,20 @@ def main(argv=None) -> int:
     ap.add_argument("--min-b", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     ap.add_argument("--plot", type=Path, default=None, help="and a PNG of it (needs matplotlib)")
+    ap.add_argument("--fit", action="store_true", help="also the fixed and per-row parts of each step (a + b B)")
     args = ap.parse_args(argv)
-    rows = []
+    rows, fit_rows = [], []
     for p in args.runs:
-        rows += bounds(json.loads(p.read_text()), args.min_b)
+        run = json.loads(p.read_text())
+        rows += bounds(run, args.min_b)
+        if args.fit:
+            fit_rows += fits(run, args.min_b)
     if not rows:
         print("no cell with conventional and one of our full steps at B >= %d" % args.min_b, file=sys.stderr)
         return 1
     md = table(rows)
+    if fit_rows:
+        md += "\n" + fit_table(fit_rows)
     print(md, end="")
     if args.out:
         args.out.write_text(md)

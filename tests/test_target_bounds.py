@@ -47,6 +47,14 @@ def test_bounds_arithmetic_and_arm_choice():
     fold = 256 * 32 * 128 * 128 * 2 / 16  # (one checkpoint write in 16 steps, bf16)
     assert r["nofold_arm"] == "v3_mf_x16w4c1_m7_mma_nofold_rr" and r["fold_us"] == pytest.approx(10.0)
     assert r["nofold_eff"] == pytest.approx((our_b - fold) / 87e-6 / PEAK)
+    # the fold split's floor: the no-fold step plus the fold's writes (16.8 MB) at the copy peak: 91.2 us, above the
+    # 90.3 the target allows; 2 us less without folds and a split could meet it
+    assert r["split_us"] == pytest.approx(87.0 + fold / PEAK * 1e6) and not r["split_met"]
+    rows2 = [dict(x, t_us=85.0) if x["arm"].endswith("_nofold_rr") else x for x in rows]
+    r2 = tb.bounds(_run(rows2))[0]
+    assert r2["split_us"] == pytest.approx(85.0 + fold / PEAK * 1e6) and r2["split_met"]
+    assert r["split_x"] == pytest.approx(140.0 / (87.0 + fold / PEAK * 1e6))
+    assert r["plain_need_eff"] == pytest.approx((our_b - fold) / ((140.0 / 1.55 - fold / PEAK * 1e6) * 1e-6) / PEAK)
     md = tb.table(out)
     assert "1.44x" in md and "1.55x: 90.3" in md and "| no |" in md
 
@@ -94,6 +102,8 @@ def test_cli_on_a_recorded_run(tmp_path):
     text = md.read_text()
     line = next(ln for ln in text.splitlines() if "| GDN | bfloat16 | 256 |" in ln)
     assert "`v3_mf_x16w4c1_m7_mma_mf_rr` | 97.0 | 1.45x | 1.55x: 91.0" in line and line.endswith("| no |")
+    # with folds at their bytes' cost alone a split would still miss it there: 87.5 + 4.0 us
+    assert "| 91.5, 1.54x (no) | 82% (82%) |" in line
     if png is not None:
         assert png.stat().st_size > 10_000
     empty = tmp_path / "e.json"
