@@ -21,7 +21,9 @@ For every (layer, state, B >= 128) of one or more `scripts/bench_kernels.py` JSO
 A target is out of reach of a design when the efficiency it needs is above what the same kernel reaches without its
 folds; it is within the bytes model when the ceiling is above it. The table says both.
 
-With --fit it also splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
+With --fit it also splits each step by launch where the run has bench_kernels' `--variants fixed` arms (each
+launch alone, pre + main, the step without folds: the pre launch's exposure, the post launch's, the folds', and the
+step with the pre launch's exposure taken off), and splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
 run's batches >= --min-b, for conventional, for our arm that is fastest at the largest batch (the same arm at every
 B) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows
 without bound; bytes per row / b the fraction of the copy peak the rows stream at), a what a step costs however few
@@ -176,6 +178,8 @@ def fits(run: dict, min_b: int = 128) -> list[dict]:
                 series = arms[arm]
             a, b = line_fit([(B, series[B]["t_us"]) for B in bs])
             per_row = (series[bs[-1]]["bytes"] - series[bs[0]]["bytes"]) / (bs[-1] - bs[0])
+            if name == "nofold":  # (its bytes as the model counts them for the full step, less the fold's writes)
+                per_row -= fold_write_bytes(kind, 1, sdt, meta.get("L", 16), "plain")
             row[name] = dict(a=a, b=b, eff=per_row / (b * 1e-6) / peak)
         ca, cb = row["conv"]["a"], row["conv"]["b"]
         oa, ob = row["ours"]["a"], row["ours"]["b"]
@@ -201,6 +205,59 @@ def fit_table(rows: list[dict]) -> str:
         lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | `{r['arm']}` | "
                      f"{ab(r['conv'])} | {ab(r['ours'])} | {nf} | {r['asym_x']:.2f}x | {r['target']:.2f}x | {meets} | "
                      f"{fa[128]:.1f} / {fa[256]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+FX_PARTS = ("pre", "main", "post", "premain", "nofold")
+
+
+def launch_split(run: dict, min_b: int = 1) -> list[dict]:
+    """Per (layer, state, B) of a run with bench_kernels' `--variants fixed` arms (`v3_fx_<shape>` and its `_pre`,
+    `_main`, `_post`, `_premain`, `_nofold`; the round-robin `_rr` medians where timed): the step by launch. The pre
+    launch's exposure is pre + main less main alone, the post launch's the step less pre + main, the folds' the step
+    less the step without them; and the step with the pre launch's exposure taken off (what hiding it would give)."""
+    meta, rows = run["meta"], run["rows"]
+    cells: dict[tuple, dict] = {}
+    for r in rows:
+        if r["B"] >= min_b:
+            cells.setdefault((r["kind"], r["state_dtype"], r["B"]), {})[r["arm"]] = r["t_us"]
+    out = []
+    for (kind, sdt, B), arms in sorted(cells.items()):
+        conv = arms.get("conv")
+        steps = [a for a in arms if a.startswith("v3_fx_") and not a.endswith("_rr")
+                 and not any(a.endswith("_" + p) for p in FX_PARTS)]
+        if conv is None or len(steps) != 1:
+            continue
+        step = steps[0]
+
+        def t(suffix):
+            return arms.get(step + suffix + "_rr", arms.get(step + suffix))
+
+        parts = {p: t("_" + p) for p in FX_PARTS}
+        if t("") is None or any(v is None for v in parts.values()):
+            continue
+        full = t("")
+        pre_exposed = parts["premain"] - parts["main"]
+        target = TARGETS.get((kind, sdt)) if B >= 128 else None  # (issue 3's speedup targets are for B >= 128)
+        out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, B=B, shape=step[len("v3_fx_"):], conv_us=conv,
+                        step_us=full, x=conv / full, **{p + "_us": v for p, v in parts.items()},
+                        pre_exposed=pre_exposed, post_exposed=full - parts["premain"], folds=full - parts["nofold"],
+                        nopre_x=conv / (full - pre_exposed), target=target,
+                        nopre_met=target is not None and conv / (full - pre_exposed) >= target))
+    return out
+
+
+def split_table(rows: list[dict]) -> str:
+    head = ("| GPU | layer | state | B | shape | conv us | step us (x conv) | pre / main / post alone | pre + main | "
+            "pre exposed | post exposed | folds | step without the pre's exposure: x conv (target) |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        tgt = f"{r['target']:.2f}x, {'met' if r['nopre_met'] else 'not met'}" if r["target"] else "-"
+        lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | {r['B']} | "
+                     f"`{r['shape']}` | {r['conv_us']:.1f} | {r['step_us']:.1f} ({r['x']:.2f}x) | "
+                     f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f} | {r['premain_us']:.1f} | "
+                     f"{r['pre_exposed']:.1f} | {r['post_exposed']:.1f} | {r['folds']:.1f} | "
+                     f"{r['nopre_x']:.2f}x ({tgt}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -260,18 +317,21 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="and a PNG of it (needs matplotlib)")
     ap.add_argument("--fit", action="store_true", help="also the fixed and per-row parts of each step (a + b B)")
     args = ap.parse_args(argv)
-    rows, fit_rows = [], []
+    rows, fit_rows, split_rows = [], [], []
     for p in args.runs:
         run = json.loads(p.read_text())
         rows += bounds(run, args.min_b)
         if args.fit:
             fit_rows += fits(run, args.min_b)
+            split_rows += launch_split(run, args.min_b)
     if not rows:
         print("no cell with conventional and one of our full steps at B >= %d" % args.min_b, file=sys.stderr)
         return 1
     md = table(rows)
     if fit_rows:
         md += "\n" + fit_table(fit_rows)
+    if split_rows:
+        md += "\n" + split_table(split_rows)
     print(md, end="")
     if args.out:
         args.out.write_text(md)

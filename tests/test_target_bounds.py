@@ -109,3 +109,73 @@ def test_cli_on_a_recorded_run(tmp_path):
     empty = tmp_path / "e.json"
     empty.write_text(json.dumps(_run([])))
     assert tb.main([str(empty)]) == 1
+
+
+def test_fits_line_through_the_batches():
+    """--fit: the least-squares line of conventional, of our arm fastest at the largest B and of its no-fold
+    diagnostic (its bytes less the fold's writes); the B from which the line meets the target, the fixed part the
+    target allows; exact on points that lie on lines."""
+    per_row_conv, per_row_ours = 2.1e6, 1.2e6
+    rows = []
+    for B in (128, 256, 512):
+        rows += [_row("gdn", "bfloat16", B, "conv", 5.0 + 0.7 * B, per_row_conv * B),
+                 _row("gdn", "bfloat16", B, "v3_mf_x16w4c1_m7_mma_mf", 12.0 + 0.45 * B, per_row_ours * B),
+                 _row("gdn", "bfloat16", B, "v3_mf_x16w4c1_m6_mf", 11.0 + 0.46 * B, per_row_ours * B),  # slower at 512
+                 _row("gdn", "bfloat16", B, "v3_mf_x16w4c1_m7_mma_nofold", 9.0 + 0.42 * B, per_row_ours * B)]
+    rows.append(_row("gdn", "bfloat16", 256, "v3_mf_x16w4c1_m5", 50.0, per_row_ours * 256))  # (not timed at every B)
+    (f,) = tb.fits(_run(rows))
+    assert f["arm"] == "v3_mf_x16w4c1_m7_mma_mf"
+    assert f["conv"]["a"] == pytest.approx(5.0) and f["conv"]["b"] == pytest.approx(0.7)
+    assert f["ours"]["a"] == pytest.approx(12.0) and f["ours"]["b"] == pytest.approx(0.45)
+    assert f["nofold"]["a"] == pytest.approx(9.0) and f["nofold"]["b"] == pytest.approx(0.42)
+    assert f["ours"]["eff"] == pytest.approx(per_row_ours / 0.45e-6 / PEAK)
+    fold_row = 32 * 128 * 128 * 2 / 16
+    assert f["nofold"]["eff"] == pytest.approx((per_row_ours - fold_row) / 0.42e-6 / PEAK)
+    assert f["asym_x"] == pytest.approx(0.7 / 0.45)
+    assert f["meets_from_b"] == pytest.approx((12.0 - 5.0 / 1.55) / (0.7 / 1.55 - 0.45))
+    assert f["fixed_allowed"][128] == pytest.approx((5.0 + 0.7 * 128) / 1.55 - 0.45 * 128)
+    assert "| 5.0 + 0.7000 (" in tb.fit_table([f])
+    # a slope that never catches up: "never"
+    slow = [dict(r, t_us=12.0 + 0.5 * r["B"]) if r["arm"] == "v3_mf_x16w4c1_m7_mma_mf" else r for r in rows]
+    (g,) = tb.fits(_run(slow))
+    assert g["meets_from_b"] == float("inf") and "| never |" in tb.fit_table([g])
+
+
+def _fx_rows(kind, B, conv, full, pre, main, post, premain, nofold, rr=True):
+    name = "v3_fx_x16w4c1_m6_gp_mf"
+    out = [_row(kind, "bfloat16", B, "conv", conv, 1.0), _row(kind, "bfloat16", B, name, full + 5.0, 1.0)]
+    for suf, t in (("", full), ("_pre", pre), ("_main", main), ("_post", post), ("_premain", premain),
+                   ("_nofold", nofold)):
+        out.append(_row(kind, "bfloat16", B, name + suf + ("_rr" if rr else ""), t, 1.0))
+    return out
+
+
+def test_launch_split():
+    """--fit with bench_kernels' --variants fixed arms: each launch's exposure from the round-robin medians (not the
+    one-shot step), the step without the pre launch's exposure against the target at B >= 128 only."""
+    rows = _fx_rows("kda", 256, 189.2, 136.8, 14.9, 120.1, 2.0, 135.7, 124.8)
+    rows += _fx_rows("kda", 32, 28.5, 25.3, 5.0, 21.7, 2.2, 24.6, 22.7)
+    rows += _fx_rows("gdn", 128, 96.5, 68.2, 5.8, 62.2, 1.7, 67.0, 61.7)[:-1]  # (no nofold arm: no row)
+    out = tb.launch_split(_run(rows))
+    assert [(r["kind"], r["B"]) for r in out] == [("kda", 32), ("kda", 256)]
+    r32, r256 = out
+    assert r256["step_us"] == 136.8 and r256["pre_exposed"] == pytest.approx(15.6)
+    assert r256["post_exposed"] == pytest.approx(1.1) and r256["folds"] == pytest.approx(12.0)
+    assert r256["nopre_x"] == pytest.approx(189.2 / (136.8 - 15.6)) and r256["nopre_met"]
+    assert r32["target"] is None and not r32["nopre_met"]
+    md = tb.split_table(out)
+    assert "| 15.6 | 1.1 | 12.0 | 1.56x (1.40x, met) |" in md and "(-) |" in md
+
+
+def test_cli_fit_on_the_recorded_split_run(tmp_path):
+    """--fit on session 46's H100 run (kernels-20261206-0529, --variants fixed): GDN bf16 at B = 256 exposes 8.3 us
+    of its 8.0-us pre launch; without that exposure the step would be 1.62x conventional, over 1.55x."""
+    src = ROOT / "benchmarks" / "results" / "kernels-20261206-0529-s1.json"
+    if not src.exists():
+        pytest.skip("the recorded run is not in this checkout")
+    md = tmp_path / "s.md"
+    assert tb.main([str(src), "--fit", "--min-b", "32", "--out", str(md)]) == 0
+    text = md.read_text()
+    line = next(ln for ln in text.splitlines() if "| GDN | bfloat16 | 256 | `x16w4c1_m7_mma_mf` |" in ln)
+    assert "| 123.7 (1.52x) | 8.0 / 114.3 / 1.7 | 122.6 | 8.3 |" in line and line.endswith("| 1.62x (1.55x, met) |")
+    assert "| the line meets it from B |" in text
