@@ -80,7 +80,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, and the step without its folds, round-robin (_rr): over several batches, what a step costs
-              whatever its rows (scripts/target_bounds.py --fit) and which launch it is in
+              whatever its rows (scripts/target_bounds.py --fit) and which launch it is in; where the pre launch
+              is Triton's also v3_fxprN_<shape>[_pre], the step (and the pre launch alone) with N = 2, 4 rows per
+              pre program
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -1294,6 +1296,16 @@ def main():
                     for dg in ("pre", "main", "post", "pre+main", "nofold"):
                         x_arms[f"v3_fx_{name}_{dg.replace('+', '')}"] = arm_ours(
                             c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, _diag_parts=dg))
+                    if x_opts["pre_impl"] == "triton":
+                        # Triton's pre launch with 2 / 4 batch rows per program (pre_rows): KDA's 8,192 one-warp
+                        # programs at B = 256 are two waves, and the main launch starts only once every one of them
+                        # has started; does one wave (or half of one) let it overlap the pre launch? (session 30
+                        # asked this of GDN's fp32 state: no)
+                        for pr in (2, 4):
+                            x_arms[f"v3_fxpr{pr}_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,
+                                                                     v3_opts=dict(x_opts, pre_rows=pr))
+                            x_arms[f"v3_fxpr{pr}_{name}_pre"] = arm_ours(
+                                c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, pre_rows=pr, _diag_parts="pre"))
                     arms.update(x_arms)
                     per = round_robin(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fixed")
                     meta.setdefault("fixed_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
