@@ -22,8 +22,9 @@ A target is out of reach of a design when the efficiency it needs is above what 
 folds; it is within the bytes model when the ceiling is above it. The table says both.
 
 With --fit it also splits each step by launch where the run has bench_kernels' `--variants fixed` arms (each
-launch alone, pre + main, the step without folds: the pre launch's exposure, the post launch's, the folds', and the
-step with the pre launch's exposure taken off), and splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
+launch alone, pre + main, the step without folds: the pre launch's exposure, the post launch's, the folds', the step
+with the pre launch's exposure taken off, the step with the pre launch overlapped but its bytes (pre_bytes) still
+streamed at the copy peak, and that with the folds at their bytes' cost too), and splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
 run's batches >= --min-b, for conventional, for our arm that is fastest at the largest batch (the same arm at every
 B) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows
 without bound; bytes per row / b the fraction of the copy peak the rows stream at), a what a step costs however few
@@ -211,6 +212,27 @@ def fit_table(rows: list[dict]) -> str:
 FX_PARTS = ("pre", "main", "post", "premain", "nofold")
 
 
+def pre_bytes(kind: str, B: int, gt_pre: bool, L: int = 16, rec_es: int = 2) -> float:
+    """What the pre launch loads and stores in one step, counted from decode_v3._pre_row (the CUDA pre launches move
+    the same data), per (row, key head) with the server's bf16 records (rec_es), bf16 inputs and h records on
+    average (cursors uniform over 0 .. L - 1):
+      both kinds: q and k (2 K bf16), the h key records (h K rec_es), the appended key (K rec_es);
+      GDN, per value head of the key head: the gate (one bf16), G of the h records (h fp32), the coefficients
+        (2 x 16 fp32), e^{G_t} and <k, q> (2 fp32), the appended G (fp32);
+      KDA (predecayed keys): the gate (K bf16), G_{h-1} read and G_t appended (2 K fp32), the coefficients
+        (2 x 16 fp32), <k, q> (fp32), and G_t for the main launch where the shape takes it (gt_pre: K fp32)."""
+    s = SHAPES[kind]
+    K, HV = s["K"], s["HV"]
+    h = (L - 1) / 2
+    both = 2 * K * 2 + h * K * rec_es + K * rec_es
+    if kind == "gdn":
+        H = HV // 2  # (GDN's two value heads per key head: bench_kernels.KIND_SHAPES)
+        per_v = 2 + h * 4 + 2 * 16 * 4 + 2 * 4 + 4
+        return B * H * (both + (HV // H) * per_v)
+    per = both + K * 2 + 2 * K * 4 + 2 * 16 * 4 + 4 + (K * 4 if gt_pre else 0)
+    return B * HV * per
+
+
 def launch_split(run: dict, min_b: int = 1) -> list[dict]:
     """Per (layer, state, B) of a run with bench_kernels' `--variants fixed` arms (`v3_fx_<shape>` and its `_pre`,
     `_main`, `_post`, `_premain`, `_nofold`; the round-robin `_rr` medians where timed): the step by launch. The pre
@@ -238,26 +260,44 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
             continue
         full = t("")
         pre_exposed = parts["premain"] - parts["main"]
+        folds = full - parts["nofold"]
         target = TARGETS.get((kind, sdt)) if B >= 128 else None  # (issue 3's speedup targets are for B >= 128)
-        out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, B=B, shape=step[len("v3_fx_"):], conv_us=conv,
+        shape = step[len("v3_fx_"):]
+        peak = meta["copy_peak_Bps"]
+        # the pre launch overlapped with the main launch, its bytes streamed beside the tiles at the copy peak (no
+        # overlap can make them free); then also the folds at their bytes' cost (their writes at the peak)
+        pre_peak = pre_bytes(kind, B, "_gp" in shape, meta.get("L", 16)) / peak * 1e6
+        fold_peak = fold_write_bytes(kind, B, sdt, meta.get("L", 16), "plain") / peak * 1e6
+        overlap_us = full - pre_exposed + pre_peak
+        both_us = overlap_us - max(folds - fold_peak, 0.0)
+
+        def met(us):
+            return target is not None and conv / us >= target
+
+        out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, B=B, shape=shape, conv_us=conv,
                         step_us=full, x=conv / full, **{p + "_us": v for p, v in parts.items()},
-                        pre_exposed=pre_exposed, post_exposed=full - parts["premain"], folds=full - parts["nofold"],
-                        nopre_x=conv / (full - pre_exposed), target=target,
-                        nopre_met=target is not None and conv / (full - pre_exposed) >= target))
+                        pre_exposed=pre_exposed, post_exposed=full - parts["premain"], folds=folds,
+                        nopre_x=conv / (full - pre_exposed), target=target, nopre_met=met(full - pre_exposed),
+                        pre_peak_us=pre_peak, overlap_us=overlap_us, overlap_x=conv / overlap_us,
+                        overlap_met=met(overlap_us), both_us=both_us, both_x=conv / both_us, both_met=met(both_us)))
     return out
 
 
 def split_table(rows: list[dict]) -> str:
     head = ("| GPU | layer | state | B | shape | conv us | step us (x conv) | pre / main / post alone | pre + main | "
-            "pre exposed | post exposed | folds | step without the pre's exposure: x conv (target) |")
-    lines = [head, "|" + "---|" * 13]
+            "pre exposed | post exposed | folds | without the pre's exposure | the pre overlapped at its bytes' "
+            "cost (its bytes at the peak, us) | ... and the folds at theirs | target |")
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
-        tgt = f"{r['target']:.2f}x, {'met' if r['nopre_met'] else 'not met'}" if r["target"] else "-"
+        def x(key):
+            return f"{r[key + '_x']:.2f}x" + ("" if r["target"] is None else
+                                                (" (met)" if r[key + "_met"] else " (not met)"))
+        tgt = f"{r['target']:.2f}x" if r["target"] else "-"
         lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | {r['B']} | "
                      f"`{r['shape']}` | {r['conv_us']:.1f} | {r['step_us']:.1f} ({r['x']:.2f}x) | "
                      f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f} | {r['premain_us']:.1f} | "
-                     f"{r['pre_exposed']:.1f} | {r['post_exposed']:.1f} | {r['folds']:.1f} | "
-                     f"{r['nopre_x']:.2f}x ({tgt}) |")
+                     f"{r['pre_exposed']:.1f} | {r['post_exposed']:.1f} | {r['folds']:.1f} | {x('nopre')} | "
+                     f"{x('overlap')} ({r['pre_peak_us']:.1f}) | {x('both')} | {tgt} |")
     return "\n".join(lines) + "\n"
 
 

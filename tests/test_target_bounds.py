@@ -163,8 +163,20 @@ def test_launch_split():
     assert r256["post_exposed"] == pytest.approx(1.1) and r256["folds"] == pytest.approx(12.0)
     assert r256["nopre_x"] == pytest.approx(189.2 / (136.8 - 15.6)) and r256["nopre_met"]
     assert r32["target"] is None and not r32["nopre_met"]
+    # the pre launch overlapped at its bytes' cost: per (row, head) 4,612 bytes (q, k 512; 7.5 key records 1,920;
+    # the appended key 256; the gate 256; G read and written 1,024; coefficients 128; <k, q> 4; G_t for gt_pre 512)
+    pre_b = 256 * 32 * 4612
+    assert tb.pre_bytes("kda", 256, gt_pre=True) == pytest.approx(pre_b)
+    assert tb.pre_bytes("kda", 256, gt_pre=False) == pytest.approx(256 * 32 * 4100)
+    # GDN per (row, key head): q, k 512, 7.5 records 1,920, the key 256; per value head 2 + 30 + 128 + 8 + 4
+    assert tb.pre_bytes("gdn", 256, gt_pre=False) == pytest.approx(256 * 16 * (2688 + 2 * 172))
+    assert r256["overlap_us"] == pytest.approx(136.8 - 15.6 + pre_b / PEAK * 1e6)
+    fold_peak = 256 * 32 * 128 * 128 * 2 / 16 / PEAK * 1e6
+    assert r256["both_us"] == pytest.approx(r256["overlap_us"] - (12.0 - fold_peak))
+    assert r256["overlap_met"] and r256["both_met"]
     md = tb.split_table(out)
-    assert "| 15.6 | 1.1 | 12.0 | 1.56x (1.40x, met) |" in md and "(-) |" in md
+    assert "| 15.6 | 1.1 | 12.0 | 1.56x (met) | 1.45x (met) (9.4) | 1.54x (met) | 1.40x |" in md
+    assert "| 1.27x | " in md and md.splitlines()[2].endswith("| - |")
 
 
 def test_cli_fit_on_the_recorded_split_run(tmp_path):
@@ -177,5 +189,8 @@ def test_cli_fit_on_the_recorded_split_run(tmp_path):
     assert tb.main([str(src), "--fit", "--min-b", "32", "--out", str(md)]) == 0
     text = md.read_text()
     line = next(ln for ln in text.splitlines() if "| GDN | bfloat16 | 256 | `x16w4c1_m7_mma_mf` |" in ln)
-    assert "| 123.7 (1.52x) | 8.0 / 114.3 / 1.7 | 122.6 | 8.3 |" in line and line.endswith("| 1.62x (1.55x, met) |")
+    assert "| 123.7 (1.52x) | 8.0 / 114.3 / 1.7 | 122.6 | 8.3 |" in line
+    # overlapped, the pre launch's 12.4 MB still cost 4.1 us at the copy peak: 1.57x; with the folds at their bytes
+    # as well 1.62x
+    assert line.endswith("| 1.62x (met) | 1.57x (met) (4.1) | 1.62x (met) | 1.55x |")
     assert "| the line meets it from B |" in text
