@@ -82,7 +82,7 @@ Arms (per layer kind, state dtype and batch size B):
               pre + main, and the step without its folds, round-robin (_rr): over several batches, what a step costs
               whatever its rows (scripts/target_bounds.py --fit) and which launch it is in; where the pre launch
               is Triton's also v3_fxprN_<shape>[_pre], the step (and the pre launch alone) with N = 2, 4 rows per
-              pre program
+              pre program, and for KDA v3_fxcpre_<shape>[_pre] with KDA's CUDA pre launch
 --impl picks ours (v1), v2 or both; --v2-sweep times decode_v2.V2_SWEEP launch configs at B=256 first.
 Method: every arm runs NSTEPS decode steps captured in one CUDA graph (NSTEPS >= 16; rows' cursors
 staggered (row + step) % 16; slots permuted); the layers' state pools are rotated step by step so
@@ -1296,6 +1296,12 @@ def main():
                     for dg in ("pre", "main", "post", "pre+main", "nofold"):
                         x_arms[f"v3_fx_{name}_{dg.replace('+', '')}"] = arm_ours(
                             c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, _diag_parts=dg))
+                    if x_opts["pre_impl"] == "triton" and kind == "kda":
+                        # KDA's CUDA pre launch (opt-in there; the H200's tensor-core shape needs it) beside Triton's
+                        x_arms[f"v3_fxcpre_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,
+                                                               v3_opts=dict(x_opts, pre_impl="cuda"))
+                        x_arms[f"v3_fxcpre_{name}_pre"] = arm_ours(
+                            c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, pre_impl="cuda", _diag_parts="pre"))
                     if x_opts["pre_impl"] == "triton":
                         # Triton's pre launch with 2 / 4 batch rows per program (pre_rows): KDA's 8,192 one-warp
                         # programs at B = 256 are two waves, and the main launch starts only once every one of them
