@@ -1282,7 +1282,7 @@ def main():
                                                                for n, v in per.items()})
                     timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
                 if v3 and "fixed" in variants and sdt == "bfloat16" and B >= 32:
-                    # the step's fixed part (session 46): target_bounds.py --fit puts ~11-14 us of every bf16 step at
+                    # the step's fixed part (session 46): target_bounds.py --fit puts ~10-14 us of every bf16 step at
                     # any B (conventional's: 5-7) beside a per-row part streaming at 89-96% of the copy peak; here the
                     # default shape's step and each of its launches alone (pre, main, post), pre + main, and the step
                     # without folds, round-robin at each B, so that a line through the batches says where it is

@@ -51,7 +51,10 @@ def combos():
     server += [(cm.CUDA_CONFIGS[n], True, d, BF16, BF16) for n in ("g8w4_m8_late", "x16w4c1_m5") for d in (1, 2)]
     server += [(cm.CUDA_DEFAULT_BF16, True, d, r, BF16) for d, r in ((0, BF16), (1, F32), (2, F32))]
     server += [(cm.CUDA_CONFIGS[cm.XL_BF16_MMA_CONFIGS[1]], True, d, BF16, BF16) for d in (1, 2)]  # (its diagnostics)
-    server += [(cm.CUDA_CONFIGS["x16w4c1_m7_mma_mf"], True, 2, BF16, BF16)]  # (--variants fixed: the default's nofold)
+    # (--variants fixed: the bf16 defaults' nofold on every GPU DEVICE_DEFAULTS names, and on the others)
+    gpus = (None, *cm.DEVICE_DEFAULTS)
+    server += [(cfg, True, 2, BF16, BF16) for cfg in dict.fromkeys(cm.default_config(BF16, "gdn", device_name=g)
+                                                                      for g in gpus)]
     server = [(*x, "gdn") for x in server]
     # KDA (--variants cudakda): fp32 shapes, bf16-checkpoint shapes, bf16 records, the default's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.CUDA_KDA_FP32_CONFIGS]
@@ -60,8 +63,8 @@ def combos():
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, BF16, "kda") for n in cm.CUDA_KDA_BF16_CONFIGS]
     server += [(cm.CUDA_DEFAULT_KDA_BF16, True, d, r, BF16, "kda") for d, r in ((0, BF16), (1, F32), (2, F32))]
     server += [(cm.CUDA_CONFIGS[cm.XL_KDA_BF16_MMA_CONFIGS[1]], True, d, BF16, BF16, "kda") for d in (1, 2)]
-    server += [(cm.CUDA_CONFIGS[n], True, 2, BF16, BF16, "kda")  # (--variants fixed: the defaults' nofold, both GPUs')
-               for n in ("x16w4c1_m6_gp_mf", "x16w4c1_m8_gp_mma_mf")]
+    server += [(cfg, True, 2, BF16, BF16, "kda")  # (--variants fixed, as GDN's above)
+               for cfg in dict.fromkeys(cm.default_config(BF16, "kda", device_name=g) for g in gpus)]
     # KDA in the XL layout (--variants xl): the shapes with the server's records, the first one's diagnostics
     server += [(cm.CUDA_CONFIGS[n], True, 0, F32, F32, "kda") for n in cm.XL_KDA_FP32_CONFIGS]
     server += [(cm.CUDA_CONFIGS["x16w4c1_m4_gp_mf"], True, 0, F32, F32, "kda")]  # (MMA_FOLD's, session 43)
