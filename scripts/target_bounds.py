@@ -21,18 +21,19 @@ For every (layer, state, B >= 128) of one or more `scripts/bench_kernels.py` JSO
 A target is out of reach of a design when the efficiency it needs is above what the same kernel reaches without its
 folds; it is within the bytes model when the ceiling is above it. The table says both.
 
-With --fit it also splits each step by launch where the run has bench_kernels' `--variants fixed` arms (each
-launch alone, pre + main, the step without folds: the pre launch's exposure, the post launch's, the folds', the step
-with the pre launch's exposure taken off, the step with the pre launch overlapped but its bytes (pre_bytes) still
-streamed at the copy peak, and that with the folds at their bytes' cost too), and splits each step into a fixed part and a per-row part: a least-squares line t = a + b B over the
-run's batches >= --min-b, for conventional, for our arm that is fastest at the largest batch (the same arm at every
-B) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows
-without bound; bytes per row / b the fraction of the copy peak the rows stream at), a what a step costs however few
-rows it has (launches, the dependent loads before the first byte, the last wave). The fit then says from which B the
-line meets the target, and the fixed part a step may have at B = 128 and 256 with the slope it has.
+With --fit it also splits each step by launch where the run has bench_kernels' `--variants fixed` arms (each launch
+alone, pre + main, the step without folds): the pre launch's exposure, the post launch's, the folds', the step with
+the pre launch's exposure taken off, the step with the pre launch overlapped but its bytes (pre_bytes) still
+streamed at the copy peak, and that with the folds at their bytes' cost too. And it splits each step into a fixed
+part and a per-row part: a least-squares line t = a + b B over the run's batches >= --min-b, for conventional, for
+our arm that is fastest at the largest batch (the same arm at every B) and for that arm's `_nofold` diagnostic. b is
+what every further row costs (b_conv / b is the speedup as B grows without bound; bytes per row / b the fraction of
+the copy peak the rows stream at), a what a step costs however few rows it has (launches, the dependent loads before
+the first byte, the last wave). The fit then says from which B the line meets the target, and the fixed part a step
+may have at B = 128 and 256 with the slope it has.
 
   python3 scripts/target_bounds.py benchmarks/results/kernels-20261206-0258-s1.json [more.json ...]
-      [--out docs-table.md] [--plot bounds.png]
+      [--out docs-table.md] [--plot bounds.png] [--fit] [--min-b 32]
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from pathlib import Path
 TARGETS = {("gdn", "float32"): 1.65, ("gdn", "bfloat16"): 1.55, ("kda", "float32"): 1.5, ("kda", "bfloat16"): 1.4}
 RC_FP8_TARGET = 3.0
 RC_FP8_MIN_B = 256
-SHAPES = {"gdn": dict(HV=32, K=128, V=128), "kda": dict(HV=32, K=128, V=128)}  # (bench_kernels.KIND_SHAPES)
+SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}  # (bench_kernels.KIND_SHAPES)
 ES = {"float32": 4, "bfloat16": 2}
 ABBR = {"float32": "fp32", "bfloat16": "bf16"}
 # arm-name tokens of diagnostics: wrong results (nofold, stream), one launch alone (main, pre, post, premain,
@@ -194,8 +195,9 @@ def fits(run: dict, min_b: int = 128) -> list[dict]:
 
 
 def fit_table(rows: list[dict]) -> str:
-    head = ("| GPU | layer | state | arm | conv: a us + b us/row (% peak) | ours: a + b (% peak) | without folds: a + b | "
-            "x conv as B grows | target | the line meets it from B | fixed part allowed at B = 128 / 256 |")
+    head = ("| GPU | layer | state | arm | conv: a us + b us/row (% peak) | ours: a + b (% peak) | "
+            "without folds: a + b | x conv as B grows | target | the line meets it from B | "
+            "fixed part allowed at B = 128 / 256 |")
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         def ab(p):
@@ -222,11 +224,10 @@ def pre_bytes(kind: str, B: int, gt_pre: bool, L: int = 16, rec_es: int = 2) -> 
       KDA (predecayed keys): the gate (K bf16), G_{h-1} read and G_t appended (2 K fp32), the coefficients
         (2 x 16 fp32), <k, q> (fp32), and G_t for the main launch where the shape takes it (gt_pre: K fp32)."""
     s = SHAPES[kind]
-    K, HV = s["K"], s["HV"]
+    H, K, HV = s["H"], s["K"], s["HV"]
     h = (L - 1) / 2
     both = 2 * K * 2 + h * K * rec_es + K * rec_es
     if kind == "gdn":
-        H = HV // 2  # (GDN's two value heads per key head: bench_kernels.KIND_SHAPES)
         per_v = 2 + h * 4 + 2 * 16 * 4 + 2 * 4 + 4
         return B * H * (both + (HV // H) * per_v)
     per = both + K * 2 + 2 * K * 4 + 2 * 16 * 4 + 4 + (K * 4 if gt_pre else 0)
@@ -237,7 +238,9 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
     """Per (layer, state, B) of a run with bench_kernels' `--variants fixed` arms (`v3_fx_<shape>` and its `_pre`,
     `_main`, `_post`, `_premain`, `_nofold`; the round-robin `_rr` medians where timed): the step by launch. The pre
     launch's exposure is pre + main less main alone, the post launch's the step less pre + main, the folds' the step
-    less the step without them; and the step with the pre launch's exposure taken off (what hiding it would give)."""
+    less the step without them; then the step with the pre launch's exposure taken off (what hiding it for free
+    would give), with the pre launch overlapped but its bytes still streamed at the copy peak (what any overlap can
+    give at most), and that with the folds at their bytes' cost as well (no folding blocks in the tail)."""
     meta, rows = run["meta"], run["rows"]
     cells: dict[tuple, dict] = {}
     for r in rows:
