@@ -352,6 +352,42 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_split(rows: list[dict], path: Path) -> None:
+    """Stacked bars of launch_split's rows: the main launch without its folds, the folds, the pre launch's and the
+    post launch's exposure (they add up to the step), beside the time the target allows (conventional / target) and
+    conventional's own time, per (GPU, layer, B)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.8 * len(rows)), 4.6))
+    xs = list(range(len(rows)))
+    parts = (("main launch without folds", lambda r: r["step_us"] - r["pre_exposed"] - r["post_exposed"] - r["folds"],
+              "tab:blue"),
+             ("folds", lambda r: r["folds"], "tab:orange"),
+             ("pre launch exposed", lambda r: r["pre_exposed"], "tab:red"),
+             ("post launch exposed", lambda r: r["post_exposed"], "tab:gray"))
+    bottom = [0.0] * len(rows)
+    for label, f, color in parts:
+        vals = [f(r) for r in rows]
+        ax.bar(xs, vals, 0.6, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.scatter(xs, [r["conv_us"] for r in rows], marker="_", s=500, color="k", zorder=3, label="conventional")
+    tx = [(x, r["conv_us"] / r["target"]) for x, r in zip(xs, rows) if r["target"]]
+    if tx:
+        ax.scatter([x for x, _ in tx], [v for _, v in tx], marker="_", s=500, color="tab:green", zorder=3,
+                   label="what the target allows")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}"
+                        f"\nB={r['B']}" for r in rows], fontsize=7)
+    ax.set_ylabel("us per layer-step")
+    ax.set_title("The step by launch (bench_kernels.py --variants fixed)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="bench_kernels.py JSON files")
@@ -359,6 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     ap.add_argument("--plot", type=Path, default=None, help="and a PNG of it (needs matplotlib)")
     ap.add_argument("--fit", action="store_true", help="also the fixed and per-row parts of each step (a + b B)")
+    ap.add_argument("--plot-split", type=Path, default=None,
+                    help="with --fit: a PNG of the step by launch (needs matplotlib and --variants fixed arms)")
     args = ap.parse_args(argv)
     rows, fit_rows, split_rows = [], [], []
     for p in args.runs:
@@ -380,6 +418,8 @@ def main(argv=None) -> int:
         args.out.write_text(md)
     if args.plot:
         plot(rows, args.plot)
+    if args.plot_split and split_rows:
+        plot_split(split_rows, args.plot_split)
     return 0
 
 

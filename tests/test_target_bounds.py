@@ -185,8 +185,16 @@ def test_cli_fit_on_the_recorded_split_run(tmp_path):
     src = ROOT / "benchmarks" / "results" / "kernels-20261206-0529-s1.json"
     if not src.exists():
         pytest.skip("the recorded run is not in this checkout")
-    md = tmp_path / "s.md"
-    assert tb.main([str(src), "--fit", "--min-b", "32", "--out", str(md)]) == 0
+    md, png = tmp_path / "s.md", tmp_path / "s.png"
+    args = [str(src), "--fit", "--min-b", "32", "--out", str(md)]
+    try:
+        import matplotlib  # noqa: F401
+        args += ["--plot-split", str(png)]
+    except ImportError:
+        png = None
+    assert tb.main(args) == 0
+    if png is not None:
+        assert png.stat().st_size > 10_000
     text = md.read_text()
     line = next(ln for ln in text.splitlines() if "| GDN | bfloat16 | 256 | `x16w4c1_m7_mma_mf` |" in ln)
     assert "| 123.7 (1.52x) | 8.0 / 114.3 / 1.7 | 122.6 | 8.3 |" in line
