@@ -79,7 +79,8 @@ Arms (per layer kind, state dtype and batch size B):
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
-              pre + main, and the step without its folds, round-robin (_rr): over several batches, what a step costs
+              pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
+              (_rr): over several batches, what a step costs
               whatever its rows (scripts/target_bounds.py --fit) and which launch it is in; where the pre launch
               is Triton's also v3_fxprN_<shape>[_pre], the step (and the pre launch alone) with N = 2, 4 rows per
               pre program, and for KDA v3_fxcpre_<shape>[_pre] with KDA's CUDA pre launch
@@ -1296,6 +1297,11 @@ def main():
                     for dg in ("pre", "main", "post", "pre+main", "nofold"):
                         x_arms[f"v3_fx_{name}_{dg.replace('+', '')}"] = arm_ours(
                             c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, _diag_parts=dg))
+                    # every row on one cursor: the folding blocks all in one step of the window, none among plain
+                    # ones; if the folds' fixed part (~3.7 us for GDN on an H100) is the folding blocks' tail among
+                    # the plain ones, this arm's mean step sheds it
+                    x_arms[f"v3_fx_{name}_aligned"] = arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=x_opts,
+                                                               aligned=True)
                     if x_opts["pre_impl"] == "triton" and kind == "kda":
                         # KDA's CUDA pre launch (opt-in there; the H200's tensor-core shape needs it) beside Triton's
                         x_arms[f"v3_fxcpre_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,

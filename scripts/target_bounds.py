@@ -250,7 +250,7 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
     for (kind, sdt, B), arms in sorted(cells.items()):
         conv = arms.get("conv")
         steps = [a for a in arms if a.startswith("v3_fx_") and not a.endswith("_rr")
-                 and not any(a.endswith("_" + p) for p in FX_PARTS)]
+                 and not any(a.endswith("_" + p) for p in FX_PARTS + ("aligned",))]
         if conv is None or len(steps) != 1:
             continue
         step = steps[0]
@@ -277,7 +277,9 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
         def met(us):
             return target is not None and conv / us >= target
 
+        aligned = t("_aligned")  # (every row on one cursor, where the run timed it; None before session 46's)
         out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, B=B, shape=shape, conv_us=conv,
+                        aligned_us=aligned,
                         step_us=full, x=conv / full, **{p + "_us": v for p, v in parts.items()},
                         pre_exposed=pre_exposed, post_exposed=full - parts["premain"], folds=folds,
                         nopre_x=conv / (full - pre_exposed), target=target, nopre_met=met(full - pre_exposed),
@@ -289,8 +291,9 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
 def split_table(rows: list[dict]) -> str:
     head = ("| GPU | layer | state | B | shape | conv us | step us (x conv) | pre / main / post alone | pre + main | "
             "pre exposed | post exposed | folds | without the pre's exposure | the pre overlapped at its bytes' "
-            "cost (its bytes at the peak, us) | ... and the folds at theirs | target |")
-    lines = [head, "|" + "---|" * 16]
+            "cost (its bytes at the peak, us) | ... and the folds at theirs | target | every row on one cursor: "
+            "step us |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         def x(key):
             return f"{r[key + '_x']:.2f}x" + ("" if r["target"] is None else
@@ -300,7 +303,8 @@ def split_table(rows: list[dict]) -> str:
                      f"`{r['shape']}` | {r['conv_us']:.1f} | {r['step_us']:.1f} ({r['x']:.2f}x) | "
                      f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f} | {r['premain_us']:.1f} | "
                      f"{r['pre_exposed']:.1f} | {r['post_exposed']:.1f} | {r['folds']:.1f} | {x('nopre')} | "
-                     f"{x('overlap')} ({r['pre_peak_us']:.1f}) | {x('both')} | {tgt} |")
+                     f"{x('overlap')} ({r['pre_peak_us']:.1f}) | {x('both')} | {tgt} | "
+                     f"{'-' if r['aligned_us'] is None else format(r['aligned_us'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -155,6 +155,8 @@ def test_launch_split():
     one-shot step), the step without the pre launch's exposure against the target at B >= 128 only."""
     rows = _fx_rows("kda", 256, 189.2, 136.8, 14.9, 120.1, 2.0, 135.7, 124.8)
     rows += _fx_rows("kda", 32, 28.5, 25.3, 5.0, 21.7, 2.2, 24.6, 22.7)
+    rows += [_row("kda", "bfloat16", 32, "v3_fx_x16w4c1_m6_gp_mf_aligned_rr", 24.0, 1.0),  # (not a second step)
+             _row("kda", "bfloat16", 32, "v3_fx_x16w4c1_m6_gp_mf_aligned", 24.5, 1.0)]
     rows += _fx_rows("gdn", 128, 96.5, 68.2, 5.8, 62.2, 1.7, 67.0, 61.7)[:-1]  # (no nofold arm: no row)
     out = tb.launch_split(_run(rows))
     assert [(r["kind"], r["B"]) for r in out] == [("kda", 32), ("kda", 256)]
@@ -175,8 +177,9 @@ def test_launch_split():
     assert r256["both_us"] == pytest.approx(r256["overlap_us"] - (12.0 - fold_peak))
     assert r256["overlap_met"] and r256["both_met"]
     md = tb.split_table(out)
-    assert "| 15.6 | 1.1 | 12.0 | 1.56x (met) | 1.45x (met) (9.4) | 1.54x (met) | 1.40x |" in md
-    assert "| 1.27x | " in md and md.splitlines()[2].endswith("| - |")
+    assert "| 15.6 | 1.1 | 12.0 | 1.56x (met) | 1.45x (met) (9.4) | 1.54x (met) | 1.40x | - |" in md
+    assert r32["aligned_us"] == 24.0 and md.splitlines()[2].endswith("| - | 24.0 |")
+    assert "| 1.27x | " in md
 
 
 def test_cli_fit_on_the_recorded_split_run(tmp_path):
@@ -200,5 +203,5 @@ def test_cli_fit_on_the_recorded_split_run(tmp_path):
     assert "| 123.7 (1.52x) | 8.0 / 114.3 / 1.7 | 122.6 | 8.3 |" in line
     # overlapped, the pre launch's 12.4 MB still cost 4.1 us at the copy peak: 1.57x; with the folds at their bytes
     # as well 1.62x
-    assert line.endswith("| 1.62x (met) | 1.57x (met) (4.1) | 1.62x (met) | 1.55x |")
+    assert line.endswith("| 1.62x (met) | 1.57x (met) (4.1) | 1.62x (met) | 1.55x | - |")
     assert "| the line meets it from B |" in text
