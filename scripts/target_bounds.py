@@ -139,6 +139,17 @@ def bounds(run: dict, min_b: int = 128) -> list[dict]:
     return out
 
 
+def md_table(head: list[str], body: list[list[str]]) -> str:
+    """A markdown table: its header row, the separator (one cell per column of the header) and the body rows."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_label(r: dict) -> str:
+    return r["gpu"].replace("NVIDIA ", "")
+
+
 def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares a, b of t = a + b B over (B, t) points (two or more distinct B)."""
     n = len(points)
@@ -195,20 +206,21 @@ def fits(run: dict, min_b: int = 128) -> list[dict]:
 
 
 def fit_table(rows: list[dict]) -> str:
-    head = ("| GPU | layer | state | arm | conv: a us + b us/row (% peak) | ours: a + b (% peak) | "
-            "without folds: a + b | x conv as B grows | target | the line meets it from B | "
-            "fixed part allowed at B = 128 / 256 |")
-    lines = [head, "|" + "---|" * 11]
+    head = ["GPU", "layer", "state", "arm", "conv: a us + b us/row (% peak)", "ours: a + b (% peak)",
+            "without folds: a + b", "x conv as B grows", "target", "the line meets it from B",
+            "fixed part allowed at B = 128 / 256"]
+
+    def ab(p):
+        return f"{p['a']:.1f} + {p['b']:.4f} ({100 * p['eff']:.0f}%)"
+
+    body = []
     for r in rows:
-        def ab(p):
-            return f"{p['a']:.1f} + {p['b']:.4f} ({100 * p['eff']:.0f}%)"
-        nf = ab(r["nofold"]) if "nofold" in r else "-"
         meets = "never" if r["meets_from_b"] == float("inf") else f"{max(r['meets_from_b'], 0):.0f}"
         fa = r["fixed_allowed"]
-        lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | `{r['arm']}` | "
-                     f"{ab(r['conv'])} | {ab(r['ours'])} | {nf} | {r['asym_x']:.2f}x | {r['target']:.2f}x | {meets} | "
-                     f"{fa[128]:.1f} / {fa[256]:.1f} |")
-    return "\n".join(lines) + "\n"
+        body.append([gpu_label(r), r["kind"].upper(), r["state"], f"`{r['arm']}`", ab(r["conv"]), ab(r["ours"]),
+                     ab(r["nofold"]) if "nofold" in r else "-", f"{r['asym_x']:.2f}x", f"{r['target']:.2f}x", meets,
+                     f"{fa[128]:.1f} / {fa[256]:.1f}"])
+    return md_table(head, body)
 
 
 FX_PARTS = ("pre", "main", "post", "premain", "nofold")
@@ -289,54 +301,71 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
 
 
 def split_table(rows: list[dict]) -> str:
-    head = ("| GPU | layer | state | B | shape | conv us | step us (x conv) | pre / main / post alone | pre + main | "
-            "pre exposed | post exposed | folds | without the pre's exposure | the pre overlapped at its bytes' "
-            "cost (its bytes at the peak, us) | ... and the folds at theirs | target | every row on one cursor: "
-            "step us |")
-    lines = [head, "|" + "---|" * 17]
+    head = ["GPU", "layer", "state", "B", "shape", "conv us", "step us (x conv)", "pre / main / post alone",
+            "pre + main", "pre exposed", "post exposed", "folds", "without the pre's exposure",
+            "the pre overlapped at its bytes' cost (its bytes at the peak, us)", "... and the folds at theirs",
+            "target", "every row on one cursor: step us"]
+    body = []
     for r in rows:
         def x(key):
-            return f"{r[key + '_x']:.2f}x" + ("" if r["target"] is None else
-                                                (" (met)" if r[key + "_met"] else " (not met)"))
-        tgt = f"{r['target']:.2f}x" if r["target"] else "-"
-        lines.append(f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {r['state']} | {r['B']} | "
-                     f"`{r['shape']}` | {r['conv_us']:.1f} | {r['step_us']:.1f} ({r['x']:.2f}x) | "
-                     f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f} | {r['premain_us']:.1f} | "
-                     f"{r['pre_exposed']:.1f} | {r['post_exposed']:.1f} | {r['folds']:.1f} | {x('nopre')} | "
-                     f"{x('overlap')} ({r['pre_peak_us']:.1f}) | {x('both')} | {tgt} | "
-                     f"{'-' if r['aligned_us'] is None else format(r['aligned_us'], '.1f')} |")
-    return "\n".join(lines) + "\n"
+            met = "" if r["target"] is None else (" (met)" if r[key + "_met"] else " (not met)")
+            return f"{r[key + '_x']:.2f}x{met}"
+
+        body.append([gpu_label(r), r["kind"].upper(), r["state"], str(r["B"]), f"`{r['shape']}`",
+                     f"{r['conv_us']:.1f}", f"{r['step_us']:.1f} ({r['x']:.2f}x)",
+                     f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f}", f"{r['premain_us']:.1f}",
+                     f"{r['pre_exposed']:.1f}", f"{r['post_exposed']:.1f}", f"{r['folds']:.1f}", x("nopre"),
+                     f"{x('overlap')} ({r['pre_peak_us']:.1f})", x("both"),
+                     f"{r['target']:.2f}x" if r["target"] else "-",
+                     "-" if r["aligned_us"] is None else f"{r['aligned_us']:.1f}"])
+    return md_table(head, body)
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| GPU | layer | state | B | conv us (% peak) | our fastest step | us | x conv | target: needs us "
-            "(% peak) | ours now % peak | bytes ceiling at conv's % peak | without folds (diagnostic): us, x conv, % "
-            "peak | folds cost us | fold split's floor: us, x conv (meets?) | plain rows must stream at (now) | "
-            "met? |")
-    lines = [head, "|" + "---|" * 16]
+    head = ["GPU", "layer", "state", "B", "conv us (% peak)", "our fastest step", "us", "x conv",
+            "target: needs us (% peak)", "ours now % peak", "bytes ceiling at conv's % peak",
+            "without folds (diagnostic): us, x conv, % peak", "folds cost us",
+            "fold split's floor: us, x conv (meets?)", "plain rows must stream at (now)", "met?"]
+    body = []
     for r in rows:
-        label = r["state"] + (" + fp8 copy" if r["group"] == "rc_fp8" else "")
-        nf = (f"{r['nofold_us']:.1f}, {r['nofold_x']:.2f}x, {100 * r['nofold_eff']:.0f}%" if "nofold_us" in r
-              else "-")
-        fold = f"{r['fold_us']:.1f}" if "fold_us" in r else "-"
-        split = (f"{r['split_us']:.1f}, {r['split_x']:.2f}x ({'yes' if r['split_met'] else 'no'})" if "split_us" in r
-                 else "-")
-        plain = (f"{100 * r['plain_need_eff']:.0f}% ({100 * r['nofold_eff']:.0f}%)" if "split_us" in r else "-")
-        lines.append(
-            f"| {r['gpu'].replace('NVIDIA ', '')} | {r['kind'].upper()} | {label} | {r['B']} | {r['conv_us']:.1f} "
-            f"({100 * r['conv_eff']:.0f}%) | `{r['best_arm']}` | {r['best_us']:.1f} | {r['best_x']:.2f}x | "
-            f"{r['target']:.2f}x: {r['need_us']:.1f} ({100 * r['need_eff']:.0f}%) | {100 * r['best_eff']:.0f}% | "
-            f"{r['ceiling_x']:.2f}x | {nf} | {fold} | {split} | {plain} | {'yes' if r['met'] else 'no'} |")
-    return "\n".join(lines) + "\n"
+        split = "split_us" in r
+        body.append([
+            gpu_label(r), r["kind"].upper(), r["state"] + (" + fp8 copy" if r["group"] == "rc_fp8" else ""),
+            str(r["B"]), f"{r['conv_us']:.1f} ({100 * r['conv_eff']:.0f}%)", f"`{r['best_arm']}`",
+            f"{r['best_us']:.1f}", f"{r['best_x']:.2f}x",
+            f"{r['target']:.2f}x: {r['need_us']:.1f} ({100 * r['need_eff']:.0f}%)", f"{100 * r['best_eff']:.0f}%",
+            f"{r['ceiling_x']:.2f}x",
+            f"{r['nofold_us']:.1f}, {r['nofold_x']:.2f}x, {100 * r['nofold_eff']:.0f}%" if "nofold_us" in r else "-",
+            f"{r['fold_us']:.1f}" if "fold_us" in r else "-",
+            f"{r['split_us']:.1f}, {r['split_x']:.2f}x ({'yes' if r['split_met'] else 'no'})" if split else "-",
+            f"{100 * r['plain_need_eff']:.0f}% ({100 * r['nofold_eff']:.0f}%)" if split else "-",
+            "yes" if r["met"] else "no"])
+    return md_table(head, body)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def _axes(width: float, height: float):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(rows)), 4.2))
+    return plt.subplots(figsize=(width, height))
+
+
+def _finish(fig, ax, rows: list[dict], path: Path, ylabel: str, title: str, tag=lambda r: "") -> None:
+    """The two plots' common end: one tick per row (GPU, layer, state and tag(row), B), labels, legend, the file."""
+    ax.set_xticks(list(range(len(rows))))
+    ax.set_xticklabels([f"{gpu_label(r)[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}{tag(r)}\nB={r['B']}"
+                        for r in rows], fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    fig, ax = _axes(max(6.0, 0.75 * len(rows)), 4.2)
     xs = range(len(rows))
     ax.bar([x - 0.27 for x in xs], [r["best_x"] for r in rows], 0.27, label="ours (fastest full step)")
     ax.bar(list(xs), [r.get("nofold_x", 0) for r in rows], 0.27, label="ours without folds (diagnostic)")
@@ -346,26 +375,16 @@ def plot(rows: list[dict], path: Path) -> None:
     if split:
         ax.scatter([x for x, _ in split], [v for _, v in split], marker="v", s=28, color="tab:red", zorder=4,
                    label="fold split's floor (folds at their bytes' peak time)")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}"
-                        f"{'+fp8' if r['group'] == 'rc_fp8' else ''}\nB={r['B']}" for r in rows], fontsize=7)
-    ax.set_ylabel("x conventional (same run)")
-    ax.set_title("Speed targets against the bytes model (scripts/target_bounds.py)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _finish(fig, ax, rows, path, "x conventional (same run)",
+            "Speed targets against the bytes model (scripts/target_bounds.py)",
+            lambda r: "+fp8" if r["group"] == "rc_fp8" else "")
 
 
 def plot_split(rows: list[dict], path: Path) -> None:
     """Stacked bars of launch_split's rows: the main launch without its folds, the folds, the pre launch's and the
     post launch's exposure (they add up to the step), beside the time the target allows (conventional / target) and
     conventional's own time, per (GPU, layer, B)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.8 * len(rows)), 4.6))
+    fig, ax = _axes(max(8.0, 0.8 * len(rows)), 4.6)
     xs = list(range(len(rows)))
     parts = (("main launch without folds", lambda r: r["step_us"] - r["pre_exposed"] - r["post_exposed"] - r["folds"],
               "tab:blue"),
@@ -382,14 +401,7 @@ def plot_split(rows: list[dict], path: Path) -> None:
     if tx:
         ax.scatter([x for x, _ in tx], [v for _, v in tx], marker="_", s=500, color="tab:green", zorder=3,
                    label="what the target allows")
-    ax.set_xticks(xs)
-    ax.set_xticklabels([f"{r['gpu'].replace('NVIDIA ', '')[:4]}\n{r['kind']} {ABBR.get(r['state'], r['state'])}"
-                        f"\nB={r['B']}" for r in rows], fontsize=7)
-    ax.set_ylabel("us per layer-step")
-    ax.set_title("The step by launch (bench_kernels.py --variants fixed)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _finish(fig, ax, rows, path, "us per layer-step", "The step by launch (bench_kernels.py --variants fixed)")
 
 
 def main(argv=None) -> int:
