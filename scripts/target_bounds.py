@@ -232,17 +232,18 @@ def pre_bytes(kind: str, B: int, gt_pre: bool, L: int = 16, rec_es: int = 2) -> 
     average (cursors uniform over 0 .. L - 1):
       both kinds: q and k (2 K bf16), the h key records (h K rec_es), the appended key (K rec_es);
       GDN, per value head of the key head: the gate (one bf16), G of the h records (h fp32), the coefficients
-        (2 x 16 fp32), e^{G_t} and <k, q> (2 fp32), the appended G (fp32);
+        (2 x BC fp32; BC = 16 at L = 16), e^{G_t} and <k, q> (2 fp32), the appended G (fp32);
       KDA (predecayed keys): the gate (K bf16), G_{h-1} read and G_t appended (2 K fp32), the coefficients
-        (2 x 16 fp32), <k, q> (fp32), and G_t for the main launch where the shape takes it (gt_pre: K fp32)."""
+        (2 x BC fp32), <k, q> (fp32), and G_t for the main launch where the shape takes it (gt_pre: K fp32)."""
     s = SHAPES[kind]
     H, K, HV = s["H"], s["K"], s["HV"]
     h = (L - 1) / 2
+    coef = 2 * max(4, 1 << (L - 1).bit_length()) * 4  # (2 x BC fp32: decode_v3's BC, the ring's capacity L rounded up)
     both = 2 * K * 2 + h * K * rec_es + K * rec_es
     if kind == "gdn":
-        per_v = 2 + h * 4 + 2 * 16 * 4 + 2 * 4 + 4
+        per_v = 2 + h * 4 + coef + 2 * 4 + 4
         return B * H * (both + (HV // H) * per_v)
-    per = both + K * 2 + 2 * K * 4 + 2 * 16 * 4 + 4 + (K * 4 if gt_pre else 0)
+    per = both + K * 2 + 2 * K * 4 + coef + 4 + (K * 4 if gt_pre else 0)
     return B * HV * per
 
 

@@ -174,6 +174,8 @@ def test_launch_split():
     assert tb.pre_bytes("kda", 256, gt_pre=False) == pytest.approx(256 * 32 * 4100)
     # GDN per (row, key head): q, k 512, 7.5 records 1,920, the key 256; per value head 2 + 30 + 128 + 8 + 4
     assert tb.pre_bytes("gdn", 256, gt_pre=False) == pytest.approx(256 * 16 * (2688 + 2 * 172))
+    # a ring of 8: 3.5 records on average, coefficients 2 x 8 fp32
+    assert tb.pre_bytes("gdn", 256, gt_pre=False, L=8) == pytest.approx(256 * 16 * (1664 + 2 * 92))
     assert r256["overlap_us"] == pytest.approx(136.8 - 15.6 + pre_b / PEAK * 1e6)
     fold_peak = 256 * 32 * 128 * 128 * 2 / 16 / PEAK * 1e6
     assert r256["both_us"] == pytest.approx(r256["overlap_us"] - (12.0 - fold_peak))
