@@ -438,7 +438,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     the tensor cores (MMA_FOLD, session 43; the XL layout; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
-    rc |= {"SELF_PRE": 1} if self_pre else {}
+    rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
     if rc_dtype is not None:  # (likewise only where set: the other builds' cubins keep their keys)
         rc |= ({"RC_LEAN": 1} if rc_lean else {}) | ({"RC_MMA": 1} if rc_lean == 2 else {})
     elif rc_lean == 2:
@@ -726,10 +726,10 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
     """Why the CUDA main launch cannot run this launch (None: it can); self_pre: without a pre launch (SELF_PRE)."""
     dev = state.device
     cap = ring.layout.cap
-    if mma_fold and (not xl or rpw != 16 or cap > 16 or K != 128 or self_pre):
+    if mma_fold and (not xl or rpw != 16 or cap > 16 or K != 128 or int(self_pre) == 1):
         return ("the fold on the tensor cores (mma_fold, MMA_FOLD) is the eight-lanes-per-row layout's (xl) with 16 rows "
-                "per warp, K = 128, the pre launch's coefficients (no self_pre), and folds at most 16 records: a ring "
-                "capacity of at most 16 (--linear-replayssm-cache-len <= 16)")
+                "per warp, K = 128, the pre launch's coefficients or self_pre 2 (not 1), and folds at most 16 "
+                "records: a ring capacity of at most 16 (--linear-replayssm-cache-len <= 16)")
     if rc_lean == 2 and ring.rc is None:
         if state.dtype != torch.bfloat16 or not xl or rpw != 16 or nch != 1 or late_coef or self_pre or K != 128:
             return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) take a bf16 state, "

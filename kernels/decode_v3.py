@@ -1073,7 +1073,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pipelined read (pipe_stages > 0). The main launch is then no programmatic dependent: nothing before it in the
     step produces what it reads. With main_impl="cuda" (or REPLAYSSM_SELF_PRE=cuda, a preference where the CUDA main
     launch runs and can take it) it is gdn_main.cu's SELF_PRE instead (session 37): GDN's XL shapes with 16 rows per
-    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason)."""
+    warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason).
+    self_pre=2 (main_impl="cuda" only; session 47) is SELF_PRE 2: the block's warps share the record dots (warp w's
+    group g dots position 4 w + g, one barrier) and the checkpoint's tile is loaded before them, as with a pre launch;
+    it also takes the fold on the tensor cores (mma_fold)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1114,9 +1117,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
               "no read copy" if has_rc else "the pipelined read (pipe_stages > 0)" if pipe_stages <= 0 else None)
     if self_pre is None:
         self_pre = bool(tuned.get("self_pre", False)) or (env_sp == "1" and sp_why is None and not env_cuda)
-    self_pre = bool(self_pre)
+    if self_pre not in (False, True, 0, 1, 2):
+        raise ValueError(f"self_pre must be False, True (1) or 2 (the CUDA main launch's shared record dots), got "
+                         f"{self_pre!r}")
+    self_pre = int(self_pre)  # (0 / 1 / 2: gdn_main.cu's SELF_PRE where the main launch is CUDA's)
     if self_pre and sp_why:
         raise ValueError(f"self_pre needs {sp_why}")
+    if self_pre == 2 and main_impl != "cuda":
+        raise ValueError("self_pre=2 (the block's warps sharing the record dots) is the CUDA main launch's: "
+                         "main_impl='cuda'")
     if _diag_parts in ("stream", "nofold") and main_impl != "cuda":
         raise ValueError(f"_diag_parts={_diag_parts!r} is the CUDA main launch's diagnostic (main_impl='cuda')")
     diag_set = set(_diag_parts.split("+"))
@@ -1312,7 +1321,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             rc_valid=ring.rc_valid if has_rc else None,
             HPP=hpp, FOLD_PIPE=fold_pipe if fold in ("dot", "dot3") else 0, ovf=ring.ovf if pred else None, PRED=pred,
             TILE_MMA=tile_mma, MMA_F32=os.environ.get("TRITON_INTERPRET") == "1",
-            row_perm=row_perm, ROW_ORDER=order, SELF_PRE=self_pre,
+            row_perm=row_perm, ROW_ORDER=order, SELF_PRE=bool(self_pre),
             **common, **_pdl_kw(pdl and not self_pre), **main_opts,
         )
     if run_post and (advance_h or may_prefold):

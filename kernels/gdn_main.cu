@@ -75,7 +75,13 @@
 #endif
 #ifndef SELF_PRE
 #define SELF_PRE 0  // XL, GDN: no pre launch; every warp makes the pre launch's coefficients of its (row, value head)
-#endif              // itself, and one block per head appends the token's record (docs/design.md "Session 37")
+#endif              // itself, and one block per head appends the token's record (docs/design.md "Session 37");
+                    // 2 (session 47): the block's warps share the record dots (warp w's group g dots position 4 w + g,
+                    // one barrier), and the checkpoint's tile is loaded before them, where the pre launch's shapes load
+                    // it; MMA_FOLD may go with it
+#if SELF_PRE < 0 || SELF_PRE > 2
+#error "SELF_PRE is 0, 1 (each warp its own record dots) or 2 (the block's warps share them)"
+#endif
 #if SELF_PRE && (IS_KDA || !XL || RPW != 16 || LATE_COEF || USE_PDL || CAP_ > 16)
 #error "SELF_PRE: GDN's XL layout with 16 rows per warp, a ring capacity of at most 16, no pre launch to wait for"
 #endif
@@ -114,8 +120,8 @@
 #ifndef MMA_FOLD
 #define MMA_FOLD 0  // XL: a folding warp's fold on the tensor cores (session 43; fold_mma): its 16 rows x 128 columns
 #endif              // take the records as products of 16 (bf16) or 2 x 8 (tf32) records per 8 columns
-#if MMA_FOLD && (!XL || RPW != 16 || CAP_ > 16 || SELF_PRE || K_ != 128)
-#error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, the pre launch's coefficients, K = 128"
+#if MMA_FOLD && (!XL || RPW != 16 || CAP_ > 16 || SELF_PRE == 1 || K_ != 128)
+#error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, the pre launch's coefficients or SELF_PRE 2, K = 128"
 #endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
@@ -1310,7 +1316,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             for (int t = 0; t < NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
         }
     };
-#if !HAS_RC && !SELF_PRE
+#if !HAS_RC && SELF_PRE != 1
     load_tile(0);
 #endif
 
@@ -1332,7 +1338,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     bool flush = (h_eff + 1 >= L) || is_forced;
 #if HAS_RC
     from_rc = !(flush || prefold);
-#if !SELF_PRE
+#if SELF_PRE != 1
     if (!from_rc) load_tile(0);
 #endif
 #endif
@@ -1432,9 +1438,47 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     // j < h_old, group g on positions 4g .. 4g + 3 with its 8 lanes' 16 columns each, reduce-scattered so that lane s
     // holds the dot of position 4g + s / 2 with q~ (s even) or k~ (s odd), then shared through the warp's sp_dots
     static_assert(NVAL == 8, "SELF_PRE: 4 positions x 2 dots per group, one per lane after the reduction");
+#if SELF_PRE == 2
+    // (SELF_PRE 2: one copy per block, every warp's positions in it)
+    __shared__ float sp_dots[1][32];
+    static_assert(CAP_ % 4 == 0, "SELF_PRE 2: a warp's four groups take positions 4 w .. 4 w + 3 together");
+#else
     __shared__ float sp_dots[NWARPS][32];
+#endif
     auto load_coef = [&]() {
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
+#if SELF_PRE == 2
+        // the block's warps share the record dots: group g of warp w dots position p = 4 w + g (+ 4 NWARPS, ...) with
+        // q~ and k~, its 8 lanes 16 columns each, summed over the group's lanes; lane s = 0 stores both, then one
+        // barrier (every warp of the block gets here: a padded row left as a whole block above)
+        for (int p0 = 4 * warp; p0 < CAP_; p0 += 4 * NWARPS) {  // (the same trip count for the whole warp)
+            const int p = p0 + g;
+            float f[16];
+            if (p < h_old) {
+                load16(base_k + static_cast<long long>(p) * K_, s, f);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; ++e) f[e] = 0.0f;  // (a stale record past h may hold anything)
+            }
+            float pq = 0.0f, pk = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                pq += f[e] * qk_sm[qk_at(xl_col(s, e))];
+                pk += f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
+            }
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) {
+                pq += __shfl_xor_sync(0xffffffffu, pq, m);
+                pk += __shfl_xor_sync(0xffffffffu, pk, m);
+            }
+            if (s == 0) {
+                sp_dots[0][p] = pq * s_q;
+                sp_dots[0][16 + p] = pk * s_k;
+            }
+        }
+        __syncthreads();
+        constexpr int SPW = 0;  // (the block's one copy)
+#else
         float v[NVAL];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
@@ -1458,6 +1502,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const float d = xl_reduce(v, lane);
         sp_dots[warp][(s & 1) * 16 + 4 * g + s / 2] = d;
         __syncwarp();
+        const int SPW = warp;
+#endif  // SELF_PRE == 2
         // G_t of the value head (SGLang's gate), the lane's coefficients c_j = <k_j, q~> e^{G_t - G_j} and d_j,
         // e^{G_t} and <k~, q~>
         const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
@@ -1468,8 +1514,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         for (int t = 0; t < JX; ++t) {
             const int j = j0 + t;
             const float w = j < h_old ? __expf(G_t - bg[j]) : 0.0f;
-            cq[t] = sp_dots[warp][j] * w;
-            ck[t] = sp_dots[warp][16 + j] * w;
+            cq[t] = sp_dots[SPW][j] * w;
+            ck[t] = sp_dots[SPW][16 + j] * w;
         }
         e_t = __expf(G_t);
         kq = qk * s_q * s_k;
@@ -1514,7 +1560,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #if !LATE_COEF
     load_coef();
 #endif
-#if SELF_PRE
+#if SELF_PRE == 1
     // the checkpoint's tile after the record dots (both in flight at once would want ~128 registers: at 96 the
     // dots spilled 152 bytes); a read copy's tile came before the flags, as without SELF_PRE
 #if HAS_RC

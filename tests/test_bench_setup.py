@@ -179,6 +179,31 @@ def test_rccu_arm_runs_the_cuda_read_copy_launch(kind, cfg, monkeypatch):
     assert rel(cu_rc, tri_rc) < 1.5 * rel(cu, tri) + 1e-4, (rel(cu_rc, tri_rc), rel(cu, tri))
 
 
+def test_sp2_arm_runs_without_a_pre_launch(monkeypatch):
+    """The `--variants sp2` arm (gdn_main.cu's SELF_PRE 2; here its CPU emulation) runs the CUDA main launch every
+    step with no pre launch, and decodes what the same shape with its CUDA pre launch decodes, to fp32 rounding (the
+    same record dots, summed in another order)."""
+    from replayssm_sglang.kernels import cuda_main
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=1, HV=2, K=128, V=64)})
+    calls, pres = [], []
+    real, real_pre = cuda_main.launch, cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a) or real(**a))
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(1) or real_pre(**a))
+
+    def outputs(**v3_opts):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
+        return _decode_outputs("gdn", torch.float32, B=16, L=16, steps=3, server_like=True,
+                               v3_opts=dict(main_impl="cuda", cuda_config="x16w4c1_m5", **v3_opts))
+
+    with_pre = outputs(pre_impl=bk.server_pre_impl("gdn", "x16w4c1_m5"))
+    assert len(pres) == 3
+    sp2 = outputs(self_pre=2)
+    assert len(pres) == 3 and len(calls) == 6, "the sp2 arm: the CUDA main launch each step, no pre launch"
+    assert torch.isfinite(sp2).all() and sp2.abs().max() > 0
+    assert float((sp2 - with_pre).norm() / with_pre.norm()) < 1e-5
+
+
 def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
     """Where IPython is absent (the GPU image), the stand-in the KDA baseline's import installs must still let
     matplotlib draw the run's PNG (sessions 37-39's GPU runs that loaded the KDA baseline lost their PNGs to a

@@ -33,8 +33,8 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
                  self_pre=False, **kw):
     """The harness with the CUDA main launch (shape cfg) emulated; returns it, the configs of its main launches and
-    a list that gets a 1 for each CUDA pre launch. self_pre: gdn_main.cu's SELF_PRE, no pre launch (Triton's
-    must not run either)."""
+    a list that gets a 1 for each CUDA pre launch. self_pre: gdn_main.cu's SELF_PRE (True or 1: each warp its own
+    record dots; 2: the block's warps share them), no pre launch (Triton's must not run either)."""
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     calls, pres = [], []
     real, real_pre = cuda_main.launch, cuda_main.pre_launch
@@ -44,7 +44,7 @@ def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=
     if self_pre:
         from replayssm_sglang.kernels import decode_v3
 
-        opts["self_pre"] = True
+        opts["self_pre"] = self_pre
 
         class NoPre:
             def __getitem__(self, grid):
@@ -313,22 +313,37 @@ def test_st_mma_needs_the_cuda_pre_launch(monkeypatch):
 # gdn_main.cu's SELF_PRE (session 37): GDN's XL main launch making the pre launch's coefficients itself, no pre launch;
 # an fp32 state at both decays, a bf16 state, and the fp8 read copy (two value heads per key head, two V-tiles per head,
 # as the real shapes: the token's record is appended by the first block of each head only)
-SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same"), ("x16w4c1_m5", "float32", "fast", {}, "same"),
-                  ("x16w4c1_m6", "bfloat16", "slow", {}, "same"),
-                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "same"),
-                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3")]
+SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same", 1), ("x16w4c1_m5", "float32", "fast", {}, "same", 1),
+                  ("x16w4c1_m6", "bfloat16", "slow", {}, "same", 1),
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "same", 1),
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3", 1),
+                  # SELF_PRE 2 (session 47): the block's warps share the record dots, the tile loaded first; with
+                  # MMA_FOLD (the bf16 state's CUDA-core shapes), two warps per block (each warp two groups of
+                  # positions), an fp32 state, the fp8 copy
+                  ("x16w4c1_m6", "bfloat16", "slow", dict(H=2, HV=4, V=128), "same", 2),
+                  ("x16w4c1_m7_mf", "bfloat16", "fast", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16), "same", 2),
+                  ("x16w2c1_m10", "bfloat16", "slow", {}, "same", 2),
+                  ("x16w4c1_m5_mf", "float32", "fast", dict(H=2, HV=4, V=128), "same", 2),
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3", 2)]
 
 
-@pytest.mark.parametrize("cfg,state_dtype,decay,shape,read_dtype", SELF_PRE_CASES, ids=str)
-def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype, monkeypatch):
+@pytest.mark.parametrize("cfg,state_dtype,decay,shape,read_dtype,level", SELF_PRE_CASES, ids=str)
+def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype, level, monkeypatch):
     """The CUDA main launch without a pre launch (self_pre with main_impl="cuda"), emulated: 14 steps against float64
-    (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's."""
-    hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, decay, monkeypatch, seed=11, self_pre=True,
+    (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's; every main
+    launch is built with SELF_PRE at the level asked."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, decay, monkeypatch, seed=11, self_pre=level,
                                         **shape, read_dtype=read_dtype)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert not pre_calls
     assert len(calls) == 14, "every step: the CUDA main launch"
+    assert builds and {d.get("SELF_PRE") for d in builds} == {level}, builds
 
 
 # gdn_main.cu's MMA_FOLD (session 43): a folding warp's fold on the tensor cores (the tenth config field, "_mf"
@@ -389,3 +404,18 @@ def test_mma_fold_check_can_fail(pair, old, new, monkeypatch, tmp_path):
         return
     print(f"mutated ({pair}): checkpoints {worst_s:.2e}")
     assert worst_s > MMAF_TOL[MMAF_PAIRS[pair][2]], worst_s
+
+
+@pytest.mark.parametrize("old,new", [("                sp_dots[0][16 + p] = pk * s_k;",
+                                      "                sp_dots[0][16 + p] = pk * s_k * 1.001f;"),
+                                     ("        for (int p0 = 4 * warp; p0 < CAP_; p0 += 4 * NWARPS) {",
+                                      "        for (int p0 = 4 * warp + (warp ? 0 : 4 * NWARPS); p0 < CAP_; p0 += 4 * NWARPS) {")],
+                         ids=str)
+def test_self_pre_shared_dots_can_fail(old, new, monkeypatch, tmp_path):
+    """SELF_PRE 2's check can fail: a record dot with k~ off by 1e-3, or the first warp's positions (0-3) never
+    dotted (the block's shared dots left as an earlier block wrote them), fails the float64 comparison."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch, seed=11, self_pre=2, H=2, HV=4,
+                            V=128)  # (an fp32 state: the tolerance is fp32's, 2e-5)
+    with pytest.raises(AssertionError, match="rms ratio"):
+        hz.run(14)

@@ -1906,18 +1906,23 @@ def test_gpu_real_shapes_cuda_main_read_copy(kind, cfg, read_dtype, pre_impl, mo
 # main launch without a pre launch, fp32 and bf16 states and the fp8 read copy, the server's arguments. Checked on the
 # CPU by tests/test_cuda_emu.py; on the H200 in session 38 (kernels-20261204-1404: passed, and slower than the pre
 # launch).
-CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same"), ("x16w4c1_m6", "bfloat16", "same"),
-                            ("x16w4c1_m5", "float32", "fp8_e4m3")]
+CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same", 1), ("x16w4c1_m6", "bfloat16", "same", 1),
+                            ("x16w4c1_m5", "float32", "fp8_e4m3", 1),
+                            # SELF_PRE 2 (session 47: the block's warps share the record dots behind one barrier, and
+                            # the record appended by one block of each head while the head's other blocks read theirs;
+                            # races the CPU emulation cannot show), with and without MMA_FOLD
+                            ("x16w4c1_m6", "bfloat16", "same", 2), ("x16w4c1_m7_mf", "bfloat16", "same", 2),
+                            ("x16w4c1_m5", "float32", "same", 2), ("x16w4c1_m5_mf", "float32", "same", 2)]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cfg,state_dtype,read_dtype", CUDA_MAIN_SELF_PRE_CASES, ids=str)
-def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, monkeypatch):
-    """The CUDA main launch making the pre launch's coefficients itself, at the real head sizes against float64 over
-    26 steps, slow decays; no pre launch runs."""
+@pytest.mark.parametrize("cfg,state_dtype,read_dtype,level", CUDA_MAIN_SELF_PRE_CASES, ids=str)
+def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, level, monkeypatch):
+    """The CUDA main launch making the pre launch's coefficients itself (self_pre 1: each warp its own; 2: the
+    block's warps share them), at the real head sizes against float64 over 26 steps, slow decays; no pre launch runs."""
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, getattr(torch, state_dtype),
-                             seed=13, decay="slow", self_pre=True, read_dtype=read_dtype)
+                             seed=13, decay="slow", self_pre=level, read_dtype=read_dtype)
     assert st["cuda_pre_launches"] == 0
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
