@@ -1447,6 +1447,14 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
     auto load_coef = [&]() {
         const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
+        // G_{h-1}, the gate's inputs and G_j of the lane's positions, loaded before the record dots (so that no dot
+        // or barrier waits for them)
+        const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
+        const float sp_G_last = h_old > 0 ? bg[h_old - 1] : 0.0f;
+        const float sp_x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]), sp_alog = to_f(A_log[hv]);
+        float G_j[JX];
+#pragma unroll
+        for (int t = 0; t < JX; ++t) G_j[t] = j0 + t < h_old ? bg[j0 + t] : 0.0f;
 #if SELF_PRE == 2
         // the block's warps share the record dots: group g of warp w dots position p = 4 w + g (+ 4 NWARPS, ...) with
         // q~ and k~, its 8 lanes 16 columns each, summed over the group's lanes; lane s = 0 stores both, then one
@@ -1506,14 +1514,11 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif  // SELF_PRE == 2
         // G_t of the value head (SGLang's gate), the lane's coefficients c_j = <k_j, q~> e^{G_t - G_j} and d_j,
         // e^{G_t} and <k~, q~>
-        const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
-        const float G_last = h_old > 0 ? bg[h_old - 1] : 0.0f;
-        const float G_t = G_last + gate_of(to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]), __expf(to_f(A_log[hv])),
-                                           lower_bound);
+        const float G_t = sp_G_last + gate_of(sp_x, __expf(sp_alog), lower_bound);
 #pragma unroll
         for (int t = 0; t < JX; ++t) {
             const int j = j0 + t;
-            const float w = j < h_old ? __expf(G_t - bg[j]) : 0.0f;
+            const float w = j < h_old ? __expf(G_t - G_j[t]) : 0.0f;
             cq[t] = sp_dots[SPW][j] * w;
             ck[t] = sp_dots[SPW][16 + j] * w;
         }
