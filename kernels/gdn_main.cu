@@ -77,8 +77,8 @@
 #define SELF_PRE 0  // XL, GDN: no pre launch; every warp makes the pre launch's coefficients of its (row, value head)
 #endif              // itself, and one block per head appends the token's record (docs/design.md "Session 37");
                     // 2 (session 47): the block's warps share the record dots (warp w's group g dots position 4 w + g,
-                    // one barrier), and the checkpoint's tile is loaded before them, where the pre launch's shapes load
-                    // it; MMA_FOLD may go with it
+                    // one barrier; 4 NWARPS >= CAP_), made after the tile's dots, and the checkpoint's tile is loaded
+                    // where the pre launch's shapes load it; MMA_FOLD may go with it
 #if SELF_PRE < 0 || SELF_PRE > 2
 #error "SELF_PRE is 0, 1 (each warp its own record dots) or 2 (the block's warps share them)"
 #endif
@@ -1438,51 +1438,50 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     // j < h_old, group g on positions 4g .. 4g + 3 with its 8 lanes' 16 columns each, reduce-scattered so that lane s
     // holds the dot of position 4g + s / 2 with q~ (s even) or k~ (s odd), then shared through the warp's sp_dots
     static_assert(NVAL == 8, "SELF_PRE: 4 positions x 2 dots per group, one per lane after the reduction");
+    const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
+    // G_{h-1}, the gate's inputs and G_j of the lane's positions, loaded here with the records (so that no dot or
+    // barrier waits for them)
+    const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
+    const float sp_G_last = h_old > 0 ? bg[h_old - 1] : 0.0f;
+    const float sp_x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]), sp_alog = to_f(A_log[hv]);
+    float G_j[JX];
+#pragma unroll
+    for (int t = 0; t < JX; ++t) G_j[t] = j0 + t < h_old ? bg[j0 + t] : 0.0f;
 #if SELF_PRE == 2
-    // (SELF_PRE 2: one copy per block, every warp's positions in it)
+    // SELF_PRE 2: the block's warps share the record dots, one copy per block. Group g of warp w dots position
+    // p = 4 w + g; its 16 columns of that record are loaded here, with the records, and dotted after the tile's dots
+    // (load_coef is then called where LATE_COEF calls it), so that the tile's dots wait for no record key
+    static_assert(4 * NWARPS >= CAP_, "SELF_PRE 2: one position per group of the block's warps");
     __shared__ float sp_dots[1][32];
-    static_assert(CAP_ % 4 == 0, "SELF_PRE 2: a warp's four groups take positions 4 w .. 4 w + 3 together");
+    const int sp_p = 4 * warp + g;
+    float sp_f[16];
+    if (sp_p < h_old) {
+        load16(base_k + static_cast<long long>(sp_p) * K_, s, sp_f);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) sp_f[e] = 0.0f;  // (a stale record past h may hold anything)
+    }
 #else
     __shared__ float sp_dots[NWARPS][32];
 #endif
     auto load_coef = [&]() {
-        const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_;
-        // G_{h-1}, the gate's inputs and G_j of the lane's positions, loaded before the record dots (so that no dot
-        // or barrier waits for them)
-        const float* bg = ring_g + (rrow * HV_ + hv) * CAP_;
-        const float sp_G_last = h_old > 0 ? bg[h_old - 1] : 0.0f;
-        const float sp_x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]), sp_alog = to_f(A_log[hv]);
-        float G_j[JX];
-#pragma unroll
-        for (int t = 0; t < JX; ++t) G_j[t] = j0 + t < h_old ? bg[j0 + t] : 0.0f;
 #if SELF_PRE == 2
-        // the block's warps share the record dots: group g of warp w dots position p = 4 w + g (+ 4 NWARPS, ...) with
-        // q~ and k~, its 8 lanes 16 columns each, summed over the group's lanes; lane s = 0 stores both, then one
+        // position sp_p's dots with q~ and k~ summed over the group's 8 lanes; lane s = 0 stores both, then one
         // barrier (every warp of the block gets here: a padded row left as a whole block above)
-        for (int p0 = 4 * warp; p0 < CAP_; p0 += 4 * NWARPS) {  // (the same trip count for the whole warp)
-            const int p = p0 + g;
-            float f[16];
-            if (p < h_old) {
-                load16(base_k + static_cast<long long>(p) * K_, s, f);
-            } else {
+        float pq = 0.0f, pk = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 16; ++e) f[e] = 0.0f;  // (a stale record past h may hold anything)
-            }
-            float pq = 0.0f, pk = 0.0f;
+        for (int e = 0; e < 16; ++e) {
+            pq += sp_f[e] * qk_sm[qk_at(xl_col(s, e))];
+            pk += sp_f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
+        }
 #pragma unroll
-            for (int e = 0; e < 16; ++e) {
-                pq += f[e] * qk_sm[qk_at(xl_col(s, e))];
-                pk += f[e] * qk_sm[QK_ROW + qk_at(xl_col(s, e))];
-            }
-#pragma unroll
-            for (int m = 1; m < 8; m <<= 1) {
-                pq += __shfl_xor_sync(0xffffffffu, pq, m);
-                pk += __shfl_xor_sync(0xffffffffu, pk, m);
-            }
-            if (s == 0) {
-                sp_dots[0][p] = pq * s_q;
-                sp_dots[0][16 + p] = pk * s_k;
-            }
+        for (int m = 1; m < 8; m <<= 1) {
+            pq += __shfl_xor_sync(0xffffffffu, pq, m);
+            pk += __shfl_xor_sync(0xffffffffu, pk, m);
+        }
+        if (s == 0 && sp_p < CAP_) {
+            sp_dots[0][sp_p] = pq * s_q;
+            sp_dots[0][16 + sp_p] = pk * s_k;
         }
         __syncthreads();
         constexpr int SPW = 0;  // (the block's one copy)
@@ -1562,7 +1561,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
     };
 #endif  // SELF_PRE
-#if !LATE_COEF
+#if !LATE_COEF && SELF_PRE != 2
     load_coef();
 #endif
 #if SELF_PRE == 1
@@ -1699,8 +1698,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             }
         }
 #endif
-#if LATE_COEF
-        if (ch == 0) load_coef();
+#if LATE_COEF || SELF_PRE == 2
+        if (ch == 0) load_coef();  // (SELF_PRE 2: the record dots and the block's barrier after the tile's dots)
 #endif
         const float wq = s_q * e_t, wk = s_k * e_t;
         float val[NVAL];
