@@ -77,9 +77,9 @@ Arms (per layer kind, state dtype and batch size B):
               arm: the median; every round and the clocks after it in the meta), to tell placement from drift
   v3p_*_pdl   (--variants pdl) v3 pipelined, main and post launches as programmatic dependents (CUDA PDL);
               bf16 states also get v3p_r16 (the pipelined read without PDL); B >= 128: BV 64 x 2 / 32 x 2 arms
-  v3_spd_<shape>, v3_sp2_<shape>, v3_sp1_<shape> (--variants sp2, GDN, B >= 32) the server's step in the CUDA-core
-              shapes (and this GPU's default, v3_spd_) with the CUDA pre launch, and without one: SELF_PRE 2 (the
-              block's warps share the record dots, gdn_main.cu, session 47), SELF_PRE 1 (each warp its own); _rr
+  v3_spd_<shape>, v3_sp2_<shape> (--variants sp2, GDN, B >= 32) the server's step in the CUDA-core shapes (and this
+              GPU's default, v3_spd_) with the CUDA pre launch, and without one: SELF_PRE 2 (the block's warps share
+              the record dots, gdn_main.cu, session 47); _rr
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
@@ -1331,16 +1331,18 @@ def main():
                     # 47): the pre launch is wholly exposed at every B (session 46, --variants fixed), and SELF_PRE 1
                     # (each warp its own dots, the tile after them) was slower for an fp32 state (session 38). Here
                     # the default step beside the CUDA-core shapes with their CUDA pre launch, with SELF_PRE 2, and
-                    # (bf16) with SELF_PRE 1, round-robin
+                    # round-robin (SELF_PRE 1, each warp its own dots, timed 165-170 us against 123-127 for bf16 m6 at
+                    # B = 256, runs 0715 and 0726)
                     from replayssm_sglang.kernels import cuda_main as _cm_s
 
                     srv = dict(server_like=True)
                     dflt = _cm_s.config_name(_cm_s.default_config(DT[sdt], kind,
                                                                   device_name=torch.cuda.get_device_name()))
-                    # (scripts/cuda_prebuild.py's SP2_SHAPES: bf16 m5 and m5_mf are SELF_PRE 2's unspilled builds,
-                    # 96 registers; m6 spills 16 bytes, m7 48; fp32 m4 128 registers unspilled, m5 24 bytes)
-                    shapes = (("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m7", "x16w4c1_m5_mf", "x16w4c1_m6_mf",
-                               "x16w4c1_m7_mf") if sdt == "bfloat16" else ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf"))
+                    # (scripts/cuda_prebuild.py's SP2_SHAPES: SELF_PRE 2's builds at 96-128 registers, ptxas sm_90;
+                    # at 72-80 (bf16 m6, m7) its record's columns held through the tile's dots spill 92-220 bytes
+                    # and were slower still, run kernels-20261206-0726)
+                    shapes = (("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf", "x16w8c1_m2") if sdt == "bfloat16"
+                              else ("x16w4c1_m5", "x16w4c1_m4", "x16w8c1_m2"))
                     s_arms = {f"v3_spd_{dflt}": arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=dict(
                         main_impl="cuda", cuda_config=dflt, pre_impl=server_pre_impl(kind, dflt)))}
                     for n in shapes:
@@ -1349,9 +1351,6 @@ def main():
                                 main_impl="cuda", cuda_config=n, pre_impl=server_pre_impl(kind, n)))
                         s_arms[f"v3_sp2_{n}"] = arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=dict(
                             main_impl="cuda", cuda_config=n, self_pre=2))
-                    if sdt == "bfloat16":
-                        s_arms["v3_sp1_x16w4c1_m6"] = arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=dict(
-                            main_impl="cuda", cuda_config="x16w4c1_m6", self_pre=1))
                     arms.update(s_arms)
                     per = round_robin(c, {f"{n}_rr": a for n, a in s_arms.items()}, f"{kind} {sdt} sp2")
                     meta.setdefault("sp2_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]

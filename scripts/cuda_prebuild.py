@@ -24,10 +24,9 @@ import torch  # noqa: E402
 F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 GDN = dict(H=16, HV=32, V=128, cap=16, BC=16)
 # bench_kernels.py --variants sp2's builds: (shape, state type, SELF_PRE level; 0: with the CUDA pre launch, PDL)
-SP2_SHAPES = {BF16: ("x16w4c1_m5", "x16w4c1_m6", "x16w4c1_m7", "x16w4c1_m5_mf", "x16w4c1_m6_mf", "x16w4c1_m7_mf"),
-              F32: ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf")}
-SP2_BUILDS = [(n, sdt, level) for sdt, names in SP2_SHAPES.items() for n in names for level in (0, 2)] + [
-    ("x16w4c1_m6", BF16, 1)]
+SP2_SHAPES = {BF16: ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf", "x16w8c1_m2"),
+              F32: ("x16w4c1_m5", "x16w4c1_m4", "x16w8c1_m2")}
+SP2_BUILDS = [(n, sdt, level) for sdt, names in SP2_SHAPES.items() for n in names for level in (0, 2)]
 KDA = dict(H=32, HV=32, V=128, cap=16, BC=16)  # (with kind="kda": predecayed keys)
 
 
