@@ -37,7 +37,8 @@ ARCH = "sm_90"
 # (rows per warp, warps per block, how the tile is read: 0 bulk copies into shared memory, 1 16-byte loads into
 # registers, minimum blocks per SM: a register cap of 65536 / (that x threads), 0 none[, 1: the pre launch's
 # coefficients loaded after the tile's dots, not before[, KDA's G_t from the pre launch[, the eight-lanes-per-row layout
-# (xl)[, V-tiles per block (nch)[, rc_lean[, the fold on the tensor cores (mma_fold)]]]]]]; CONFIG_FIELDS): the block's
+# (xl)[, V-tiles per block (nch)[, rc_lean[, the fold on the tensor cores (mma_fold)[, no pre launch: gdn_main.cu's
+# SELF_PRE level (self_pre)]]]]]]]; CONFIG_FIELDS): the block's
 # V-tile is rows x warps. CUDA_CONFIGS names
 # the ones the benchmark times ("r": shared memory, "g": registers, "x": xl with "cN" its nch, "_mN" a cap, "_late"
 # the coefficients late);
@@ -129,11 +130,23 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # records)
                 "x16w4c1_m6_mf": (16, 4, 1, 6, 0, 0, 1, 1, 0, 1),
                 "x16w4c1_m7_mf": (16, 4, 1, 7, 0, 0, 1, 1, 0, 1),
-                "x16w4c1_m6_gp_mf": (16, 4, 1, 6, 0, 1, 1, 1, 0, 1)}
+                "x16w4c1_m6_gp_mf": (16, 4, 1, 6, 0, 1, 1, 1, 0, 1),
+                # GDN without a pre launch (an eleventh element, 2: gdn_main.cu's SELF_PRE 2, session 47): the block's
+                # warps share the record dots, made after the tile's dots; at 128 registers (4 blocks per SM), where
+                # it keeps its record's columns and the tile in flight unspilled (ptxas sm_90)
+                "x16w4c1_m4_sp2": (16, 4, 1, 4, 0, 0, 1, 1, 0, 0, 2),
+                "x16w8c1_m2_sp2": (16, 8, 1, 2, 0, 0, 1, 1, 0, 0, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
 CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
+# GDN's fp32 checkpoint without a read copy since session 47 (default_config; CUDA_DEFAULT stays the shape with a pre
+# launch, which a ring of more than 16 records takes): x16w4c1_m4_sp2, no pre launch. Round-robin, the server's
+# arguments, B = 128 / 256 / 512: H100 113.1 / 217.2 / 425.1 us against x16w4c1_m5's 118.3 / 224.7 / 438.7 with its
+# CUDA pre launch (1.63x / 1.68x / 1.70x conventional against 1.56x / 1.62x / 1.65x; kernels-20261206-0730); H200
+# 86.6 / 162.9 against 88.7 / 165.1 (B = 128 / 256, kernels-20261206-0726). For a bf16 checkpoint it was slower in
+# every shape (its shorter tiles expose the record dots' chain; the same runs)
+CUDA_DEFAULT_FP32_GDN = CUDA_CONFIGS["x16w4c1_m4_sp2"]
 # the shapes timed for a bf16 checkpoint before XL (a bf16 tile needs the registers form, load_reg 1), and the default
 # for one until session 34: g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
 # 67.9 / 128.2 / 250.1) and at 256 and 512 round-robin (H200, GDN, the server's arguments, kernels-20261203-0808)
@@ -205,12 +218,12 @@ XL_RC_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m6", "x16w4c2_m4", "x16w4c1_m5_l
 
 
 CONFIG_FIELDS = ("rpw", "nwarps", "load_reg", "min_blocks", "late_coef", "gt_pre", "xl", "nch", "rc_lean",
-                 "mma_fold")
-CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1, 0, 0)  # (the first two are required)
+                 "mma_fold", "self_pre")
+CONFIG_DEFAULTS = (0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0)  # (the first two are required)
 
 
 def full_config(config) -> tuple:
-    """A block shape of 2 to 10 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 10."""
+    """A block shape of 2 to 11 elements (CONFIG_FIELDS) padded with CONFIG_DEFAULTS to all 11."""
     return (*config, *CONFIG_DEFAULTS[len(config):])
 
 
@@ -252,6 +265,7 @@ CUDA_DEFAULT_RC_KDA = {torch.float8_e4m3fn: CUDA_CONFIGS["x16w4c1_m7_gp_lean_mma
 # shape's operand, and MMA_FOLD folds at most 16 records: where the default is such a shape (the bf16 states', KDA's
 # fp8 copy's), such a ring takes the shape its state had before them (default_config). (Until session 44 KDA's fp8
 # copy took its tensor-core default there too and its first decode step raised: the pre launch could not run.)
+# (and SELF_PRE holds at most 16 records: GDN's fp32 default, without a pre launch, takes CUDA_DEFAULT there)
 LONG_RING_DEFAULT = {("gdn", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m6"],
                      ("kda", torch.bfloat16): CUDA_CONFIGS["x16w4c1_m6_gp"],
                      ("gdn", torch.float32): CUDA_DEFAULT, ("kda", torch.float32): CUDA_DEFAULT_KDA}
@@ -304,7 +318,9 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
     cannot take a default that reads the CUDA pre launch's tensor-core operand (rc_lean 2: that pre launch holds at
     most 16 records per row) or folds on the tensor cores (mma_fold: at most 16 records): it takes LONG_RING_DEFAULT's
     shape for its kind and state instead. device_name (torch.cuda.get_device_name of the checkpoint's GPU; None: none
-    known) picks DEVICE_DEFAULTS's shape where a key of it is in the name."""
+    known) picks DEVICE_DEFAULTS's shape where a key of it is in the name. GDN's fp32 checkpoint without a read copy
+    takes CUDA_DEFAULT_FP32_GDN (no pre launch, SELF_PRE 2), which a long ring cannot take either (it holds 16
+    records)."""
     env = env_config(kind)
     if env is not None:
         return env
@@ -314,13 +330,16 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
         cfg = CUDA_DEFAULT_RC_KDA[rc_dtype]
     elif kind == "kda":
         cfg = CUDA_DEFAULT_KDA_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_KDA
-    else:
+    elif rc_dtype is not None:
         cfg = CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT
+    else:
+        cfg = CUDA_DEFAULT_BF16 if state_dtype == torch.bfloat16 else CUDA_DEFAULT_FP32_GDN
     if rc_dtype is None and device_name:
         for key, table in DEVICE_DEFAULTS.items():
             if key in device_name:
                 cfg = table.get((kind, state_dtype), cfg)
-    if cap is not None and cap > PRE_MAX_CAP and (tensor_core_shape(cfg) or full_config(cfg)[9]):
+    if cap is not None and cap > PRE_MAX_CAP and (tensor_core_shape(cfg) or full_config(cfg)[9]
+                                                  or full_config(cfg)[10]):
         cfg = LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
     return cfg
 
@@ -451,7 +470,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream), "XL": int(xl), "NCH": int(nch),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
-            "USE_PDL": int(pdl), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
+            "USE_PDL": int(bool(pdl) and not self_pre), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
             "U_T": ctype(u_dtype), "KR_T": ctype(k_dtype), "SLOT_T": ctype(slot_dtype),
             "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype), "ST_T": ctype(state_dtype)}
@@ -462,7 +481,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type. For offline checks of a shape (ptxas resources, SASS, PDL hazards)."""
-    rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean, mf = full_config(config)
+    rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean, mf, sp = full_config(config)
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     bf16, f32 = torch.bfloat16, torch.float32
     return defines(H=H, HV=HV, V=128, cap=16, BC=16, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -471,7 +490,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
-                   rc_dtype=rc_dtype)
+                   rc_dtype=rc_dtype, self_pre=sp)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -842,9 +861,13 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     impl = env_pre_impl()
     if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
             and unavailable_reason(kind, state, ring, None, K, ring.layout.V,
-                                   *launch_default_config(state, ring, kind), self_pre=True) is None):
+                                   *launch_default_config(state, ring, kind)[:10], self_pre=True) is None):
         return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     cfg = launch_default_config(state, ring, kind)
+    if (full_config(cfg)[10] and prefers_cuda() and _obtainable()
+            and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
+        return (f"none (the CUDA main launch's shape {_shape_name(kind, cfg)} makes the coefficients itself: "
+                "gdn_main.cu's SELF_PRE 2)")
     if (tensor_core_shape(cfg) and prefers_cuda() and _obtainable() and pre_unavailable_reason(kind, state, ring, K, BC)
             is None and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
         # (decode_v3.launch takes it whatever the preference: only it writes that main launch's operand)
@@ -881,7 +904,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold = full_config(
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
                    late_coef=late_coef, gt_pre=gt_pre, xl=xl, nch=nch, rc_lean=rc_lean, mma_fold=mma_fold,
@@ -892,7 +915,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre)
+                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1025,11 +1048,12 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
-    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean[, mma_fold]]]]]])
+    config: (rows per warp, warps, load_reg, min_blocks[, late_coef[, gt_pre[, xl[, nch[, rc_lean[, mma_fold[,
+    self_pre]]]]]]])
     (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
     launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step);
     frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA, ST_MMA), the last parameter."""
-    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, _ = full_config(
+    rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, *_ = full_config(
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
         raise ValueError("gt_pre: the CUDA main launch reads the pre launch's G_t per column (gts, fp32 [B, HV, K])")

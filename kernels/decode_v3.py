@@ -1176,8 +1176,16 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
+    # a shape without a pre launch (its self_pre field: gdn_main.cu's SELF_PRE 2, GDN's fp32 default since session 47)
+    cfg_sp = (cuda_main.full_config(cuda_cfg)[10] if isinstance(cuda_cfg, tuple)
+              and 2 <= len(cuda_cfg) <= len(cuda_main.CONFIG_FIELDS) else 0)
+    if impl_main == "cuda" and cfg_sp:
+        if self_pre and self_pre != cfg_sp:
+            raise ValueError(f"self_pre={self_pre} beside the shape {cuda_config!r}, whose own is {cfg_sp}")
+        self_pre = cuda_sp = cfg_sp
     if (env_sp == "cuda" and impl_main == "cuda" and main_impl is None and not self_pre and isinstance(cuda_cfg, tuple)
-            and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=True) is None):
+            and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg[:10],
+                                             self_pre=True) is None):
         self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
@@ -1195,8 +1203,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             cuda_cfg = cuda_main.full_config(cuda_cfg)
         if not (isinstance(cuda_cfg, tuple) and len(cuda_cfg) == nf):
             raise ValueError(f"cuda_config must be (rows per warp, warps[, load_reg[, min_blocks[, late_coef[, "
-                             f"gt_pre[, xl[, nch[, rc_lean[, mma_fold]]]]]]]]) or one of {list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
-        why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg, self_pre=cuda_sp)
+                             f"gt_pre[, xl[, nch[, rc_lean[, mma_fold[, self_pre]]]]]]]]]) or one of "
+                             f"{list(cuda_main.CUDA_CONFIGS)}, got {cuda_config!r}")
+        why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg[:10], self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
         main_defs = cuda_defines(cuda_cfg, diag_stream)

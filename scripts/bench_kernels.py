@@ -291,6 +291,8 @@ def server_pre_impl(kind: str, name: str) -> str:
     (cuda_main.PRE_AUTO_KINDS)."""
     from replayssm_sglang.kernels import cuda_main as cm
 
+    if cm.full_config(cm.CUDA_CONFIGS[name])[10]:
+        return "triton"  # (a shape without a pre launch, SELF_PRE 2: none runs, and only a CUDA one would be refused)
     return "cuda" if cm.tensor_core_shape(cm.CUDA_CONFIGS[name]) or kind in cm.PRE_AUTO_KINDS else "triton"
 
 

@@ -79,13 +79,13 @@ def combos():
                                                                        ("g8w4_m7_gp", BF16, BF16),
                                                                        ("x16w4c1_m5_gp", BF16, BF16)) for d in (1, 2)]
     for cfg, pdl, diag, rec, sdt, kind in server:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cfg)
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag,
                               has_h_rows=False, has_forced=True, has_ring_idx=True, pdl=pdl, x_dtype=BF16,
                               a_dtype=BF16, b_dtype=BF16, alog_dtype=F32, dtb_dtype=F32, out_dtype=BF16, u_dtype=rec,
                               k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I64, state_dtype=sdt,
-                              kind=kind, rc_lean=lean, mma_fold=mf))
+                              kind=kind, rc_lean=lean, mma_fold=mf, self_pre=sp))
     # the GPU tests' harness: fp32 a, b and output, int32 indices, a forced mask always
     from test_decode_kernels import (CUDA_MAIN_BF16_CASES, CUDA_MAIN_CASES, CUDA_MAIN_KDA_CASES, CUDA_MAIN_SLOW_CASES,
                                      CUDA_PRE_CASES, CUDA_PRE_KDA_CASES)
@@ -101,26 +101,26 @@ def combos():
     cases += [(cm.CUDA_CONFIGS[c], "float32", "bfloat16", True, False, getattr(torch, sdt))
               for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "gdn"]
     for cfg, rec, qkv, ri, hr, sdt in cases:
-        rpw, nw, lr, mb, late, _, xl, nch, lean, mf = cm.full_config(cfg)
+        rpw, nw, lr, mb, late, _, xl, nch, lean, mf, sp = cm.full_config(cfg)
         rec, qkv = getattr(torch, rec), getattr(torch, qkv)
         out.append(cm.defines(**GDN, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, xl=xl, nch=nch,
                               has_h_rows=hr, has_forced=True,
                               has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32, alog_dtype=F32, dtb_dtype=F32, out_dtype=F32,
                               u_dtype=rec, k_dtype=rec, slot_dtype=I32, forced_dtype=I32, ridx_dtype=I32,
-                              state_dtype=sdt, rc_lean=lean, mma_fold=mf))
+                              state_dtype=sdt, rc_lean=lean, mma_fold=mf, self_pre=sp))
     kda_cases = list(CUDA_MAIN_KDA_CASES) + [
         (c or cm.default_config(getattr(torch, sdt), "kda"), sdt, rec, qkv, ri, lb, mg)
         for c, sdt, rec, qkv, ri, lb, mg in CUDA_PRE_KDA_CASES] + [
         (c, sdt, "float32", "bfloat16", True, None, None) for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "kda"]
     for c, sdt, rec, qkv, ri, lb, _ in kda_cases:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS.get(c, c))
         rec, qkv, sdt = getattr(torch, rec), getattr(torch, qkv), getattr(torch, sdt)
         out.append(cm.defines(**KDA, rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb, late_coef=late, gt_pre=gt, xl=xl,
                               nch=nch, has_h_rows=False,
                               has_forced=True, has_ring_idx=ri, pdl=True, x_dtype=qkv, a_dtype=F32, b_dtype=F32,
                               alog_dtype=F32, dtb_dtype=F32, out_dtype=F32, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=sdt, kind="kda",
-                              lower_bound=lb is not None, rc_lean=lean, mma_fold=mf))
+                              lower_bound=lb is not None, rc_lean=lean, mma_fold=mf, self_pre=sp))
     # issue 7's read copies read by the CUDA main launch (session 36): test_gpu_real_shapes_cuda_main_read_copy (the
     # harness's arguments, as above) and bench_kernels.py --variants rccu (the server's)
     from test_decode_kernels import CUDA_MAIN_RC_CASES
@@ -128,13 +128,13 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32):  # (io: a, b, the output's;
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: the ring rows')
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
                           alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
-                          self_pre=self_pre, rc_lean=lean, mma_fold=mf)
+                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -160,12 +160,13 @@ def combos():
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
     for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf = cm.full_config(cm.CUDA_CONFIGS[c])
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
                               dtb_dtype=F32, out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
-                              forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind))
+                              forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind,
+                              self_pre=sp))
     return out
 
 

@@ -419,3 +419,27 @@ def test_self_pre_shared_dots_can_fail(old, new, monkeypatch, tmp_path):
                             V=128)  # (an fp32 state: the tolerance is fp32's, 2e-5)
     with pytest.raises(AssertionError, match="rms ratio"):
         hz.run(14)
+
+
+def test_gdn_fp32_default_has_no_pre_launch_emulated(monkeypatch):
+    """GDN's fp32 default shape since session 47 (x16w4c1_m4_sp2: SELF_PRE 2 in its shape's eleventh field), taken
+    where a launch asks for no shape and no self_pre: every step's main launch is that shape's SELF_PRE 2 build without
+    PDL, no pre launch runs (CUDA's or Triton's), and 14 steps match float64 (two value heads per key head)."""
+    from replayssm_sglang.kernels import cuda_emu, decode_v3
+
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+
+    class NoPre:
+        def __getitem__(self, grid):
+            raise AssertionError("Triton's pre launch ran beside a shape without one")
+
+    monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", NoPre())
+    hz, calls, pre_calls = _emu_harness("gdn", None, "float32", "slow", monkeypatch, seed=11, H=2, HV=4, V=128)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
+    assert not pre_calls and len(calls) == 14
+    assert {cuda_main.full_config(c) for c in calls} == {cuda_main.full_config(cuda_main.CUDA_DEFAULT_FP32_GDN)}
+    assert builds and all(d["SELF_PRE"] == 2 and d["USE_PDL"] == 0 for d in builds)

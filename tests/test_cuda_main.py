@@ -315,8 +315,10 @@ def test_read_copy_default_shapes(monkeypatch):
     f32, fp8, bf16 = torch.float32, torch.float8_e4m3fn, torch.bfloat16
     assert cuda_main.default_config(f32, "gdn", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_lean"]
     assert cuda_main.default_config(f32, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m6_lean"]
-    assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT
-    assert cuda_main.full_config(cuda_main.CUDA_DEFAULT)[8] == 0  # (no read copy: not lean)
+    # (without a copy GDN's fp32 default has no pre launch since session 47: SELF_PRE 2)
+    assert cuda_main.default_config(f32, "gdn") == cuda_main.CUDA_DEFAULT_FP32_GDN
+    assert cuda_main.full_config(cuda_main.CUDA_DEFAULT_FP32_GDN)[8] == 0  # (no read copy: not lean)
+    assert cuda_main.full_config(cuda_main.CUDA_DEFAULT_FP32_GDN)[10] == 2
     # KDA's fp8 copy: its rc_lean shape with the tensor cores (session 42's served A/B); its bf16 copy the plain one
     assert cuda_main.default_config(f32, "kda", fp8) == cuda_main.CUDA_CONFIGS["x16w4c1_m7_gp_lean_mma"]
     assert cuda_main.default_config(f32, "kda", bf16) == cuda_main.CUDA_DEFAULT_KDA
@@ -428,6 +430,8 @@ def test_self_pre_cuda_by_environment(monkeypatch):
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     for var in ("REPLAYSSM_MAIN_IMPL", "REPLAYSSM_PRE_IMPL"):  # (the server's defaults: conftest asks for Triton's)
         monkeypatch.delenv(var, raising=False)
+    # (a shape with a pre launch: GDN's fp32 default has none since session 47, SELF_PRE 2 in its shape)
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "x16w4c1_m5")
     monkeypatch.setattr(cuda_main, "load_failure", lambda defs, device: None)  # (no cubin to load on a CPU)
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     builds, pres = [], []
@@ -515,7 +519,8 @@ def test_environment_preference_falls_back_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     run()
-    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT)
+    assert len(calls) == 1 and calls[0]["config"] == cuda_main.full_config(cuda_main.CUDA_DEFAULT_FP32_GDN)
+    assert calls[0]["defs"]["SELF_PRE"] == 2 and calls[0]["defs"]["USE_PDL"] == 0  # (its shape: no pre launch)
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "triton")  # Triton's, even where the CUDA one could run
     calls.clear()
     run()
@@ -621,7 +626,7 @@ def test_diag_parts_split_the_step_by_launch(monkeypatch, parts, want):
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     monkeypatch.setattr(decode_v3, "replay_decode_v3_pre_kernel", _Kernel("pre"))
     monkeypatch.setattr(decode_v3, "replay_decode_v2_post_kernel", _Kernel("post"))
-    _launch(_diag_parts=parts)
+    _launch(_diag_parts=parts, cuda_config="x16w4c1_m5")  # (a shape with a pre launch)
     assert (ran["pre"], ran["main"], ran["post"]) == want
     with pytest.raises(ValueError, match="'\\+'-joined launches"):
         _launch(_diag_parts="pre+fold")
@@ -640,7 +645,7 @@ def test_preference_note_for_the_server_log(monkeypatch):
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
     monkeypatch.setattr(cuda_main, "_obtainable", lambda: True)
     assert cuda_main.preference_note("gdn", state, ring, 128, 128).startswith("CUDA (kernels/gdn_main.cu")
-    assert "shape x16w4c1_m5;" in cuda_main.preference_note("gdn", state, ring, 128, 128)
+    assert "shape x16w4c1_m4_sp2;" in cuda_main.preference_note("gdn", state, ring, 128, 128)
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "g8w4")
     assert "shape g8w4 from REPLAYSSM_CUDA_CONFIG_GDN;" in cuda_main.preference_note("gdn", state, ring, 128, 128)
     monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN")
@@ -675,9 +680,16 @@ def test_preference_note_for_the_server_log(monkeypatch):
         "Triton (its CUDA one is opt-in: REPLAYSSM_PRE_IMPL=cuda)")
     assert cuda_main.pre_preference_note("gdn", state, ring, 128, 16).startswith("Triton (beside Triton's main launch")
     monkeypatch.delenv("REPLAYSSM_MAIN_IMPL")  # (the main launch's unavailable_reason stood in for above: CUDA's)
+    # GDN's fp32 default shape makes the coefficients itself (SELF_PRE 2, session 47): no pre launch, and the note says
+    # so; a shape with one named by the environment takes the CUDA pre launch
+    assert poolmod.main_launch_note(FakePool(), state[None]) == (
+        f"{cuda_main.preference_note('gdn', state, ring, 128, 128)}; pre launch: none (the CUDA main launch's shape "
+        "x16w4c1_m4_sp2 makes the coefficients itself: gdn_main.cu's SELF_PRE 2)")
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "x16w4c1_m5")
     assert poolmod.main_launch_note(FakePool(), state[None]) == (
         f"{cuda_main.preference_note('gdn', state, ring, 128, 128)}; pre launch: CUDA (kernels/gdn_main.cu "
         "replay_gdn_pre; REPLAYSSM_PRE_IMPL=triton for Triton's)")
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN")
     # a tensor-core shape (rc_lean 2) takes the CUDA pre launch whatever the preference, and the note says so, by the
     # name the environment gave (its tuple is also a read copy's shape)
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m7_gp_mma")
@@ -783,9 +795,9 @@ def test_xl_refusals():
                                                                        (torch.bfloat16, "same"))])
 def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
     """Every default shape runs on its ring, 16 records or more (--linear-replayssm-cache-len 32, 64): where the
-    default reads the CUDA pre launch's tensor-core operand (rc_lean 2; that pre launch holds at most 16 records) or
-    folds on the tensor cores (MMA_FOLD, at most 16), a longer ring takes LONG_RING_DEFAULT's shape, which needs
-    neither (until session 44 KDA's fp8 copy took its tensor-core shape there and its first step raised); the 16-record
+    default reads the CUDA pre launch's tensor-core operand (rc_lean 2; that pre launch holds at most 16 records),
+    folds on the tensor cores (MMA_FOLD, at most 16) or has no pre launch (SELF_PRE 2, at most 16), a longer ring
+    takes LONG_RING_DEFAULT's shape, which needs none of them (until session 44 KDA's fp8 copy took its tensor-core shape there and its first step raised); the 16-record
     ring keeps the default. A tensor-core shape named for a long ring is not usable (its launch falls back to
     Triton's) and the log says why."""
     from replayssm_sglang import ring as ringmod
@@ -804,15 +816,17 @@ def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
         if L == 16:
             assert cfg == cuda_main.default_config(state_dtype, kind, rc)
         else:
-            assert not cuda_main.tensor_core_shape(cfg) and not cuda_main.full_config(cfg)[9], (L, cfg)
+            assert not cuda_main.tensor_core_shape(cfg) and not any(cuda_main.full_config(cfg)[9:]), (L, cfg)
             short = cuda_main.default_config(state_dtype, kind, rc)
-            if cuda_main.tensor_core_shape(short) or cuda_main.full_config(short)[9]:
+            if cuda_main.tensor_core_shape(short) or any(cuda_main.full_config(short)[9:]):  # (mma_fold, self_pre)
                 sdt = torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32
                 assert cfg == cuda_main.LONG_RING_DEFAULT[(kind, sdt)]
             else:
                 assert cfg == short
-    # the rule's cases today: the bf16 states' defaults and KDA's fp8 copy's take the tensor cores
-    if (state_dtype, read_dtype) == (torch.bfloat16, "same") or (kind, read_dtype) == ("kda", "fp8_e4m3"):
+    # the rule's cases today: the bf16 states' defaults and KDA's fp8 copy's take the tensor cores; GDN's fp32 default
+    # has no pre launch (SELF_PRE 2 holds at most 16 records)
+    if ((state_dtype, read_dtype) == (torch.bfloat16, "same") or (kind, read_dtype) == ("kda", "fp8_e4m3")
+            or (kind, state_dtype, read_dtype) == ("gdn", torch.float32, "same")):
         assert cuda_main.default_config(state_dtype, kind, rc, 32) != cuda_main.default_config(state_dtype, kind, rc)
     # a tensor-core shape asked for a long ring: not usable here, and the reason names the pre launch's limit
     tc = "x16w4c1_m7_gp_lean_mma" if kind == "kda" else "x16w4c1_m8_lean_mma"
@@ -840,7 +854,7 @@ def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
         assert cuda_main.default_config(dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
         assert cuda_main.asked_config(None, dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
         assert cuda_main.asked_config("g8w4_gp", dt, "kda") == cuda_main.CUDA_CONFIGS["g8w4_gp"]  # asked wins
-    assert cuda_main.default_config(torch.float32, "gdn") == cuda_main.CUDA_DEFAULT  # the other kind's unchanged
+    assert cuda_main.default_config(torch.float32, "gdn") == cuda_main.CUDA_DEFAULT_FP32_GDN  # the other kind's unchanged
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m5_gpx")
     with pytest.raises(ValueError, match="REPLAYSSM_CUDA_CONFIG_KDA='x16w4c1_m5_gpx'.*x16w4c1_m5_gp"):
         cuda_main.default_config(torch.float32, "kda")
