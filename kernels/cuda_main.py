@@ -344,6 +344,13 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
     return cfg
 
 
+def pre_build_config(config) -> tuple:
+    """The shape whose build holds the CUDA pre launch beside Triton's main launch (decode_v3): the default shape,
+    unless that one has no pre launch (SELF_PRE 2: GDN's fp32 default), then CUDA_DEFAULT, whose build has it with
+    PDL."""
+    return CUDA_DEFAULT if full_config(config)[10] else config
+
+
 def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,
                  cap: int | None = None, device_name: str | None = None):
     """A launch's ``cuda_config`` as a shape: a name of CUDA_CONFIGS looked up, a tuple as given (checked by

@@ -1089,11 +1089,11 @@ def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,state_dtype,read_dtype", [("kda", "float32", "fp8_e4m3"), ("gdn", "bfloat16", "same"),
-                                                         ("kda", "bfloat16", "same")])
+                                                         ("kda", "bfloat16", "same"), ("gdn", "float32", "same")])
 @pytest.mark.parametrize("L", [16, 32])
 def test_gpu_default_shapes_on_long_rings(kind, state_dtype, read_dtype, L, monkeypatch):
-    """The server's default shapes that take the tensor cores (the bf16 states', KDA's fp8 copy's; session 44) on their
-    16-record ring and on a 32-record one (--linear-replayssm-cache-len 32), where they give way to
+    """The server's default shapes that take the tensor cores (the bf16 states', KDA's fp8 copy's; session 44) or
+    have no pre launch (GDN's fp32 state's, SELF_PRE 2; session 47) on their 16-record ring and on a 32-record one (--linear-replayssm-cache-len 32), where they give way to
     LONG_RING_DEFAULT's (default_config; until session 44 KDA's fp8 copy raised there): the environment's preference
     (REPLAYSSM_MAIN_IMPL auto) takes the CUDA main launch in the shape the rule names, every step, against float64;
     the server's arguments (bf16 inputs, the state's records, the ring keyed by its own rows), forced window L."""
@@ -1117,7 +1117,7 @@ def test_gpu_default_shapes_on_long_rings(kind, state_dtype, read_dtype, L, monk
     # (the GPU's own default: DEVICE_DEFAULTS gives an H200 KDA's x16w4c1_m8_gp_mma_mf for a bf16 state)
     want = cuda_main.full_config(cuda_main.default_config(sdt, kind, rc, L, torch.cuda.get_device_name()))
     assert len(calls) == L + 6 and {cuda_main.full_config(c) for c in calls} == {want}, (L, want)
-    assert (cuda_main.tensor_core_shape(want) or want[9]) == (L == 16)
+    assert bool(cuda_main.tensor_core_shape(want) or want[9] or want[10]) == (L == 16)
 
 
 @pytest.mark.gpu
@@ -1629,9 +1629,11 @@ def test_gpu_real_shapes_cuda_pre(main_impl, state_dtype, rec_dtype, qkv_dtype, 
     calls = []
     real = cuda_main.pre_launch
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **kw: calls.append(1) or real(**kw))
+    # (the CUDA main launch in a shape with a pre launch: GDN's fp32 default has none since session 47)
+    shape = {"cuda_config": "x16w4c1_m5"} if main_impl == "cuda" and state_dtype == "float32" else {}
     hz = _real_harness("gdn", state_dtype=DTYPES[state_dtype], rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=17, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
-                       v3_opts=dict(main_impl=main_impl, pre_impl="cuda"))
+                       v3_opts=dict(main_impl=main_impl, pre_impl="cuda", **shape))
     st = hz.run(26)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0
     assert len(calls) == 26, "every step's pre launch must be the CUDA one"
