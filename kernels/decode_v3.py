@@ -1076,7 +1076,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     warp, a ring capacity of at most 16, fp32 or bf16 state, with or without a read copy (cuda_main.unavailable_reason).
     self_pre=2 (main_impl="cuda" only; session 47) is SELF_PRE 2: the block's warps share the record dots (warp w's
     group g dots position 4 w + g, one barrier) and the checkpoint's tile is loaded before them, as with a pre launch;
-    it also takes the fold on the tensor cores (mma_fold)."""
+    it also takes the fold on the tensor cores (mma_fold). A shape may carry it (cuda_main's eleventh shape field, as
+    GDN's fp32 default x16w4c1_m4_sp2 does since session 47): with the CUDA main launch, no pre launch runs then; a
+    self_pre asked for here wins over the shape's."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1176,12 +1178,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
-    # a shape without a pre launch (its self_pre field: gdn_main.cu's SELF_PRE 2, GDN's fp32 default since session 47)
+    # a shape without a pre launch (its self_pre field: gdn_main.cu's SELF_PRE 2, GDN's fp32 default since session 47);
+    # a self_pre the caller asks for wins over the shape's
     cfg_sp = (cuda_main.full_config(cuda_cfg)[10] if isinstance(cuda_cfg, tuple)
               and 2 <= len(cuda_cfg) <= len(cuda_main.CONFIG_FIELDS) else 0)
-    if impl_main == "cuda" and cfg_sp:
-        if self_pre and self_pre != cfg_sp:
-            raise ValueError(f"self_pre={self_pre} beside the shape {cuda_config!r}, whose own is {cfg_sp}")
+    if impl_main == "cuda" and cfg_sp and not self_pre:
         self_pre = cuda_sp = cfg_sp
     if (env_sp == "cuda" and impl_main == "cuda" and main_impl is None and not self_pre and isinstance(cuda_cfg, tuple)
             and cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg[:10],

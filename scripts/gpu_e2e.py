@@ -145,6 +145,8 @@ ARMS = {
     # state's and the fp8 copy's defaults with it
     "ours_bf16_mf": ["--enable-linear-replayssm", "--mamba-ssm-dtype", "bfloat16"],
     "ours_mf": ["--enable-linear-replayssm"],
+    # GDN's fp32 default before session 47 (x16w4c1_m5 with its CUDA pre launch; the default since has none, SELF_PRE 2)
+    "ours_m5": ["--enable-linear-replayssm"],
     "ours_rc_fp8_mf": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
     # the bf16 state's default shape before session 44 (CUDA-core tile dots, x16w4c1_m6 / _m6_gp) with MMA_FOLD, and
     # without it (the defaults since are ST_MMA's m7 with MMA_FOLD for GDN, x16w4c1_m6_gp_mf for KDA; window 16)
@@ -201,6 +203,7 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
                              "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m8_mma_mf",
                              "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m8_gp_mma_mf"},
            "ours_mf": {"REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5_mf", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp_mf"},
+           "ours_m5": {"REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m5"},
            "ours_rc_fp8_mf": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_GDN": "x16w4c1_m7_lean_mf",
                               "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma_mf"},
            "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},

@@ -1765,6 +1765,15 @@ def test_cuda_pre_environment_preference(monkeypatch):
     mains = []
     monkeypatch.setattr(cuda_main, "launch", lambda **kw: mains.append(kw["defs"]))
     monkeypatch.setattr(cuda_main, "unavailable_reason", lambda *a, **k: None)
+    # GDN's fp32 default shape has no pre launch (SELF_PRE 2, session 47): none runs beside it, whatever the preference
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    for env in ("", "auto", "cuda"):
+        monkeypatch.setenv("REPLAYSSM_PRE_IMPL", env)
+        ran.clear()
+        go(main_impl="cuda")
+        assert ran == [] and mains[-1]["SELF_PRE"] == 2, env
+    mains.clear()
+    monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_GDN", "x16w4c1_m5")  # (the shape before it, with a pre launch)
     for env in ("", "auto"):
         monkeypatch.setenv("REPLAYSSM_PRE_IMPL", env)
         ran.clear()
