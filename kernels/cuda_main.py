@@ -344,11 +344,15 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
     return cfg
 
 
-def pre_build_config(config) -> tuple:
+def pre_build_config(config, kind: str = "gdn", state_dtype: torch.dtype = torch.float32) -> tuple:
     """The shape whose build holds the CUDA pre launch beside Triton's main launch (decode_v3): the default shape,
-    unless that one has no pre launch (SELF_PRE 2: GDN's fp32 default), then CUDA_DEFAULT, whose build has it with
-    PDL."""
-    return CUDA_DEFAULT if full_config(config)[10] else config
+    unless that one has no pre launch (SELF_PRE 2: GDN's fp32 default) or its pre launch writes the tensor-core
+    operand that only its own main launch reads (rc_lean 2: the bf16 states' defaults, KDA's fp8 copy's; such a build
+    refuses to run without that operand's buffer), then LONG_RING_DEFAULT's shape for the kind and state, which is
+    neither."""
+    if full_config(config)[10] or tensor_core_shape(config):
+        return LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
+    return config
 
 
 def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,

@@ -1245,7 +1245,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # the build of the main launch it feeds where that is CUDA's (one module, loaded above), else of the
             # default CUDA shape
             pre_defs = main_defs if main_defs is not None else cuda_defines(
-                cuda_main.pre_build_config(cuda_main.launch_default_config(state, ring, kind)), 0)
+                cuda_main.pre_build_config(cuda_main.launch_default_config(state, ring, kind), kind, state.dtype), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column

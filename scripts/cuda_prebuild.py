@@ -95,8 +95,8 @@ def combos():
     cases += [(cm.CUDA_CONFIGS.get(c, c), r, q, ri, hr, BF16) for c, r, q, ri, hr in CUDA_MAIN_BF16_CASES]
     # the CUDA pre launch's cases (test_gpu_real_shapes_cuda_pre[_kda]): the build of the main launch's shape, the
     # default one (for GDN always: its cases ask for none) where the main launch is Triton's
-    cases += [(cm.pre_build_config(cm.default_config(getattr(torch, sdt), "gdn")), r, q, ri, hr, getattr(torch, sdt))
-              for _, sdt, r, q, ri, hr in CUDA_PRE_CASES]
+    cases += [(cm.pre_build_config(cm.default_config(getattr(torch, sdt), "gdn"), "gdn", getattr(torch, sdt)), r, q, ri,
+               hr, getattr(torch, sdt)) for _, sdt, r, q, ri, hr in CUDA_PRE_CASES]
     # the slow-decay cases (test_gpu_real_shapes_cuda_main_slow): fp32 records, bf16 inputs, the ring keyed by its rows
     cases += [(cm.CUDA_CONFIGS[c], "float32", "bfloat16", True, False, getattr(torch, sdt))
               for kind, c, sdt in CUDA_MAIN_SLOW_CASES if kind == "gdn"]

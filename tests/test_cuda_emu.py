@@ -443,3 +443,26 @@ def test_gdn_fp32_default_has_no_pre_launch_emulated(monkeypatch):
     assert not pre_calls and len(calls) == 14
     assert {cuda_main.full_config(c) for c in calls} == {cuda_main.full_config(cuda_main.CUDA_DEFAULT_FP32_GDN)}
     assert builds and all(d["SELF_PRE"] == 2 and d["USE_PDL"] == 0 for d in builds)
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "float32"])
+def test_cuda_pre_beside_triton_main_emulated(state_dtype, monkeypatch):
+    """The CUDA pre launch beside Triton's main launch (REPLAYSSM_PRE_IMPL=cuda with REPLAYSSM_MAIN_IMPL=triton) is built
+    from a shape that has a pre launch and writes no tensor-core operand (cuda_main.pre_build_config): the bf16 state's
+    default (ST_MMA) would refuse to run without that operand's buffer (found on the GPU in session 47, run 0750), the
+    fp32 one has no pre launch (SELF_PRE 2). Emulated, 14 steps against float64, every pre launch CUDA's."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
+    pres = []
+    real_pre = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: pres.append(a["defs"]) or real_pre(**a))
+    sdt = getattr(torch, state_dtype)
+    hz = Harness("gdn", B=3, H=1, HV=2, K=128, V=64, L=16, seed=5, windows=(16, 16, 16, 1, 4), impl="v3",
+                 ring_idx=True, state_dtype=sdt, qkv_dtype=torch.bfloat16, decay="slow",
+                 v3_opts=dict(main_impl="triton", pre_impl="cuda"))
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    assert len(pres) == 14 and all("ST_MMA" not in d and "SELF_PRE" not in d for d in pres)
+    assert decode_v3.cuda_main is cuda_main

@@ -842,6 +842,20 @@ def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
         assert note.startswith("Triton (the CUDA one: its tensor-core operand") and "at most 16" in note, note
 
 
+def test_pre_build_config_takes_a_shape_with_a_plain_pre_launch():
+    """The build that holds the CUDA pre launch beside Triton's main launch: the default shape where its pre launch is
+    plain, else LONG_RING_DEFAULT's (no SELF_PRE 2, no tensor-core operand)."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert cuda_main.pre_build_config(cuda_main.CUDA_DEFAULT_FP32_GDN, "gdn", f32) == cuda_main.CUDA_DEFAULT
+    assert cuda_main.pre_build_config(cuda_main.CUDA_DEFAULT_BF16, "gdn", bf16) == cuda_main.CUDA_CONFIGS["x16w4c1_m6"]
+    kda_fp8 = cuda_main.default_config(f32, "kda", torch.float8_e4m3fn)
+    assert cuda_main.tensor_core_shape(kda_fp8)
+    assert cuda_main.pre_build_config(kda_fp8, "kda", f32) == cuda_main.CUDA_DEFAULT_KDA
+    for cfg, kind, sdt in ((cuda_main.CUDA_DEFAULT_KDA, "kda", f32), (cuda_main.CUDA_DEFAULT, "gdn", f32),
+                           (cuda_main.CUDA_DEFAULT_KDA_BF16, "kda", bf16)):
+        assert cuda_main.pre_build_config(cfg, kind, sdt) == cfg  # (plain pre launches: the shape itself)
+
+
 def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
     """REPLAYSSM_CUDA_CONFIG_GDN / _KDA name the shape a launch takes when it asks for none (the server's launches), for
     one kind only; unset, the defaults by kind and state type; an unknown name is refused with the names."""
