@@ -143,9 +143,10 @@ CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
 # GDN's fp32 checkpoint without a read copy since session 47 (default_config; CUDA_DEFAULT stays the shape with a pre
 # launch, which a ring of more than 16 records takes): x16w4c1_m4_sp2, no pre launch. Round-robin, the server's
 # arguments, B = 128 / 256 / 512: H100 113.1 / 217.2 / 425.1 us against x16w4c1_m5's 118.3 / 224.7 / 438.7 with its
-# CUDA pre launch (1.63x / 1.68x / 1.70x conventional against 1.56x / 1.62x / 1.65x; kernels-20261206-0730); H200
-# 86.6 / 162.9 against 88.7 / 165.1 (B = 128 / 256, kernels-20261206-0726). For a bf16 checkpoint it was slower in
-# every shape (its shorter tiles expose the record dots' chain; the same runs)
+# CUDA pre launch (1.63x / 1.68x / 1.70x conventional against 1.56x / 1.62x / 1.65x; kernels-20261206-0730, and
+# -0745 again with 114.8 / 220.0 / 431.0 and 35.3 / 63.0 at B = 32 / 64); H200 86.7 / 165.0 against 88.8 / 168.3
+# (B = 128 / 256, kernels-20261206-0726). For a bf16 checkpoint it was slower in every shape (its shorter tiles expose
+# the record dots' chain; the same runs). Served: e2e-20261206-0751 / -0756
 CUDA_DEFAULT_FP32_GDN = CUDA_CONFIGS["x16w4c1_m4_sp2"]
 # the shapes timed for a bf16 checkpoint before XL (a bf16 tile needs the registers form, load_reg 1), and the default
 # for one until session 34: g8w4_m8_late, the fastest at B = 128, 256 and 512 alone (67.1 / 127.5 / 250.4 us, 1.10-1.11x conventional; upstream
