@@ -137,7 +137,9 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m4_sp2": (16, 4, 1, 4, 0, 0, 1, 1, 0, 0, 2),
                 "x16w8c1_m2_sp2": (16, 8, 1, 2, 0, 0, 1, 1, 0, 0, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
-# GDN's default since session 34: x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
+# GDN's default from session 34 to 46 (since session 47 the fp32 state's without a read copy is CUDA_DEFAULT_FP32_GDN
+# below; CUDA_DEFAULT stays what a long ring, and the CUDA pre launch's build beside Triton's main launch, take):
+# x16w4c1_m5 (the XL layout, 16 rows per warp, 96 registers; fp32 with the CUDA pre launch
 # at B = 128 / 256 / 512: 88.3 / 163.6 / 316.3 us against g8w4's 91.1 / 170.5 / 336.3, kernels-20261203-2019); g8w4 before
 CUDA_DEFAULT = CUDA_CONFIGS["x16w4c1_m5"]
 # GDN's fp32 checkpoint without a read copy since session 47 (default_config; CUDA_DEFAULT stays the shape with a pre
