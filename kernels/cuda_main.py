@@ -873,15 +873,15 @@ def pre_preference_note(kind, state, ring, K, BC) -> str:
     """Which pre launch a decode step of this layer takes by the environment's preference (REPLAYSSM_PRE_IMPL), for
     the server's log: "CUDA (...)" or "Triton (why)"."""
     impl = env_pre_impl()
-    if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
-            and unavailable_reason(kind, state, ring, None, K, ring.layout.V,
-                                   *launch_default_config(state, ring, kind)[:10], self_pre=True) is None):
-        return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     cfg = launch_default_config(state, ring, kind)
+    # (a shape without a pre launch first: decode_v3 takes its own SELF_PRE level over REPLAYSSM_SELF_PRE's)
     if (full_config(cfg)[10] and prefers_cuda() and _obtainable()
             and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
         return (f"none (the CUDA main launch's shape {_shape_name(kind, cfg)} makes the coefficients itself: "
                 "gdn_main.cu's SELF_PRE 2)")
+    if (env_self_pre() == "cuda" and prefers_cuda() and _obtainable()
+            and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg[:10], self_pre=True) is None):
+        return "none (REPLAYSSM_SELF_PRE=cuda: the CUDA main launch makes the coefficients itself)"
     if (tensor_core_shape(cfg) and prefers_cuda() and _obtainable() and pre_unavailable_reason(kind, state, ring, K, BC)
             is None and unavailable_reason(kind, state, ring, None, K, ring.layout.V, *cfg) is None):
         # (decode_v3.launch takes it whatever the preference: only it writes that main launch's operand)

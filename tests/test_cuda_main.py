@@ -480,6 +480,15 @@ def test_self_pre_cuda_by_environment(monkeypatch):
     assert not cuda_main.pre_preference_note("kda", st, kda, 128, 16).startswith("none")
     why = cuda_main.unavailable_reason("kda", st, kda, None, 128, 128, *cuda_main.CUDA_DEFAULT_KDA, self_pre=True)
     assert "self_pre" in why
+    # GDN's fp32 default (session 47) carries SELF_PRE 2 in its shape: the variable changes nothing there, and the
+    # note names the shape's own level, not the variable's
+    monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN")
+    monkeypatch.setattr(cuda_main, "load_failure", lambda defs, device: None)
+    assert cuda_main.pre_preference_note("gdn", st, lay.allocate(2), 128, 16).startswith(
+        "none (the CUDA main launch's shape x16w4c1_m4_sp2")
+    builds.clear()
+    replay_decode("gdn", *x, st.clone(), lay.allocate(2), torch.arange(2, dtype=torch.int32), L=16, impl="v3")
+    assert len(builds) == 1 and builds[0]["SELF_PRE"] == 2 and builds[0]["USE_PDL"] == 0
 
 def test_smem_fits_an_sm():
     for name, cfg in cuda_main.CUDA_CONFIGS.items():
