@@ -484,7 +484,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
             "DIAG_STREAM": int(diag_stream), "XL": int(xl), "NCH": int(nch),
             "HAS_H_ROWS": int(has_h_rows), "HAS_FORCED": int(has_forced), "HAS_RING_IDX": int(has_ring_idx),
-            "USE_PDL": int(bool(pdl) and not self_pre), "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
+            "USE_PDL": int(bool(pdl) and not self_pre),  # (no pre launch, nothing to wait for)
+            "X_T": ctype(x_dtype), "A_T": ctype(a_dtype), "B_T": ctype(b_dtype),
             "ALOG_T": ctype(alog_dtype), "DTB_T": ctype(dtb_dtype), "OUT_T": ctype(out_dtype),
             "U_T": ctype(u_dtype), "KR_T": ctype(k_dtype), "SLOT_T": ctype(slot_dtype),
             "FORCED_T": ctype(forced_dtype), "RIDX_T": ctype(ridx_dtype), "ST_T": ctype(state_dtype)}

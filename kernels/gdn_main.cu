@@ -121,7 +121,7 @@
 #define MMA_FOLD 0  // XL: a folding warp's fold on the tensor cores (session 43; fold_mma): its 16 rows x 128 columns
 #endif              // take the records as products of 16 (bf16) or 2 x 8 (tf32) records per 8 columns
 #if MMA_FOLD && (!XL || RPW != 16 || CAP_ > 16 || SELF_PRE == 1 || K_ != 128)
-#error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, the pre launch's coefficients or SELF_PRE 2, K = 128"
+#error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, no SELF_PRE 1, K = 128"
 #endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)

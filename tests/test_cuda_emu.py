@@ -447,10 +447,10 @@ def test_gdn_fp32_default_has_no_pre_launch_emulated(monkeypatch):
 
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "float32"])
 def test_cuda_pre_beside_triton_main_emulated(state_dtype, monkeypatch):
-    """The CUDA pre launch beside Triton's main launch (REPLAYSSM_PRE_IMPL=cuda with REPLAYSSM_MAIN_IMPL=triton) is built
-    from a shape that has a pre launch and writes no tensor-core operand (cuda_main.pre_build_config): the bf16 state's
-    default (ST_MMA) would refuse to run without that operand's buffer (found on the GPU in session 47, run 0750), the
-    fp32 one has no pre launch (SELF_PRE 2). Emulated, 14 steps against float64, every pre launch CUDA's."""
+    """The CUDA pre launch beside Triton's main launch (REPLAYSSM_PRE_IMPL=cuda with REPLAYSSM_MAIN_IMPL=triton) is
+    built from a shape that has a pre launch and writes no tensor-core operand (cuda_main.pre_build_config): the bf16
+    state's default (ST_MMA) would refuse to run without that operand's buffer (found on the GPU in session 47, run
+    0750), the fp32 one has no pre launch (SELF_PRE 2). Emulated, 14 steps against float64, every pre launch CUDA's."""
     from replayssm_sglang.kernels import decode_v3
 
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")

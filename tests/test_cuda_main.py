@@ -803,12 +803,12 @@ def test_xl_refusals():
                                                                        (torch.float32, "bf16"),
                                                                        (torch.bfloat16, "same"))])
 def test_defaults_run_on_long_rings(kind, state_dtype, read_dtype, monkeypatch):
-    """Every default shape runs on its ring, 16 records or more (--linear-replayssm-cache-len 32, 64): where the
-    default reads the CUDA pre launch's tensor-core operand (rc_lean 2; that pre launch holds at most 16 records),
-    folds on the tensor cores (MMA_FOLD, at most 16) or has no pre launch (SELF_PRE 2, at most 16), a longer ring
-    takes LONG_RING_DEFAULT's shape, which needs none of them (until session 44 KDA's fp8 copy took its tensor-core shape there and its first step raised); the 16-record
-    ring keeps the default. A tensor-core shape named for a long ring is not usable (its launch falls back to
-    Triton's) and the log says why."""
+    """Every default shape runs on its ring, 16 records or more (--linear-replayssm-cache-len 32, 64): where the default
+    reads the CUDA pre launch's tensor-core operand (rc_lean 2; that pre launch holds at most 16 records), folds on
+    the tensor cores (MMA_FOLD, at most 16) or has no pre launch (SELF_PRE 2, at most 16), a longer ring takes
+    LONG_RING_DEFAULT's shape, which needs none of them (until session 44 KDA's fp8 copy took its tensor-core shape
+    there and its first step raised); the 16-record ring keeps the default. A tensor-core shape named for a long ring
+    is not usable (its launch falls back to Triton's) and the log says why."""
     from replayssm_sglang import ring as ringmod
 
     monkeypatch.delenv(cuda_main.CONFIG_ENV[kind], raising=False)
@@ -877,7 +877,7 @@ def test_env_config_picks_the_default_shape_per_kind(monkeypatch):
         assert cuda_main.default_config(dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
         assert cuda_main.asked_config(None, dt, "kda") == cuda_main.CUDA_CONFIGS["x16w4c1_m5_gp"]
         assert cuda_main.asked_config("g8w4_gp", dt, "kda") == cuda_main.CUDA_CONFIGS["g8w4_gp"]  # asked wins
-    assert cuda_main.default_config(torch.float32, "gdn") == cuda_main.CUDA_DEFAULT_FP32_GDN  # the other kind's unchanged
+    assert cuda_main.default_config(torch.float32, "gdn") == cuda_main.CUDA_DEFAULT_FP32_GDN  # (the other kind's)
     monkeypatch.setenv("REPLAYSSM_CUDA_CONFIG_KDA", "x16w4c1_m5_gpx")
     with pytest.raises(ValueError, match="REPLAYSSM_CUDA_CONFIG_KDA='x16w4c1_m5_gpx'.*x16w4c1_m5_gp"):
         cuda_main.default_config(torch.float32, "kda")

@@ -1092,11 +1092,12 @@ def test_gpu_real_shapes_long_ring(kind, kda_keys, L):
                                                          ("kda", "bfloat16", "same"), ("gdn", "float32", "same")])
 @pytest.mark.parametrize("L", [16, 32])
 def test_gpu_default_shapes_on_long_rings(kind, state_dtype, read_dtype, L, monkeypatch):
-    """The server's default shapes that take the tensor cores (the bf16 states', KDA's fp8 copy's; session 44) or
-    have no pre launch (GDN's fp32 state's, SELF_PRE 2; session 47) on their 16-record ring and on a 32-record one (--linear-replayssm-cache-len 32), where they give way to
-    LONG_RING_DEFAULT's (default_config; until session 44 KDA's fp8 copy raised there): the environment's preference
-    (REPLAYSSM_MAIN_IMPL auto) takes the CUDA main launch in the shape the rule names, every step, against float64;
-    the server's arguments (bf16 inputs, the state's records, the ring keyed by its own rows), forced window L."""
+    """The server's default shapes that take the tensor cores (the bf16 states', KDA's fp8 copy's; session 44) or have
+    no pre launch (GDN's fp32 state's, SELF_PRE 2; session 47) on their 16-record ring and on a 32-record one
+    (--linear-replayssm-cache-len 32), where they give way to LONG_RING_DEFAULT's (default_config; until session 44
+    KDA's fp8 copy raised there): the environment's preference (REPLAYSSM_MAIN_IMPL auto) takes the CUDA main launch
+    in the shape the rule names, every step, against float64; the server's arguments (bf16 inputs, the state's
+    records, the ring keyed by its own rows), forced window L."""
     from replayssm_sglang.kernels import cuda_main
 
     monkeypatch.setenv("REPLAYSSM_MAIN_IMPL", "auto")
