@@ -415,6 +415,21 @@ def round_robin(c: Case, runs: dict, label: str) -> dict:
     return per
 
 
+def keep_rounds(per: dict, meta: dict, rounds_key: str, prefix: str, timed: dict) -> None:
+    """Rounds of timed runs ({name: seconds per step, one per round}): each round's time (us) kept in
+    meta[rounds_key] under "<prefix>/<name>", and each run's median over the rounds into timed, as the arm's result."""
+    meta.setdefault(rounds_key, {}).update({f"{prefix}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
+    timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+
+
+def round_robin_medians(c: Case, runs: dict, label: str, meta: dict, rounds_key: str, prefix: str,
+                        timed: dict) -> dict:
+    """round_robin over `runs`, its rounds kept (keep_rounds); returns them."""
+    per = round_robin(c, runs, label)
+    keep_rounds(per, meta, rounds_key, prefix, timed)
+    return per
+
+
 def gpu_clocks() -> str:
     """The SM and memory clocks, temperature, power and the active clock-event (throttle) reasons bit mask as
     nvidia-smi reads them now (without the reasons where this nvidia-smi does not know the field; "" without
@@ -1013,9 +1028,7 @@ def main():
                             print(f"{kind} place round {rnd}{' (reversed)' if rnd % 2 else ''}: "
                                   + " ".join(f"{per[n][-1] * 1e6:6.1f}" for n in names) + f" | {clocks[-1]}",
                                   flush=True)
-                        meta.setdefault("place_rounds", {}).update(
-                            {f"{kind}/{n}": [t * 1e6 for t in v] for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        keep_rounds(per, meta, "place_rounds", kind, timed)
                         del graphs, runs
                 if v3 and "cuda" in variants and kind == "gdn" and sdt == "float32" and B >= 128:
                     # the main launch in CUDA (kernels/gdn_main.cu, decode_v3 main_impl "cuda"), as the server
@@ -1073,11 +1086,9 @@ def main():
                         # Triton's and CUDA's main launch (the server's launch otherwise) timed round-robin, PLACE_ROUNDS
                         # rounds of one graph each, odd rounds in reverse order: is the difference the arms' or their
                         # turn's? Each arm's result is its median over the rounds, every round in meta["cu_rounds"]
-                        per = round_robin(c, {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
-                                              "v3_sl_sp_rr": arms["v3_sl_sp"]}, f"{kind} cuda")
-                        meta.setdefault("cu_rounds", {}).update({f"{kind}/{n}": [t * 1e6 for t in v]
-                                                                 for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {"v3_sl_rr": arms["v3_sl"], "v3_sl_cu_rr": arms["v3_sl_cu_g8w4"],
+                                                "v3_sl_sp_rr": arms["v3_sl_sp"]}, f"{kind} cuda",
+                                            meta, "cu_rounds", kind, timed)
                 if v3 and "cuda16" in variants and kind == "gdn" and sdt == "bfloat16" and B >= 128:
                     # a bf16 checkpoint through the CUDA main launch (gdn_main.cu's ST_T, 8-byte loads), with fp32
                     # records (the server stores bf16 records beside a bf16 state: v3_sl_cu_r16 is its launch; 128.4
@@ -1097,11 +1108,9 @@ def main():
                             v3_opts=dict(main_impl="cuda", _diag_parts=dg))
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the closest shapes round-robin (odd rounds reversed), medians
-                        per = round_robin(c, {f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"]
-                                              for n in _cm.CUDA_BF16_CONFIGS}, f"{kind} bf16 cuda")
-                        meta.setdefault("cu16_rounds", {}).update({f"{kind}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                   for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"]
+                                                for n in _cm.CUDA_BF16_CONFIGS}, f"{kind} bf16 cuda",
+                                            meta, "cu16_rounds", f"{kind}/B{B}", timed)
                 if v3 and "cudakda" in variants and kind == "kda" and B >= 128:
                     # KDA's main launch in CUDA (gdn_main.cu's IS_KDA: predecayed keys), with fp32 records (the
                     # server's beside an fp32 state; beside a bf16 one it stores bf16 records, v3_sl_cu_r16) and
@@ -1128,10 +1137,8 @@ def main():
                     if "curr" in variants:
                         rr = {"v3_sl_rr": arms["v3_sl"]}
                         rr.update({f"v3_sl_cu_{n}_rr": arms[f"v3_sl_cu_{n}"] for n in names})
-                        per = round_robin(c, rr, f"{kind} {sdt} cuda")
-                        meta.setdefault("cukda_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                    for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, rr, f"{kind} {sdt} cuda", meta, "cukda_rounds", f"{kind}/{sdt}/B{B}",
+                                            timed)
                 if v3 and "cudapre" in variants and B >= 32:  # (B = 32 and 64: the bf16 policy's threshold, beside w1)
                     # the pre launch in CUDA (GDN session 31, KDA session 32): does a one-wave pre launch (64
                     # registers for GDN, 72 for KDA, the loads that do not need h issued before it) shorten the step?
@@ -1172,11 +1179,9 @@ def main():
                                 v3_opts=dict(main_impl="cuda", pre_impl="cuda", cuda_config=shape))
                     arms["v3_sl_cu_again"] = arms["v3_sl_cu"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the two pre launches before the CUDA main launch, round-robin, medians
-                        per = round_robin(c, {"v3_sl_cu_rr": arms["v3_sl_cu"], "v3_sl_cu_cpre_rr": arms["v3_sl_cu_cpre"]},
-                                          f"{kind} {sdt} cuda pre")
-                        meta.setdefault("cpre_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                   for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {"v3_sl_cu_rr": arms["v3_sl_cu"],
+                                                "v3_sl_cu_cpre_rr": arms["v3_sl_cu_cpre"]}, f"{kind} {sdt} cuda pre",
+                                            meta, "cpre_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rccu" in variants and B >= 128 and sdt == "float32":
                     # issue 7: the read copies (fp8 e4m3 with per-V-row scales, bf16) read by the CUDA main launch in
                     # the XL layout (session 36; the server's since session 37), against Triton's read-copy launch
@@ -1236,10 +1241,8 @@ def main():
                                 c, torch.float32, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=shapes[0], self_pre=True))
                     if "curr" in variants:  # round-robin, medians
-                        per = round_robin(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu")
-                        meta.setdefault("rccu_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                   for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {f"{n}_rr": arms[n] for n in rc_names}, f"{kind} {sdt} rccu",
+                                            meta, "rccu_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcr16" in variants and B >= 128 and sdt == "float32":
                     # what the record bytes cost beside the fp8 copy (session 41): the copy's default shape (the
                     # server's) with fp32 records (the server's, _r32) and with bf16 ones (_r16; not a valid
@@ -1283,10 +1286,8 @@ def main():
                                                                             pre_impl=server_pre_impl(kind, nofold),
                                                                             _diag_parts="nofold"))
                     arms.update(f_arms)
-                    per = round_robin(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf")
-                    meta.setdefault("mmaf_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                               for n, v in per.items()})
-                    timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf",
+                                        meta, "mmaf_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "fixed" in variants and sdt == "bfloat16" and B >= 32:
                     # the step's fixed part (session 46): target_bounds.py --fit puts ~10-14 us of every bf16 step at
                     # any B (conventional's: 5-7) beside a per-row part streaming at 89-96% of the copy peak; here the
@@ -1324,10 +1325,8 @@ def main():
                             x_arms[f"v3_fxpr{pr}_{name}_pre"] = arm_ours(
                                 c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, pre_rows=pr, _diag_parts="pre"))
                     arms.update(x_arms)
-                    per = round_robin(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fixed")
-                    meta.setdefault("fixed_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                for n, v in per.items()})
-                    timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fixed",
+                                        meta, "fixed_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "sp2" in variants and kind == "gdn" and B >= 32:
                     # no pre launch, the block's warps sharing the record dots (gdn_main.cu's SELF_PRE 2, session
                     # 47): the pre launch is wholly exposed at every B (session 46, --variants fixed), and SELF_PRE 1
@@ -1354,10 +1353,8 @@ def main():
                         s_arms[f"v3_sp2_{n}"] = arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=dict(
                             main_impl="cuda", cuda_config=n, self_pre=2))
                     arms.update(s_arms)
-                    per = round_robin(c, {f"{n}_rr": a for n, a in s_arms.items()}, f"{kind} {sdt} sp2")
-                    meta.setdefault("sp2_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                              for n, v in per.items()})
-                    timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in s_arms.items()}, f"{kind} {sdt} sp2",
+                                        meta, "sp2_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk
@@ -1405,11 +1402,9 @@ def main():
                                                                 v3_opts=dict(main_impl="cuda", cuda_config=name))
                     arms["v3_sl_cu_cpre_again"] = arms["v3_sl_cu_cpre"]  # timed again last: the drift over the run
                     if "curr" in variants:  # the default and each XL shape round-robin, medians
-                        per = round_robin(c, {f"{n}_rr": arms[n] for n in ["v3_sl_cu_cpre"]
-                                              + [f"v3_sl_cu_cpre_{x}" for x in names] + tpre}, f"{kind} {sdt} xl")
-                        meta.setdefault("xl_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                 for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {f"{n}_rr": arms[n] for n in ["v3_sl_cu_cpre"]
+                                                + [f"v3_sl_cu_cpre_{x}" for x in names] + tpre}, f"{kind} {sdt} xl",
+                                            meta, "xl_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "prerows" in variants and B >= 128:
                     # the pre launch with 2-8 batch rows per program (pre_rows), beside the CUDA and Triton main
                     # launches: does a smaller pre grid, leaving SM block slots and registers free, let the main
@@ -1430,10 +1425,8 @@ def main():
                     arms["v3_sl_again"] = arms["v3_sl"]  # timed again last: the drift over the run
                     if "curr" in variants:
                         names = ["v3_sl", "v3_sl_cu"] + [f"v3_sl{t}_pr{pr}" for pr in (2, 4) for t in ("", "_cu")]
-                        per = round_robin(c, {f"{n}_rr": arms[n] for n in names}, f"{kind} {sdt} prerows")
-                        meta.setdefault("prerows_rounds", {}).update({f"{kind}/{sdt}/B{B}/{n}": [t * 1e6 for t in v]
-                                                                      for n, v in per.items()})
-                        timed.update({n: sorted(v)[len(v) // 2] for n, v in per.items()})
+                        round_robin_medians(c, {f"{n}_rr": arms[n] for n in names}, f"{kind} {sdt} prerows",
+                                            meta, "prerows_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "prereg" in variants and B >= 128 and sdt == "float32" and c.NL == 1:
                     # the pre launch capped at 64 / 80 registers (one wave of one-warp programs at 64), staggered
                     # and aligned cursors

@@ -204,6 +204,18 @@ def test_sp2_arm_runs_without_a_pre_launch(monkeypatch):
     assert float((sp2 - with_pre).norm() / with_pre.norm()) < 1e-5
 
 
+def test_round_robin_medians_keeps_rounds_and_medians(monkeypatch):
+    """The round-robin variants' common end (round_robin_medians / keep_rounds): every round in us under
+    meta[key]["<prefix>/<name>"] beside what the key held, and each arm's median round (seconds) as its result."""
+    per = {"a_rr": [3e-6, 1e-6, 2e-6], "b_rr": [5e-6, 4e-6, 6e-6]}
+    monkeypatch.setattr(bk, "round_robin", lambda c, runs, label: per if set(runs) == set(per) else 1 / 0)
+    meta, timed = {"x_rounds": {"old": [1.0]}}, {}
+    assert bk.round_robin_medians(None, {"a_rr": 0, "b_rr": 0}, "l", meta, "x_rounds", "gdn/B8", timed) is per
+    assert meta["x_rounds"] == {"old": [1.0], "gdn/B8/a_rr": pytest.approx([3.0, 1.0, 2.0]),
+                                "gdn/B8/b_rr": pytest.approx([5.0, 4.0, 6.0])}
+    assert timed == {"a_rr": 2e-6, "b_rr": 5e-6}
+
+
 def test_png_with_the_ipython_stand_in(tmp_path, monkeypatch):
     """Where IPython is absent (the GPU image), the stand-in the KDA baseline's import installs must still let
     matplotlib draw the run's PNG (sessions 37-39's GPU runs that loaded the KDA baseline lost their PNGs to a
