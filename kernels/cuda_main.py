@@ -181,6 +181,12 @@ XL_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_mma_mf", "x16w4c1_m8_mma_mf")
 XL_KDA_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_gp_mma_mf", "x16w4c1_m8_gp_mma_mf")
 # and with the CUDA-core tile dots (session 44; bf16 checkpoints only, as their bases)
 XL_BF16_MF_CONFIGS = ("x16w4c1_m6_mf", "x16w4c1_m7_mf")
+# the shapes the benchmark times with and without their pre launch (--variants sp2: SELF_PRE 2, session 47) and
+# scripts/cuda_prebuild.py builds both ways, per checkpoint type: SELF_PRE 2's builds at 96-128 registers (ptxas sm_90;
+# at 72-80, bf16 m6 / m7, its record's columns held through the tile's dots spill 92-220 bytes, and those were slower
+# still, run kernels-20261206-0726)
+SELF_PRE2_CONFIGS = {torch.bfloat16: ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf", "x16w8c1_m2"),
+                     torch.float32: ("x16w4c1_m5", "x16w4c1_m4", "x16w8c1_m2")}
 XL_KDA_BF16_MF_CONFIGS = ("x16w4c1_m6_gp_mf",)
 # the fp32 states' defaults with it (GDN x16w4c1_m5, KDA x16w4c1_m4_gp; the benchmark's --variants mmaf)
 XL_FP32_MF_CONFIGS = {"gdn": ("x16w4c1_m5", "x16w4c1_m5_mf"), "kda": ("x16w4c1_m4_gp", "x16w4c1_m4_gp_mf")}
@@ -343,8 +349,14 @@ def default_config(state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.
                 cfg = table.get((kind, state_dtype), cfg)
     if cap is not None and cap > PRE_MAX_CAP and (tensor_core_shape(cfg) or full_config(cfg)[9]
                                                   or full_config(cfg)[10]):
-        cfg = LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
+        cfg = long_ring_default(kind, state_dtype)
     return cfg
+
+
+def long_ring_default(kind: str, state_dtype: torch.dtype) -> tuple:
+    """LONG_RING_DEFAULT's shape for a kind and checkpoint type: no tensor-core operand, no fold on the tensor cores,
+    a pre launch."""
+    return LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
 
 
 def pre_build_config(config, kind: str = "gdn", state_dtype: torch.dtype = torch.float32) -> tuple:
@@ -353,9 +365,7 @@ def pre_build_config(config, kind: str = "gdn", state_dtype: torch.dtype = torch
     operand that only its own main launch reads (rc_lean 2: the bf16 states' defaults, KDA's fp8 copy's; such a build
     refuses to run without that operand's buffer), then LONG_RING_DEFAULT's shape for the kind and state, which is
     neither."""
-    if full_config(config)[10] or tensor_core_shape(config):
-        return LONG_RING_DEFAULT[(kind, torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32)]
-    return config
+    return long_ring_default(kind, state_dtype) if full_config(config)[10] or tensor_core_shape(config) else config
 
 
 def asked_config(cuda_config, state_dtype: torch.dtype, kind: str = "gdn", rc_dtype: torch.dtype | None = None,

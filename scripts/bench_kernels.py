@@ -1339,11 +1339,7 @@ def main():
                     srv = dict(server_like=True)
                     dflt = _cm_s.config_name(_cm_s.default_config(DT[sdt], kind,
                                                                   device_name=torch.cuda.get_device_name()))
-                    # (scripts/cuda_prebuild.py's SP2_SHAPES: SELF_PRE 2's builds at 96-128 registers, ptxas sm_90;
-                    # at 72-80 (bf16 m6, m7) its record's columns held through the tile's dots spill 92-220 bytes
-                    # and were slower still, run kernels-20261206-0726)
-                    shapes = (("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf", "x16w8c1_m2") if sdt == "bfloat16"
-                              else ("x16w4c1_m5", "x16w4c1_m4", "x16w8c1_m2"))
+                    shapes = _cm_s.SELF_PRE2_CONFIGS[DT[sdt]]
                     s_arms = {f"v3_spd_{dflt}": arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=dict(
                         main_impl="cuda", cuda_config=dflt, pre_impl=server_pre_impl(kind, dflt)))}
                     for n in shapes:

@@ -24,9 +24,10 @@ import torch  # noqa: E402
 F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 GDN = dict(H=16, HV=32, V=128, cap=16, BC=16)
 # bench_kernels.py --variants sp2's builds: (shape, state type, SELF_PRE level; 0: with the CUDA pre launch, PDL)
-SP2_SHAPES = {BF16: ("x16w4c1_m5", "x16w4c1_m4", "x16w4c1_m5_mf", "x16w8c1_m2"),
-              F32: ("x16w4c1_m5", "x16w4c1_m4", "x16w8c1_m2")}
-SP2_BUILDS = [(n, sdt, level) for sdt, names in SP2_SHAPES.items() for n in names for level in (0, 2)]
+def sp2_builds():
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    return [(n, sdt, level) for sdt, names in cm.SELF_PRE2_CONFIGS.items() for n in names for level in (0, 2)]
 KDA = dict(H=32, HV=32, V=128, cap=16, BC=16)  # (with kind="kda": predecayed keys)
 
 
@@ -155,7 +156,7 @@ def combos():
     out += [rc_build("gdn", c, RC.get(rd), F32, I32, getattr(torch, sdt), level)
             for c, sdt, rd, level in CUDA_MAIN_SELF_PRE_CASES]
     # bench --variants sp2 (session 47): SELF_PRE 1 and 2 in the server's builds, the records in the state's type
-    out += [rc_build("gdn", n, None, BF16, I64, sdt, level, rec=sdt) for n, sdt, level in SP2_BUILDS]
+    out += [rc_build("gdn", n, None, BF16, I64, sdt, level, rec=sdt) for n, sdt, level in sp2_builds()]
     out += [rc_build("gdn", cm.XL_RC_CONFIGS["gdn"][0], rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows
