@@ -413,6 +413,18 @@ def env_self_pre() -> str:
     return os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower()
 
 
+POST_TRIGGER_DEFAULT = False  # REPLAYSSM_POST_TRIGGER unset (session 48: to be measured, bench --variants trig)
+
+
+def env_post_trigger() -> bool:
+    """REPLAYSSM_POST_TRIGGER: "1" the CUDA main launch lets the post launch start at once (gdn_main.cu's
+    TRIGGER_POST), "0" not; unset or empty: POST_TRIGGER_DEFAULT. Anything else raises, naming the values."""
+    v = os.environ.get("REPLAYSSM_POST_TRIGGER", "").strip().lower()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_POST_TRIGGER must be 0 or 1, got {v!r}")
+    return POST_TRIGGER_DEFAULT if v == "" else v == "1"
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"
@@ -469,7 +481,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False, rc_dtype=None, self_pre=False) -> dict:
+            lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -478,7 +490,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc_lean: the tile's registers sized for the read copy (RC_LEAN, session 40; only where set); 2: the tile's dots on
     the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; fp8 or bf16 copies), without
     one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's. mma_fold: a folding warp's fold on
-    the tensor cores (MMA_FOLD, session 43; the XL layout; only where set)."""
+    the tensor cores (MMA_FOLD, session 43; the XL layout; only where set). trigger_post: the main launch lets its
+    programmatic dependent, the post launch, start at once (TRIGGER_POST, session 48; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -489,6 +502,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     elif rc_lean:
         rc |= {"RC_LEAN": 1}  # (refused by gdn_main.cu: a lean tile needs a copy)
     rc |= {"MMA_FOLD": 1} if mma_fold else {}
+    rc |= {"TRIGGER_POST": 1} if trigger_post else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -635,18 +649,15 @@ def _regs(operand: str) -> set:
     return out
 
 
-def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
-    """The main launch's global loads, before its PDL wait (griddepcontrol.wait, SASS ACQBULK), whose addresses come
-    from what the pre launch writes (coef, scal, ovf, gts): under PDL those read the pre launch's output before it is
-    there. Builds the kernel (nvcc) and follows registers forward through the SASS (nvdisasm) from those parameters
-    up to the wait; conservative (a register written from a tainted one stays tainted until overwritten by an
-    untainted value). Session 35: nvcc scheduled such loads above the wait when the pointers were __restrict__."""
+def main_sass(defs: dict, arch: str = ARCH) -> list:
+    """replay_gdn_main's SASS instructions in order (nvcc, then nvdisasm), each without its address, its trailing ";"
+    and any predicate (a predicate does not change what an instruction reads)."""
     nvcc, nvdisasm = find_nvcc(), find_nvdisasm()
     if nvcc is None or nvdisasm is None:
-        raise RuntimeError("pdl_hazards() needs nvcc and nvdisasm")
+        raise RuntimeError("main_sass() needs nvcc and nvdisasm")
     with tempfile.TemporaryDirectory() as td:
         out = str(Path(td) / "k.cubin")
-        r = subprocess.run(_nvcc_cmd(nvcc, dict(defs, USE_PDL=1), arch, out), capture_output=True, text=True)
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, out), capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
         sass = subprocess.run([nvdisasm, "-c", out], capture_output=True, text=True, check=True).stdout
@@ -655,7 +666,16 @@ def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
         raise RuntimeError("nvdisasm shows no replay_gdn_main")
     ins = [re.sub(r"/\*[0-9a-f]+\*/", "", ln).strip().rstrip(" ;") for ln in sec[1].splitlines()
            if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
-    ins = [re.sub(r"^@!?U?P\w+\s+", "", ln) for ln in ins]  # (a predicate does not change what is read)
+    return [re.sub(r"^@!?U?P\w+\s+", "", ln) for ln in ins]
+
+
+def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
+    """The main launch's global loads, before its PDL wait (griddepcontrol.wait, SASS ACQBULK), whose addresses come
+    from what the pre launch writes (coef, scal, ovf, gts): under PDL those read the pre launch's output before it is
+    there. Builds the kernel (nvcc) and follows registers forward through the SASS (nvdisasm) from those parameters
+    up to the wait; conservative (a register written from a tainted one stays tainted until overwritten by an
+    untainted value). Session 35: nvcc scheduled such loads above the wait when the pointers were __restrict__."""
+    ins = main_sass(dict(defs, USE_PDL=1), arch)
     waits = [i for i, ln in enumerate(ins) if ln.startswith("ACQBULK")]
     if not waits:
         raise RuntimeError("no PDL wait (ACQBULK) in replay_gdn_main: built without USE_PDL?")
@@ -927,7 +947,7 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False) -> dict:
+                   self_pre=False, trigger_post=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
@@ -940,7 +960,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp)
+                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)

@@ -988,12 +988,21 @@ PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp
 _LAST: dict = {}
 
 
+def post_trigger_applies(post_trigger, pdl: bool, advance_h: bool, may_prefold: bool, diag_parts: str = "all") -> bool:
+    """Whether the CUDA main launch's build takes TRIGGER_POST (the post launch let start at once; session 48):
+    post_trigger the caller's choice (None: cuda_main.env_post_trigger's), and only where the post launch runs and is
+    the main launch's programmatic dependent (pdl, a post launch for advance_h or may_prefold, a step that runs it)."""
+    want = cuda_main.env_post_trigger() if post_trigger is None else bool(post_trigger)
+    runs_post = diag_parts in ("all", "stream", "nofold") or "post" in diag_parts.split("+")
+    return bool(want and pdl and (advance_h or may_prefold) and runs_post)
+
+
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold=None,
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None):
+           pre_impl=None, post_trigger=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1078,7 +1087,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     group g dots position 4 w + g, one barrier) and the checkpoint's tile is loaded before them, as with a pre launch;
     it also takes the fold on the tensor cores (mma_fold). A shape may carry it (cuda_main's eleventh shape field, as
     GDN's fp32 default x16w4c1_m4_sp2 does since session 47): with the CUDA main launch, no pre launch runs then; a
-    self_pre asked for here wins over the shape's."""
+    self_pre asked for here wins over the shape's.
+    post_trigger (None: REPLAYSSM_POST_TRIGGER, cuda_main.env_post_trigger; session 48): the CUDA main launch lets
+    the post launch, its programmatic dependent, start at once (gdn_main.cu's TRIGGER_POST); the post launch waits
+    for the main launch to finish before it reads anything, so only its launch and start overlap the main launch.
+    It applies where the CUDA main launch runs with pdl and a post launch follows it."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1190,12 +1203,16 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         self_pre = cuda_sp = True  # (REPLAYSSM_SELF_PRE=cuda: a preference, where this CUDA launch can take it)
     diag_stream = {"stream": 1, "nofold": 2}.get(_diag_parts, 0)
 
-    def cuda_defines(config, diag):  # the build (gdn_main.cu's -D parameters) of a CUDA launch of this step
+    # the main launch's early trigger for the post launch (TRIGGER_POST): the caller's, else the environment's;
+    # only where the post launch runs as its programmatic dependent
+    trigger = post_trigger_applies(post_trigger, pdl, advance_h, may_prefold, _diag_parts)
+
+    def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp)
+            self_pre=cuda_sp, trigger_post=trigger_post)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
@@ -1209,7 +1226,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg[:10], self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
-        main_defs = cuda_defines(cuda_cfg, diag_stream)
+        main_defs = cuda_defines(cuda_cfg, diag_stream, trigger)
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
             main_defs = None

@@ -10,6 +10,7 @@ REPLAYSSM_CUBIN_DIR at a copy). A build missing there is compiled on the GPU mac
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tarfile
@@ -128,14 +129,15 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32):  # (io: a, b, the output's;
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # ridx: ring rows')
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False):  # (io: a, b,
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # the output's;
+        # ridx: ring rows'; trig: TRIGGER_POST)
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
                           alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
-                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf)
+                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -158,16 +160,29 @@ def combos():
     # bench --variants sp2 (session 47): SELF_PRE 1 and 2 in the server's builds, the records in the state's type
     out += [rc_build("gdn", n, None, BF16, I64, sdt, level, rec=sdt) for n, sdt, level in sp2_builds()]
     out += [rc_build("gdn", cm.XL_RC_CONFIGS["gdn"][0], rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
+    # bench --variants trig (session 48): every GPU's default shapes, without and with TRIGGER_POST, the records in
+    # the state's type (fp32 states also with the fp8 copy)
+    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
+                     rec=sdt, trig=trig)
+            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
+                                                                           (None,))
+            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True)]
+    # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
+    from test_decode_kernels import POST_TRIGGER_CASES
+
+    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True)
+            for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
-    # keyed by int32 rows
-    for kind, c, sdt in CUDA_MAIN_SLOW_CASES:
+    # keyed by int32 rows (without and with TRIGGER_POST)
+    for (kind, c, sdt), trig in itertools.product(CUDA_MAIN_SLOW_CASES, (False, True)):
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
                               dtb_dtype=F32, out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind,
-                              self_pre=sp))
+                              self_pre=sp, trigger_post=trig))
     return out
 
 

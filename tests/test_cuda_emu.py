@@ -466,3 +466,19 @@ def test_cuda_pre_beside_triton_main_emulated(state_dtype, monkeypatch):
     assert st["flushes"] > 0 and st["prefolds"] > 0, st
     assert len(pres) == 14 and all("ST_MMA" not in d and "SELF_PRE" not in d for d in pres)
     assert decode_v3.cuda_main is cuda_main
+
+
+def test_post_trigger_build_emulated(monkeypatch):
+    """A main launch built with TRIGGER_POST (the post launch let start at once; session 48) runs in the emulation
+    (which leaves the trigger out, as it does PDL) and matches float64 over 14 steps: the rule that takes it
+    (decode_v3.post_trigger_applies, which wants PDL, absent on the CPU) forced on, every build checked for it."""
+    from replayssm_sglang.kernels import cuda_emu, decode_v3
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    monkeypatch.setattr(decode_v3, "post_trigger_applies", lambda *a, **k: True)
+    hz, calls, _ = _emu_harness("gdn", "x16w4c1_m4_sp2", "float32", "slow", monkeypatch, seed=17, H=2, HV=4, V=128)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
+    assert len(calls) == 14 and builds and all(d.get("TRIGGER_POST") == 1 for d in builds)

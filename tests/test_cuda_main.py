@@ -969,3 +969,69 @@ def test_sass_main_paths_still_finds_the_copy_path():
         out = sass_main_paths.copy_path_source(Path(td), "copy", dead_padding=True).read_text()
     mark = "if (slot < 0) {  // a padded row: zero output"  # (the other launch keeps its own)
     assert "if (false) {  // a padded row" in out and out.count(mark) == src.count(mark) - 1
+
+
+def test_defines_trigger_post_only_where_set():
+    """TRIGGER_POST (session 48) is in a build's defines only where asked: the builds without it keep the defines,
+    and so the cubins' keys, they had before it existed."""
+    cfg = cuda_main.CUDA_DEFAULT_FP32_GDN
+    d0 = cuda_main.server_defines(cfg)
+    args = dict(H=16, HV=32, V=128, cap=16, BC=16, rpw=16, nwarps=4, load_reg=1, xl=1, has_h_rows=False,
+                has_forced=True, has_ring_idx=True, pdl=True, x_dtype=torch.bfloat16, a_dtype=torch.bfloat16,
+                b_dtype=torch.bfloat16, alog_dtype=torch.float32, dtb_dtype=torch.float32, out_dtype=torch.bfloat16,
+                u_dtype=torch.float32, k_dtype=torch.float32, slot_dtype=torch.int32, forced_dtype=torch.int32,
+                ridx_dtype=torch.int64)
+    assert "TRIGGER_POST" not in d0 and "TRIGGER_POST" not in cuda_main.defines(**args)
+    assert cuda_main.defines(**args, trigger_post=True)["TRIGGER_POST"] == 1
+    assert {k: v for k, v in cuda_main.defines(**args, trigger_post=True).items() if k != "TRIGGER_POST"} == \
+        cuda_main.defines(**args)
+
+
+@pytest.mark.parametrize("env,want", [("", None), ("0", False), ("1", True), (" 1 ", True)])
+def test_env_post_trigger(env, want, monkeypatch):
+    """REPLAYSSM_POST_TRIGGER: 0 or 1, unset or empty the default (POST_TRIGGER_DEFAULT); anything else names the
+    values."""
+    monkeypatch.setenv("REPLAYSSM_POST_TRIGGER", env)
+    assert cuda_main.env_post_trigger() == (cuda_main.POST_TRIGGER_DEFAULT if want is None else want)
+    monkeypatch.setenv("REPLAYSSM_POST_TRIGGER", "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        cuda_main.env_post_trigger()
+
+
+def test_post_trigger_applies(monkeypatch):
+    """The early trigger goes into the main launch's build only where a post launch follows it as its programmatic
+    dependent: PDL on, a post launch (advance_h or may_prefold), a step that runs it; the caller's choice over the
+    environment's."""
+    from replayssm_sglang.kernels.decode_v3 import post_trigger_applies as f
+
+    monkeypatch.setenv("REPLAYSSM_POST_TRIGGER", "1")
+    assert f(None, True, True, True) and f(True, True, False, True) and f(True, True, True, False)
+    assert f(True, True, True, True, "main+post") and f(True, True, True, True, "nofold")
+    assert not f(False, True, True, True)  # (the caller's no over the environment's yes)
+    assert not f(True, False, True, True)  # no PDL: the post launch is an ordinary launch
+    assert not f(True, True, False, False)  # no post launch
+    assert not f(True, True, True, True, "pre+main") and not f(True, True, True, True, "main")
+    monkeypatch.setenv("REPLAYSSM_POST_TRIGGER", "0")
+    assert not f(None, True, True, True) and f(True, True, True, True)
+
+
+TRIGGER_CASES = [("x16w4c1_m4_sp2", "gdn", torch.float32, None), ("x16w4c1_m7_mma_mf", "gdn", torch.bfloat16, None),
+                 ("x16w4c1_m4_gp", "kda", torch.float32, None), ("x16w4c1_m7_lean", "gdn", torch.float32,
+                                                                  torch.float8_e4m3fn)]
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,state_dtype,rc_dtype", TRIGGER_CASES, ids=str)
+def test_trigger_post_first_in_sass(name, kind, state_dtype, rc_dtype):
+    """In the SASS (sm_90, the server's arguments), a TRIGGER_POST build's main launch triggers its dependents
+    (PREEXIT) once, before any global load, PDL wait or barrier, and costs no register; a build without it has none."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=state_dtype, state_dtype=state_dtype,
+                                 kind=kind, rc_dtype=rc_dtype)
+    assert "TRIGGER_POST" not in d
+    with_t = cuda_main.main_sass(dict(d, TRIGGER_POST=1))
+    at = [i for i, ln in enumerate(with_t) if ln.startswith("PREEXIT")]
+    assert len(at) == 1, at
+    assert not any(ln.startswith(("LDG", "ACQBULK", "BAR", "LDS", "UBLKCP")) for ln in with_t[:at[0]]), with_t[:at[0]]
+    assert not any(ln.startswith("PREEXIT") for ln in cuda_main.main_sass(d))
+    assert cuda_main.resources(dict(d, TRIGGER_POST=1))["registers"] == cuda_main.resources(d)["registers"]

@@ -1501,7 +1501,8 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre") if k in harness_kw}  # (decode_v3's options)
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger")
+           if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
                        v3_opts=dict(main_impl="cuda", cuda_config=cfg, **pre), **harness_kw)
@@ -1939,6 +1940,33 @@ def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, level,
                              seed=13, decay="slow", self_pre=level, read_dtype=read_dtype)
     assert st["cuda_pre_launches"] == 0
 
+# the server's default shapes (the GPU's own, DEVICE_DEFAULTS) with the main launch's early trigger for the post launch
+# (gdn_main.cu's TRIGGER_POST, session 48): (kind, state type, read copy)
+POST_TRIGGER_CASES = [("gdn", "float32", "same"), ("gdn", "bfloat16", "same"), ("kda", "float32", "same"),
+                      ("kda", "bfloat16", "same"), ("gdn", "float32", "fp8_e4m3"), ("kda", "float32", "fp8_e4m3")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype,read_dtype", POST_TRIGGER_CASES, ids=str)
+def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch):
+    """The default shapes with TRIGGER_POST (the post launch, a PDL dependent that reads h, the flags and the
+    records the main launch leaves, started while the main launch runs) against float64 over 26 steps, slow decays;
+    every main launch's build has the trigger."""
+    from replayssm_sglang.kernels import cuda_main
+
+    sdt = DTYPES[state_dtype]
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
+    cfg = cuda_main.config_name(cuda_main.default_config(sdt, kind, rc, 16, torch.cuda.get_device_name()))
+    built = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
+    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=23, kind=kind,
+                        decay="slow", post_trigger=True, **extra)
+    assert built and all(d.get("TRIGGER_POST") == 1 and d["USE_PDL"] == int(not d.get("SELF_PRE")) for d in built)
+
+
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
 # passed the cases above yet moved the tiny Kimi-Linear's logprobs by 0.526 when served (g8w4_gp: 0.032); these
 # keep the checkpoint's term large through the window. 16 rows (the served correctness task's batch), the server's
@@ -1953,13 +1981,14 @@ CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("post_trigger", [False, True], ids=["", "trigger"])
 @pytest.mark.parametrize("kind,cfg,state_dtype", CUDA_MAIN_SLOW_CASES, ids=str)
-def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype):
+def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, post_trigger):
     """Two layers' decode steps captured in one CUDA graph (as the server runs them: PDL on, each layer's pre-launch
     scratch from the graph's pool, the main launch starting while its pre launch runs) give what the same steps give
     launched one by one, where the pre launch has finished before the main launch starts. Session 35's bug (the
     pre launch's outputs loaded before the PDL wait) read the other layer's scratch here; the float64 cases, eager,
-    could not see it."""
+    could not see it. post_trigger: the main launch lets the post launch start at once (TRIGGER_POST, session 48)."""
     from replayssm_sglang.kernels import decode_v3
 
     dt = DTYPES[state_dtype]
@@ -1972,7 +2001,7 @@ def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype):
         state = (torch.randn(B, HV, V, K, generator=g) * 0.1).to(dt).to(DEV)
         layers.append((ring, state))
     slot = torch.arange(B, dtype=torch.int32, device=DEV)
-    opts = dict(main_impl="cuda", cuda_config=cfg)
+    opts = dict(main_impl="cuda", cuda_config=cfg, post_trigger=post_trigger)
     assert decode_v3.pdl_available(torch.device(DEV)), "the H200 runs PDL: the case is about it"
 
     def inputs():
