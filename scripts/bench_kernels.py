@@ -80,9 +80,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_spd_<shape>, v3_sp2_<shape> (--variants sp2, GDN, B >= 32) the server's step in the CUDA-core shapes (and this
               GPU's default, v3_spd_) with the CUDA pre launch, and without one: SELF_PRE 2 (the block's warps share
               the record dots, gdn_main.cu, session 47); _rr
-  v3_tg0_<shape>, v3_tg1_<shape> (--variants trig, B >= 32) the server's step at this GPU's default shape without
-              and with the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48),
-              fp32 states also with the fp8 read copy (v3_tg*_fp8_<shape>); _rr
+  v3_tg0_<shape>, v3_tg1_<shape> (--variants trig) the server's step at this GPU's default shape without and with
+              the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
+              states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); _rr
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
@@ -1354,7 +1354,7 @@ def main():
                     arms.update(s_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in s_arms.items()}, f"{kind} {sdt} sp2",
                                         meta, "sp2_rounds", f"{kind}/{sdt}/B{B}", timed)
-                if v3 and "trig" in variants and B >= 32:
+                if v3 and "trig" in variants:
                     # the post launch let start at once (session 48: gdn_main.cu's TRIGGER_POST, the main launch's
                     # griddepcontrol.launch_dependents first thing): without it the post launch, a programmatic
                     # dependent that waits for the whole main launch anyway, starts only as the main launch's blocks
@@ -1369,9 +1369,12 @@ def main():
                         name = _cm_t.config_name(_cm_t.default_config(DT[sdt], kind, rcd,
                                                                       device_name=torch.cuda.get_device_name()))
                         t_opts = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
-                        for trig in (0, 1):
-                            t_arms[f"v3_tg{trig}{'' if rd == 'same' else '_fp8'}_{name}"] = arm_ours(
-                                c, DT[sdt], impl="v3", **srv, read_dtype=rd, v3_opts=dict(t_opts, post_trigger=trig))
+                        # (the fp8 copy's tuned launch has no PDL, V3_TUNED's _RC_FP8: also with PDL, and the
+                        # trigger beside it, _pdl)
+                        for trig, pdl in ((0, None), (1, None)) + (((0, True), (1, True)) if rcd else ()):
+                            t_arms[f"v3_tg{trig}{'' if rd == 'same' else '_fp8'}{'_pdl' if pdl else ''}_{name}"] = \
+                                arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                         v3_opts=dict(t_opts, post_trigger=trig, pdl=pdl))
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} trig",
                                         meta, "trig_rounds", f"{kind}/{sdt}/B{B}", timed)

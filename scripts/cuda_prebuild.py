@@ -129,12 +129,14 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False):  # (io: a, b,
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False,
+                 pdl=None):  # (io: a, b,
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # the output's;
-        # ridx: ring rows'; trig: TRIGGER_POST)
+        # ridx: ring rows'; trig: TRIGGER_POST; pdl: None, PDL without self_pre)
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
-                          has_forced=True, has_ring_idx=True, pdl=not self_pre, x_dtype=BF16, a_dtype=io, b_dtype=io,
+                          has_forced=True, has_ring_idx=True, pdl=not self_pre if pdl is None else pdl, x_dtype=BF16,
+                          a_dtype=io, b_dtype=io,
                           alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig)
@@ -163,10 +165,11 @@ def combos():
     # bench --variants trig (session 48): every GPU's default shapes, without and with TRIGGER_POST, the records in
     # the state's type (fp32 states also with the fp8 copy)
     out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=trig)
+                     rec=sdt, trig=trig, pdl=pdl)
             for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
                                                                            (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True)]
+            for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl in ((False, None), (True, None))
+            + (((False, False),) if rcd else ())]  # (the fp8 copy's tuned launch: no PDL, V3_TUNED)
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     from test_decode_kernels import POST_TRIGGER_CASES
 

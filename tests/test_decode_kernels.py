@@ -1501,7 +1501,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger")
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -1962,8 +1962,9 @@ def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch
     real = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
     extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    # (pdl on: the fp8 copy's tuned launch has none, V3_TUNED's _RC_FP8, and no PDL means no trigger)
     _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=23, kind=kind,
-                        decay="slow", post_trigger=True, **extra)
+                        decay="slow", post_trigger=True, pdl=True, **extra)
     assert built and all(d.get("TRIGGER_POST") == 1 and d["USE_PDL"] == int(not d.get("SELF_PRE")) for d in built)
 
 
