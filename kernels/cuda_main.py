@@ -413,7 +413,11 @@ def env_self_pre() -> str:
     return os.environ.get("REPLAYSSM_SELF_PRE", "").strip().lower()
 
 
-POST_TRIGGER_DEFAULT = False  # REPLAYSSM_POST_TRIGGER unset (session 48: to be measured, bench --variants trig)
+# REPLAYSSM_POST_TRIGGER unset: the trigger on. Session 48, H100, round-robin medians of the server's step in each
+# default shape (bench --variants trig; kernels-20261206-0932 / -0935), without -> with it, us: GDN fp32 114.7 ->
+# 113.7 / 219.6 -> 219.1 / 430.9 -> 429.5 at B = 128 / 256 / 512, and 6.1 -> 4.9 at B = 1; GDN bf16 69.6 -> 68.8 /
+# 126.7 -> 125.3; KDA fp32 125.4 -> 124.4 / 239.4 -> 238.5; KDA bf16 74.3 -> 74.0 / 139.8 -> 139.1. Slower nowhere.
+POST_TRIGGER_DEFAULT = True
 
 
 def env_post_trigger() -> bool:

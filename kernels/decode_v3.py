@@ -964,7 +964,12 @@ _RC_BF16_KDA_MMA = dict(_RC_BF16_KDA, tile_mma=True, pipe_stages=3, chunk_bytes=
 # the server's arguments, us per layer-step): uncapped the H200's Triton gives it 255 registers (8 programs per SM);
 # at 168 (56-72 B spilled) GDN 176.1 -> 150.3 (1.82x conventional), KDA predecayed 196.7 -> 167.6 (1.65x), raw keys
 # 214.8 -> 184.9; a 200 cap is slower than none (187.0 / 216.7).
-_RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168)
+# Session 48 (kernels-20261206-0935, H100, the server's step in the fp8 copy's default CUDA shapes, round-robin, us):
+# that launch had no PDL. With PDL and the main launch's early trigger for the post launch (TRIGGER_POST): GDN
+# 75.9 -> 73.2 / 131.2 -> 128.1 / 244.5 -> 240.2 at B = 128 / 256 / 512, KDA 85.9 -> 81.3 / 149.4 -> 144.7 / 274.8 ->
+# 271.2, B = 64 GDN 48.1 -> 45.5, KDA 52.8 -> 49.1; but at B = 16 slower (GDN 24.5 -> 29.8, KDA 25.6 -> 30.7) and at
+# B = 32 even (33.3 / 33.6, 35.5 / 36.6). So PDL from 33 rows up (pdl_min_rows; an asked pdl wins).
+_RC_FP8_HPP = dict(_RC_FP8, heads_per_program=2, main_maxnreg=168, pdl_min_rows=33)
 # Session 23 (kernels-20261202-0610 / -0614, H200, graph benchmark, staggered cursors, B = 256; the v3_sl* arms:
 # the ring keyed by request row and a forced mask, as the server passes them, KDA predecayed): the main launch's rows
 # outermost (row_order "rows": grid (V / BV, HV / HPP, B), a row's heads dispatched together) against the grid order,
@@ -1099,7 +1104,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     chunk_bytes = chunk_bytes if chunk_bytes is not None else tuned.get("chunk_bytes", 64)
     pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
-    pdl = bool(pdl if pdl is not None else tuned.get("pdl", False)) and pdl_available(mixed_qkv.device)
+    if pdl is None:  # (V3_TUNED: pdl, or pdl_min_rows: PDL for batches of at least that many rows)
+        pdl = tuned.get("pdl", False) or mixed_qkv.shape[0] >= tuned.get("pdl_min_rows", 2**31)
+    pdl = bool(pdl) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))

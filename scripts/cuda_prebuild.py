@@ -178,14 +178,17 @@ def combos():
             for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST)
-    for (kind, c, sdt), trig in itertools.product(CUDA_MAIN_SLOW_CASES, (False, True)):
+    graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),
+                                                                 ("kda", "x16w4c1_m7_gp_lean_mma", "float32",
+                                                                  RC["fp8_e4m3"])]  # (and the fp8 copies')
+    for (kind, c, sdt, rcd), trig in itertools.product(graph_cases, (False, True)):
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
                               dtb_dtype=F32, out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind,
-                              self_pre=sp, trigger_post=trig))
+                              self_pre=sp, trigger_post=trig, rc_dtype=rcd, rc_lean=lean, mma_fold=mf))
     return out
 
 
