@@ -405,9 +405,9 @@ CONFIGS: dict[tuple[str, int], tuple[int, int, int]] = {}
 def _cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts) -> bool:
     """The buffered launch of this call would run the CUDA main launch by the environment's preference
     (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; decode_v3.launch's rule: where cuda_main can run it, in its default
-    shape), so the small-batch policy may use the CUDA kernel's thresholds. A caller's own v3_opts keep the plain
-    thresholds."""
-    if impl not in ("auto", "v3") or v3_opts or ring.rc is not None:
+    shape), so the small-batch policy may use the CUDA kernel's thresholds (with a read copy too, since session 48:
+    policy.decode_window keys those by the copy's type). A caller's own v3_opts keep the plain thresholds."""
+    if impl not in ("auto", "v3") or v3_opts:
         return False
     from replayssm_sglang.kernels import cuda_main
 
@@ -501,7 +501,8 @@ def replay_decode(
         L = lay.L
     elif L == "auto":
         L = policy.decode_window(kind, B, state.dtype, lay.L,
-                                 cuda_main=_cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts))
+                                 cuda_main=_cuda_main_preferred(kind, state, ring, lower_bound, K, V, impl, v3_opts),
+                                 read_dtype=ring.rc.dtype if ring.rc is not None else None)
     L = int(L)
     if not 1 <= L <= lay.cap:
         raise ValueError(f"window L={L} must be in [1, ring capacity {lay.cap}]")

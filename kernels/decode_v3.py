@@ -1104,8 +1104,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     chunk_bytes = chunk_bytes if chunk_bytes is not None else tuned.get("chunk_bytes", 64)
     pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
-    if pdl is None:  # (V3_TUNED: pdl, or pdl_min_rows: PDL for batches of at least that many rows)
-        pdl = tuned.get("pdl", False) or mixed_qkv.shape[0] >= tuned.get("pdl_min_rows", 2**31)
+    if pdl is None:  # REPLAYSSM_PDL (0 / 1: a measurement's override), else V3_TUNED: pdl, or pdl_min_rows (PDL
+        env_pdl = os.environ.get("REPLAYSSM_PDL", "").strip()  # for batches of at least that many rows)
+        if env_pdl not in ("", "0", "1"):
+            raise ValueError(f"REPLAYSSM_PDL must be 0 or 1, got {env_pdl!r}")
+        pdl = (env_pdl == "1" if env_pdl else
+               tuned.get("pdl", False) or mixed_qkv.shape[0] >= tuned.get("pdl_min_rows", 2**31))
     pdl = bool(pdl) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))

@@ -162,6 +162,9 @@ ARMS = {
     # (the served A/B e2e-20261205-0158 made x16w4c1_m7_gp_lean_mma KDA's fp8-copy default; this arm keeps the shape
     # before, x16w4c1_m4_gp)
     "ours_rc_fp8_km4": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    # the fp8 copy with PDL at every batch (its tuned launch takes PDL from 33 rows, session 48: the correctness
+    # task's 16 rows would not), window 16 forced
+    "ours_rc_fp8_pdl": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
@@ -208,7 +211,8 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
                               "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma_mf"},
            "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},
            "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"},
-           "ours_rc_fp8_km4": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"}}
+           "ours_rc_fp8_km4": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"},
+           "ours_rc_fp8_pdl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_PDL": "1"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of

@@ -1035,3 +1035,17 @@ def test_trigger_post_first_in_sass(name, kind, state_dtype, rc_dtype):
     assert not any(ln.startswith(("LDG", "ACQBULK", "BAR", "LDS", "UBLKCP")) for ln in with_t[:at[0]]), with_t[:at[0]]
     assert not any(ln.startswith("PREEXIT") for ln in cuda_main.main_sass(d))
     assert cuda_main.resources(dict(d, TRIGGER_POST=1))["registers"] == cuda_main.resources(d)["registers"]
+
+
+def test_env_pdl_refuses_other_values(monkeypatch):
+    """REPLAYSSM_PDL (a measurement's override of V3_TUNED's PDL choice, session 48) takes 0 or 1; anything else stops
+    the launch naming the values."""
+    from replayssm_sglang.kernels import decode
+
+    monkeypatch.setenv("REPLAYSSM_PDL", "on")
+    H, HV, K, V = 1, 2, 128, 128
+    ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2)
+    x = R.random_decode_inputs("gdn", 2, H, HV, K, V, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="REPLAYSSM_PDL must be 0 or 1"):
+        decode.replay_decode("gdn", *x, torch.zeros(2, HV, V, K), ring, torch.arange(2, dtype=torch.int32), L=16,
+                             impl="v3")

@@ -1214,8 +1214,9 @@ def test_policy_windows(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="a CPU test: its tensors are on the CPU, the CUDA main launch stubbed out")
 def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     """Where the buffered launch would run the CUDA main launch, the bf16 states (GDN's; KDA's since session 36) take
-    its thresholds (buffered above B = 32 since session 39: B = 64 timed buffered-faster, 32 window-1-faster); fp32
-    states keep the plain ones. replay_decode(L="auto") asks for them
+    its thresholds (buffered above B = 32 since session 39: B = 64 timed buffered-faster, 32 window-1-faster), and
+    since session 48 the fp32 states (GDN: the buffered window at every B; KDA: above 8; the fp8 copy: above 8).
+    replay_decode(L="auto") asks for them
     only when the environment prefers the CUDA main launch (REPLAYSSM_MAIN_IMPL unset, "auto" or "cuda"; not
     "triton") and cuda_main can run the launch."""
     from replayssm_sglang import policy
@@ -1226,10 +1227,18 @@ def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     assert policy.decode_window("gdn", 64, torch.bfloat16, 16, cuda_main=True) == 16
     assert policy.decode_window("gdn", 32, torch.bfloat16, 16, cuda_main=True) == 1
     assert policy.decode_window("gdn", 128, torch.bfloat16, 16) == 1
+    # fp32 states (session 48): GDN buffered at every B, KDA above 8; their plain thresholds stay 32 / 64
+    assert policy.decode_window("gdn", 1, torch.float32, 16, cuda_main=True) == 16
+    assert [policy.decode_window("kda", B, torch.float32, 16, cuda_main=True) for B in (1, 8, 9, 64)] == [1, 1, 16, 16]
+    assert policy.decode_window("gdn", 32, torch.float32, 16) == 1 and policy.decode_window(
+        "kda", 64, torch.float32, 16) == 1
+    # an fp32 state's fp8 copy: window 1 up to 8 for both kinds; a bf16 copy keeps the plain thresholds
+    fp8 = torch.float8_e4m3fn
     for kind in ("gdn", "kda"):
-        for B in (32, 64):  # fp32 states: no CUDA thresholds, the plain ones
-            assert policy.decode_window(kind, B, torch.float32, 16, cuda_main=True) == policy.decode_window(
-                kind, B, torch.float32, 16)
+        assert [policy.decode_window(kind, B, torch.float32, 16, cuda_main=True, read_dtype=fp8)
+                for B in (1, 8, 9, 32)] == [1, 1, 16, 16]
+        assert policy.decode_window(kind, 32, torch.float32, 16, cuda_main=True, read_dtype=torch.bfloat16) == 1
+        assert policy.decode_window(kind, 32, torch.float32, 16, read_dtype=fp8) == 1  # (Triton's main launch)
     # KDA's bf16 state: buffered above B = 32 with the CUDA main launch (its XL default), never with Triton's
     assert policy.decode_window("kda", 64, torch.bfloat16, 16, cuda_main=True) == 16
     assert policy.decode_window("kda", 32, torch.bfloat16, 16, cuda_main=True) == 1
@@ -1258,6 +1267,13 @@ def test_policy_windows_with_the_cuda_main_launch(monkeypatch):
     assert run(impl="v3", v3_opts=dict(main_impl="triton")) is False  # a caller's own options: the plain thresholds
     monkeypatch.setattr(cuda_main, "usable", lambda *a: False)
     assert run() is False  # it cannot run here
+    # a ring with a read copy (since session 48): the CUDA thresholds too, keyed by the copy's type
+    monkeypatch.setattr(cuda_main, "usable", lambda *a: True)
+    monkeypatch.setattr(policy, "decode_window", lambda *a, **kw: seen.append((kw.get("cuda_main"),
+                                                                               kw.get("read_dtype"))) or 1)
+    rc_ring = ringmod.RingLayout.for_layer("gdn", L=16, H=H, HV=HV, K=K, V=V).allocate(2, read_dtype="fp8_e4m3")
+    decode.replay_decode("gdn", *x, torch.zeros(2, HV, V, K), rc_ring, torch.arange(2, dtype=torch.int32), L="auto")
+    assert seen.pop() == (True, torch.float8_e4m3fn)
 
 
 @pytest.mark.gpu
