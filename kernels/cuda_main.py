@@ -135,7 +135,11 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 # warps share the record dots, made after the tile's dots; at 128 registers (4 blocks per SM), where
                 # it keeps its record's columns and the tile in flight unspilled (ptxas sm_90)
                 "x16w4c1_m4_sp2": (16, 4, 1, 4, 0, 0, 1, 1, 0, 0, 2),
-                "x16w8c1_m2_sp2": (16, 8, 1, 2, 0, 0, 1, 1, 0, 0, 2)}
+                "x16w8c1_m2_sp2": (16, 8, 1, 2, 0, 0, 1, 1, 0, 0, 2),
+                # the fp8 copy's lean shapes without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
+                "x16w4c1_m5_lean_sp2": (16, 4, 1, 5, 0, 0, 1, 1, 1, 0, 2),
+                "x16w4c1_m6_lean_sp2": (16, 4, 1, 6, 0, 0, 1, 1, 1, 0, 2),
+                "x16w4c1_m7_lean_sp2": (16, 4, 1, 7, 0, 0, 1, 1, 1, 0, 2)}
 # (timed and dropped, kernels-20261202-2152 / -2158: shared memory with 32 rows x 4 warps, 8 x 8; registers 16 x 8)
 # GDN's default from session 34 to 46 (since session 47 the fp32 state's without a read copy is CUDA_DEFAULT_FP32_GDN
 # below; CUDA_DEFAULT stays what a long ring, and the CUDA pre launch's build beside Triton's main launch, take):
@@ -181,6 +185,9 @@ XL_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_mma_mf", "x16w4c1_m8_mma_mf")
 XL_KDA_BF16_MMA_MF_CONFIGS = ("x16w4c1_m7_gp_mma_mf", "x16w4c1_m8_gp_mma_mf")
 # and with the CUDA-core tile dots (session 44; bf16 checkpoints only, as their bases)
 XL_BF16_MF_CONFIGS = ("x16w4c1_m6_mf", "x16w4c1_m7_mf")
+# the fp8 copy's lean shapes without a pre launch (session 48), which the benchmark times beside the copy's default
+# (--variants rcsp2) and scripts/cuda_prebuild.py builds
+RC_SELF_PRE2_CONFIGS = ("x16w4c1_m5_lean_sp2", "x16w4c1_m6_lean_sp2", "x16w4c1_m7_lean_sp2")
 # the shapes the benchmark times with and without their pre launch (--variants sp2: SELF_PRE 2, session 47) and
 # scripts/cuda_prebuild.py builds both ways, per checkpoint type: SELF_PRE 2's builds at 96-128 registers (ptxas sm_90;
 # at 72-80, bf16 m6 / m7, its record's columns held through the tile's dots spill 92-220 bytes, and those were slower
@@ -803,9 +810,10 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
             return ("the tile's dots on the tensor cores (rc_lean 2) without a read copy (ST_MMA) take a bf16 state, "
                     "the eight-lanes-per-row layout (xl), 16 rows per warp, one V-tile per block, no late_coef or "
                     "self_pre, K = 128")
-    elif rc_lean and (ring.rc is None or not xl or nch != 1 or self_pre):
+    elif rc_lean and (ring.rc is None or not xl or nch != 1 or int(self_pre) == 1 or (rc_lean == 2 and self_pre)):
         return ("registers sized for the read copy (rc_lean) need a read copy, the eight-lanes-per-row layout (xl), "
-                "one V-tile per block and the pre launch's coefficients (no self_pre)")
+                "one V-tile per block and the pre launch's coefficients or self_pre 2 (not 1; rc_lean 2: the pre "
+                "launch's operand, no self_pre)")
     elif rc_lean == 2 and (rpw != 16 or late_coef or K != 128):
         return "the copy's dots on the tensor cores (rc_lean 2, RC_MMA) take 16 rows per warp, no late_coef, K = 128"
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):

@@ -101,8 +101,8 @@
 #define RC_LEAN 0  // with a read copy: the tile's registers sized for the copy's words, not the checkpoint's; a folding
 #endif             // block reads its fp32 tile for the dots one 16-byte word per row at a time and folds 4 rows at a
                    // time, so that the common path (the copy's rows) fits a smaller register budget (session 40)
-#if RC_LEAN && (!HAS_RC || NCH != 1 || SELF_PRE)
-#error "RC_LEAN: a read copy, one V-tile per block, the pre launch's coefficients"
+#if RC_LEAN && (!HAS_RC || NCH != 1 || SELF_PRE == 1)
+#error "RC_LEAN: a read copy, one V-tile per block, the pre launch's coefficients or SELF_PRE 2 (not 1)"
 #endif
 #ifndef RC_FP8
 #define RC_FP8 0  // the read copy holds fp8 e4m3 codes (RC_T unsigned char) and one fp32 scale per V-row (rc_scale
@@ -112,8 +112,8 @@
 #endif            // columns (e4m3 codes as f16, or bf16 values) times the pre launch's split operand [q_hi, q_lo,
                   // k_hi, k_lo] of q / |q| and k / |k| (KDA: times e^{G_t}; qk_frag, the main launch's last
                   // parameter), mma.sync m16n8k16 with fp32 sums; no q, k staging or norms
-#if RC_MMA && (!RC_LEAN || RPW != 16 || LATE_COEF || K_ != 128)
-#error "RC_MMA: RC_LEAN, 16 rows per warp, the coefficients before the dots, K = 128"
+#if RC_MMA && (!RC_LEAN || RPW != 16 || LATE_COEF || K_ != 128 || SELF_PRE)
+#error "RC_MMA: RC_LEAN, 16 rows per warp, the coefficients before the dots, K = 128, the pre launch's operand"
 #endif
 #ifndef ST_MMA
 #define ST_MMA 0  // a bf16 checkpoint without a read copy: every block's tile dots on the tensor cores as RC_MMA's

@@ -83,6 +83,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_tg0_<shape>, v3_tg1_<shape> (--variants trig) the server's step at this GPU's default shape without and with
               the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
               states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); _rr
+  v3_rcd_<shape>, v3_rcsp2_<shape> (--variants rcsp2, GDN, fp32 state) the fp8 copy's step in its default shape (with
+              its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS (lean registers, no pre launch: SELF_PRE 2); _rr
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
@@ -1378,6 +1380,24 @@ def main():
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} trig",
                                         meta, "trig_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
+                    # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
+                    # beside the copy's default shape with its pre launch, round-robin, the server's arguments
+                    from replayssm_sglang.kernels import cuda_main as _cm_r
+
+                    fp8 = torch.float8_e4m3fn
+                    dname = _cm_r.config_name(_cm_r.default_config(DT[sdt], kind, fp8))
+                    r_arms = {f"v3_rcd_{dname}": arm_ours(c, DT[sdt], impl="v3", server_like=True,
+                                                         read_dtype="fp8_e4m3", v3_opts=dict(
+                                                             main_impl="cuda", cuda_config=dname,
+                                                             pre_impl=server_pre_impl(kind, dname)))}
+                    for n in _cm_r.RC_SELF_PRE2_CONFIGS:
+                        r_arms[f"v3_rcsp2_{n}"] = arm_ours(c, DT[sdt], impl="v3", server_like=True,
+                                                           read_dtype="fp8_e4m3",
+                                                           v3_opts=dict(main_impl="cuda", cuda_config=n))
+                    arms.update(r_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in r_arms.items()}, f"{kind} {sdt} rcsp2",
+                                        meta, "rcsp2_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "xl" in variants and B >= 128:
                     # the CUDA main launch in the eight-lanes-per-row layout (gdn_main.cu's XL, session 34): a row's
                     # dots reduced over 8 lanes (a handful of shuffles per warp instead of ~60), blocks that walk

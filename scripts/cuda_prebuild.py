@@ -162,6 +162,9 @@ def combos():
     # bench --variants sp2 (session 47): SELF_PRE 1 and 2 in the server's builds, the records in the state's type
     out += [rc_build("gdn", n, None, BF16, I64, sdt, level, rec=sdt) for n, sdt, level in sp2_builds()]
     out += [rc_build("gdn", cm.XL_RC_CONFIGS["gdn"][0], rcd, BF16, I64, F32, True) for rcd in (None, RC["fp8_e4m3"])]
+    # bench --variants rcsp2 (session 48): the fp8 copy's lean shapes without a pre launch, the server's arguments
+    # (fp32 records, PDL for the post launch: the tuned launch's at B >= 33)
+    out += [rc_build("gdn", n, RC["fp8_e4m3"], BF16, I64, F32, trig=True) for n in cm.RC_SELF_PRE2_CONFIGS]
     # bench --variants trig (session 48): every GPU's default shapes, without and with TRIGGER_POST, the records in
     # the state's type (fp32 states also with the fp8 copy)
     out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,

@@ -324,7 +324,12 @@ SELF_PRE_CASES = [("x16w4c1_m5", "float32", "slow", {}, "same", 1), ("x16w4c1_m5
                   ("x16w4c1_m7_mf", "bfloat16", "fast", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16), "same", 2),
                   ("x16w8c1_m3", "bfloat16", "slow", dict(V=128, seed=7), "same", 2),
                   ("x16w4c1_m5_mf", "float32", "fast", dict(H=2, HV=4, V=128), "same", 2),
-                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3", 2)]
+                  ("x16w4c1_m5", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3", 2),
+                  # the fp8 copy's lean registers (RC_LEAN) without a pre launch (session 48): a folding block reads its
+                  # checkpoint's words at the dots; its bf16 copy too
+                  ("x16w4c1_m5_lean_sp2", "float32", "slow", dict(H=2, HV=4, V=128), "fp8_e4m3", 2),
+                  ("x16w4c1_m5_lean_sp2", "float32", "fast", dict(H=2, HV=4, V=128), "fp8_e4m3", 2),
+                  ("x16w4c1_m6_lean_sp2", "float32", "slow", dict(H=2, HV=4, V=128), "bf16", 2)]
 
 
 @pytest.mark.parametrize("cfg,state_dtype,decay,shape,read_dtype,level", SELF_PRE_CASES, ids=str)

@@ -1943,7 +1943,10 @@ CUDA_MAIN_SELF_PRE_CASES = [("x16w4c1_m5", "float32", "same", 1), ("x16w4c1_m6",
                             ("x16w4c1_m6", "bfloat16", "same", 2), ("x16w4c1_m7_mf", "bfloat16", "same", 2),
                             ("x16w4c1_m5", "float32", "same", 2), ("x16w4c1_m5_mf", "float32", "same", 2),
                             # GDN's fp32 default since session 47 (SELF_PRE 2 in its shape) and its 8-warp twin
-                            ("x16w4c1_m4_sp2", "float32", "same", 2), ("x16w8c1_m2_sp2", "float32", "same", 2)]
+                            ("x16w4c1_m4_sp2", "float32", "same", 2), ("x16w8c1_m2_sp2", "float32", "same", 2),
+                            # the fp8 copy's lean registers without a pre launch (session 48)
+                            ("x16w4c1_m5_lean_sp2", "float32", "fp8_e4m3", 2),
+                            ("x16w4c1_m6_lean_sp2", "float32", "fp8_e4m3", 2)]
 
 
 @pytest.mark.gpu
