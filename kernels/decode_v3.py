@@ -993,6 +993,17 @@ PRE_WARPS = 1  # ptxas sm_90: 1176 (GDN) / 1848 (KDA) SASS per program at 1 warp
 _LAST: dict = {}
 
 
+def tuned_pdl(tuned: dict, B: int) -> bool:
+    """PDL for a launch of B rows that does not ask: REPLAYSSM_PDL (0 / 1, a measurement's override), else the tuned
+    entry's pdl, or its pdl_min_rows (PDL for batches of at least that many rows: the fp8 copies, session 48)."""
+    env = os.environ.get("REPLAYSSM_PDL", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_PDL must be 0 or 1, got {env!r}")
+    if env:
+        return env == "1"
+    return bool(tuned.get("pdl", False)) or B >= tuned.get("pdl_min_rows", 2**31)
+
+
 def post_trigger_applies(post_trigger, pdl: bool, advance_h: bool, may_prefold: bool, diag_parts: str = "all") -> bool:
     """Whether the CUDA main launch's build takes TRIGGER_POST (the post launch let start at once; session 48):
     post_trigger the caller's choice (None: cuda_main.env_post_trigger's), and only where the post launch runs and is
@@ -1104,13 +1115,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     chunk_bytes = chunk_bytes if chunk_bytes is not None else tuned.get("chunk_bytes", 64)
     pipe_stages = pipe_stages if pipe_stages is not None else tuned.get("pipe_stages", 0)
     fold_bytes = fold_bytes if fold_bytes is not None else tuned.get("fold_bytes", 64)
-    if pdl is None:  # REPLAYSSM_PDL (0 / 1: a measurement's override), else V3_TUNED: pdl, or pdl_min_rows (PDL
-        env_pdl = os.environ.get("REPLAYSSM_PDL", "").strip()  # for batches of at least that many rows)
-        if env_pdl not in ("", "0", "1"):
-            raise ValueError(f"REPLAYSSM_PDL must be 0 or 1, got {env_pdl!r}")
-        pdl = (env_pdl == "1" if env_pdl else
-               tuned.get("pdl", False) or mixed_qkv.shape[0] >= tuned.get("pdl_min_rows", 2**31))
-    pdl = bool(pdl) and pdl_available(mixed_qkv.device)
+    pdl = bool(pdl if pdl is not None else tuned_pdl(tuned, mixed_qkv.shape[0])) and pdl_available(mixed_qkv.device)
     pre_rows = int(pre_rows if pre_rows is not None else tuned.get("pre_rows", 1))
     hpp = int(heads_per_program if heads_per_program is not None else tuned.get("heads_per_program", 1))
     fold_pipe = int(fold_pipe_stages if fold_pipe_stages is not None else tuned.get("fold_pipe_stages", 0))

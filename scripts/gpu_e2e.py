@@ -86,8 +86,10 @@ ARMS = {
     "upstream_replayssm": ["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer",
                            "--disable-overlap-schedule"],
     "ours": ["--enable-linear-replayssm"],
-    # the same server with the buffered window forced at every batch size (the policy would run window 1 at the
-    # correctness task's batch of 16): checks the buffered decode's outputs, not only its speed
+    # the same server with the buffered window forced at every batch size (the policy ran window 1 at the
+    # correctness task's batch of 16 until session 48; with the CUDA main launch it now runs the buffered window
+    # there for the fp32 states, window 1 with Triton's launch): checks the buffered decode's outputs whichever
+    # main launch runs, not only its speed
     "ours_w16": ["--enable-linear-replayssm"],
     # a control for the correctness comparison: window 1 (exactly the conventional update) with every GDN/KDA
     # decode output multiplied by (1 +- 1e-6), a perturbation of fp32-rounding size: how far does this model's
@@ -166,7 +168,8 @@ ARMS = {
     # task's 16 rows would not), window 16 forced
     "ours_rc_fp8_pdl": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
 }
-# The read-copy arms force window 16 too: at the policy's window 1 (fp32 states: B <= 32 GDN, 64 KDA) no copy is read,
+# The read-copy arms force window 16 too: at the policy's window 1 (fp32 states with a copy: B <= 8 with the CUDA
+# main launch since session 48, B <= 32 GDN / 64 KDA with Triton's) no copy is read,
 # so the correctness task would compare the conventional update, not the copy (their B = 1 / 64 throughput is then
 # the buffered path's, not the policy's).
 ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},

@@ -1049,3 +1049,20 @@ def test_env_pdl_refuses_other_values(monkeypatch):
     with pytest.raises(ValueError, match="REPLAYSSM_PDL must be 0 or 1"):
         decode.replay_decode("gdn", *x, torch.zeros(2, HV, V, K), ring, torch.arange(2, dtype=torch.int32), L=16,
                              impl="v3")
+
+
+def test_tuned_pdl(monkeypatch):
+    """The tuned launches' PDL: the fp8 copies' from 33 rows (pdl_min_rows, session 48), the launches without a copy
+    always, the bf16 copy of KDA never (its entry has none); REPLAYSSM_PDL overrides every one."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.delenv("REPLAYSSM_PDL", raising=False)
+    fp8 = decode_v3.V3_TUNED[("gdn", 4, torch.float8_e4m3fn)]
+    assert [decode_v3.tuned_pdl(fp8, B) for B in (1, 32, 33, 256)] == [False, False, True, True]
+    assert decode_v3.tuned_pdl(decode_v3.V3_TUNED[("kda", 4, torch.float8_e4m3fn)], 64)
+    assert decode_v3.tuned_pdl(decode_v3.V3_TUNED[("gdn", 4, None)], 1)
+    assert not decode_v3.tuned_pdl(decode_v3.V3_TUNED[("kda", 4, torch.bfloat16)], 256)
+    monkeypatch.setenv("REPLAYSSM_PDL", "0")
+    assert not decode_v3.tuned_pdl(fp8, 256) and not decode_v3.tuned_pdl(decode_v3.V3_TUNED[("gdn", 4, None)], 1)
+    monkeypatch.setenv("REPLAYSSM_PDL", "1")
+    assert decode_v3.tuned_pdl(fp8, 1)
