@@ -83,7 +83,7 @@ Arms (per layer kind, state dtype and batch size B):
   v3_tg0_<shape>, v3_tg1_<shape> (--variants trig) the server's step at this GPU's default shape without and with
               the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
               states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); _rr
-  v3_rcd_<shape>, v3_rcsp2_<shape> (--variants rcsp2, GDN, fp32 state) the fp8 copy's step in its default shape (with
+  v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004) the fp8 copy's step in its default shape (with
               its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS (lean registers, no pre launch: SELF_PRE 2); _rr
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
@@ -141,7 +141,24 @@ def copy_peak(dev) -> float:
     return 2 * n * 4 / t
 
 
-def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
+# arms of session 48's first runs (kernels-20261206-1004) that timed the fp8 copy without "_fp8" in their names
+_FP8_COPY_PREFIXES = ("v3_rcd_", "v3_rcsp2_")
+
+
+def read_copy_of(arm: str) -> str | None:
+    """The read copy an arm's step reads (issue 7), by its name: "bf16" (``_rc_bf16``), "fp8" (``_rc_`` otherwise, or
+    ``_fp8``: session 48's ``v3_tg*_fp8_*`` arms), None without one. The bytes model counts the copy's bytes on the
+    steps that read it."""
+    if "_rc_bf16" in arm:
+        return "bf16"
+    if "_rc_" in arm or "_fp8" in arm or arm.startswith(_FP8_COPY_PREFIXES):
+        return "fp8"
+    return None
+
+
+def bytes_model(kind, B, sdt, arm, L=16, rec_es=2, copy="auto"):
+    """The bytes one decode step of `arm` moves, averaged over a window (the bytes model); copy: the read copy it
+    reads ("auto": read_copy_of(arm); None: none, as the model counted before a copy's arms were named)."""
     s = KIND_SHAPES[kind]
     H, HV, K, V = s["H"], s["HV"], s["K"], s["V"]
     es = torch.empty((), dtype=DT[sdt]).element_size()
@@ -156,9 +173,10 @@ def bytes_model(kind, B, sdt, arm, L=16, rec_es=2):
     scratch = 0
     if arm.startswith("v3"):  # the pre launch's scratch, written once and read once: the coefficients
         scratch = 2 * B * HV * (2 * 16 + 2) * 4
-    if "_rc_" in arm:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
+    copy = read_copy_of(arm) if copy == "auto" else copy
+    if copy:  # read copy (issue 7): flush steps read and write the checkpoint and write the copy,
         # the other L - 1 steps of a window read the copy only (fp8: codes plus one fp32 scale per V-row)
-        bf = "_rc_bf16" in arm
+        bf = copy == "bf16"
         rc = B * HV * V * (K * (2 if bf else 1) + (0 if bf else 4))
         state_traffic = 2 * state / L + rc * (L - 1) / L + rc / L
         return state_traffic + B * rec * (mean_read + (L - 1) / L) + inputs + scratch
@@ -699,6 +717,8 @@ def main():
     ap.add_argument("--sweep-configs", default="32x1x2,32x1x4,16x1x2,64x1x4,64x2x2")
     ap.add_argument("--plot", default=None, help="only make the PNG from this JSON")
     ap.add_argument("--table", default=None, help="only print the markdown table of this JSON")
+    ap.add_argument("--rebytes", default=None, help="only recount this JSON's bytes with today's bytes model (rows "
+                    "whose read copy an earlier model missed), rewriting it and noting which rows in its meta")
     ap.add_argument("--variants", default="", help="extra arms of ours, comma-separated: 'r32' = v1 with fp32 "
                     "records (ours_r32; 0.77-0.80x of ours_r16 on 2026-11-29); 'unroll' = v2 with the unrolled fold "
                     "(v2_r16_unroll); 'all' = v2 loading every ring position without waiting for h (v2_r16_all); "
@@ -744,6 +764,9 @@ def main():
     variants = set(args.variants.split(",")) - {""}
     if args.plot:
         plot(args.plot)
+        return
+    if args.rebytes:
+        print(rebytes(args.rebytes))
         return
     if args.table:
         print(table(args.table))
@@ -1387,12 +1410,12 @@ def main():
 
                     fp8 = torch.float8_e4m3fn
                     dname = _cm_r.config_name(_cm_r.default_config(DT[sdt], kind, fp8))
-                    r_arms = {f"v3_rcd_{dname}": arm_ours(c, DT[sdt], impl="v3", server_like=True,
+                    r_arms = {f"v3_rc_fp8_d_{dname}": arm_ours(c, DT[sdt], impl="v3", server_like=True,
                                                          read_dtype="fp8_e4m3", v3_opts=dict(
                                                              main_impl="cuda", cuda_config=dname,
                                                              pre_impl=server_pre_impl(kind, dname)))}
                     for n in _cm_r.RC_SELF_PRE2_CONFIGS:
-                        r_arms[f"v3_rcsp2_{n}"] = arm_ours(c, DT[sdt], impl="v3", server_like=True,
+                        r_arms[f"v3_rc_fp8_sp2_{n}"] = arm_ours(c, DT[sdt], impl="v3", server_like=True,
                                                            read_dtype="fp8_e4m3",
                                                            v3_opts=dict(main_impl="cuda", cuda_config=n))
                     arms.update(r_arms)
@@ -1530,6 +1553,36 @@ def main():
         plot(args.out)
     except Exception as e:  # noqa: BLE001
         print(f"plot failed: {e}")
+
+
+def rebytes(path) -> str:
+    """Recount the bytes of a run's rows whose read copy the model of their day did not see (session 48's first fp8
+    arms were counted as reading the fp32 checkpoint every step: 142-176% of the copy peak). The records' element size
+    is the one that reproduces the stored count under that day's rule (only "_rc_" marked a copy); the times are not
+    touched. Rewrites the JSON and its meta["rebytes"]; returns a line per row changed."""
+    d = json.load(open(path))
+    meta, changed = d["meta"], []
+    L = meta.get("L", 16)
+    for r in d["rows"]:
+        if r["arm"] in ("conv", "conv_cuda") or "_rc_" in r["arm"] or read_copy_of(r["arm"]) is None:
+            continue
+        args = (r["kind"], r["B"], r["state_dtype"], r["arm"], L)
+        if any(abs(bytes_model(*args, es) - r["bytes"]) < 1 for es in (2, 4)):
+            continue  # (counted with its copy already: a later run, or recounted before)
+        for es in (2, 4):  # (the rule of their day: no "_rc_" in the name, so a plain state's bytes)
+            if abs(bytes_model(*args, es, copy=None) - r["bytes"]) < 1:
+                break
+        else:
+            raise ValueError(f"{path}: {r['arm']}: no records' size reproduces its stored bytes")
+        nb = bytes_model(r["kind"], r["B"], r["state_dtype"], r["arm"], L, es)
+        t = r["t_us"] * 1e-6
+        changed.append(f"{r['kind']} {r['state_dtype']} B={r['B']} {r['arm']}: {r['TBps']:.2f} -> {nb / t / 1e12:.2f} TB/s")
+        r.update(bytes=nb, TBps=nb / t / 1e12, frac_copy_peak=nb / t / meta["copy_peak_Bps"])
+    if changed:
+        meta["rebytes"] = (f"bytes recounted by bench_kernels.py --rebytes (session 48): {len(changed)} rows whose fp8 "
+                           f"read copy the bytes model of the run's commit missed; times unchanged")
+        _dump(path, meta, d["rows"])
+    return "\n".join(changed) or "nothing to recount"
 
 
 def _dump(path, meta, rows):

@@ -86,7 +86,9 @@ def group_of(arm: str) -> str | None:
         return None
     if "_rc_bf16" in arm:
         return None
-    return "rc_fp8" if "_rc_fp8" in arm else "plain"
+    # (bench_kernels.read_copy_of's rule: "_fp8" marks session 48's trig arms, v3_rcd_ / v3_rcsp2_ its run 1004's)
+    fp8 = "_rc_" in arm or "_fp8" in arm or arm.startswith(("v3_rcd_", "v3_rcsp2_"))
+    return "rc_fp8" if fp8 else "plain"
 
 
 def fold_write_bytes(kind: str, B: int, sdt: str, L: int, group: str) -> float:

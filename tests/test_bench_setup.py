@@ -251,3 +251,31 @@ def test_server_pre_impl():
     assert bk.server_pre_impl("kda", "x16w4c1_m4_gp") == "triton"
     assert bk.server_pre_impl("kda", "x16w4c1_m7_gp_lean_mma") == "cuda"
     assert bk.server_pre_impl("kda", "x16w4c1_m4_gp_mf") == "triton"
+
+
+def test_read_copy_arms_and_rebytes(tmp_path):
+    """The bytes model counts an fp8 copy's bytes for every arm that reads one: "_rc_" names (as before) and session
+    48's "_fp8" / run-1004 names, which it had counted as an fp32 checkpoint read every step (142-176% of the copy
+    peak). --rebytes recounts such rows of a stored run once, from the records' size their stored count implies,
+    leaves the others and the times alone, and notes it in the meta."""
+    import json
+
+    assert [bk.read_copy_of(a) for a in ("v3_rc_bf16", "v3_rc_fp8_sl", "v3_tg1_fp8_pdl_x", "v3_rcd_x", "v3_tg1_x",
+                                         "conv")] == ["bf16", "fp8", "fp8", "fp8", None, None]
+    fp8 = bk.bytes_model("gdn", 256, "float32", "v3_tg1_fp8_x", rec_es=4)
+    plain = bk.bytes_model("gdn", 256, "float32", "v3_tg1_fp8_x", rec_es=4, copy=None)
+    assert fp8 == bk.bytes_model("gdn", 256, "float32", "v3_rc_fp8", rec_es=4) and fp8 < 0.6 * plain
+    peak = 3e12
+    rows = [dict(kind="gdn", state_dtype="float32", B=256, arm=a, t_us=100.0, bytes=b, TBps=b / 1e-4 / 1e12,
+                 frac_copy_peak=b / 1e-4 / peak) for a, b in (("conv", 1e9), ("v3_tg1_fp8_x_rr", plain),
+                                                            ("v3_tg1_x", plain), ("v3_rc_fp8", fp8))]
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(dict(meta=dict(copy_peak_Bps=peak, L=16), rows=rows)))
+    out = bk.rebytes(str(p))
+    assert out.count("\n") == 0 and "v3_tg1_fp8_x_rr" in out
+    d = json.loads(p.read_text())
+    got = {r["arm"]: r for r in d["rows"]}
+    assert got["v3_tg1_fp8_x_rr"]["bytes"] == fp8 and got["v3_tg1_fp8_x_rr"]["t_us"] == 100.0
+    assert got["v3_tg1_fp8_x_rr"]["frac_copy_peak"] == pytest.approx(fp8 / 1e-4 / peak)
+    assert got["v3_tg1_x"]["bytes"] == plain and got["conv"]["bytes"] == 1e9 and "rebytes" in d["meta"]
+    assert bk.rebytes(str(p)) == "nothing to recount"

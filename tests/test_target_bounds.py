@@ -76,6 +76,22 @@ def test_read_copy_rows_and_met():
     assert "nofold_us" not in r and "fp8 copy" in tb.table(out)
 
 
+def test_session_48_fp8_arms_answer_to_issue_7():
+    """Session 48's fp8-copy arms ("_fp8" in the trig variant's names, and run 1004's v3_rcd_ / v3_rcsp2_) answer to
+    issue 7's target, not to the plain state's (until the fix they made GDN fp32's 1.65x read "met" from an fp8 copy's
+    step)."""
+    for a in ("v3_tg1_fp8_pdl_x16w4c1_m7_lean_rr", "v3_tg0_fp8_x16w4c1_m7_gp_lean_mma", "v3_rcd_x16w4c1_m7_lean",
+              "v3_rcsp2_x16w4c1_m5_lean_sp2_rr", "v3_rc_fp8_d_x16w4c1_m7_lean"):
+        assert tb.group_of(a) == "rc_fp8", a
+    assert tb.group_of("v3_tg1_x16w4c1_m4_sp2_rr") == "plain" and tb.group_of("v3_rc_bf16_sl") is None
+    rows = [_row("gdn", "float32", 128, "conv", 186.7, 1080e6),
+            _row("gdn", "float32", 128, "v3_tg1_x16w4c1_m4_sp2_rr", 113.7, 650e6),
+            _row("gdn", "float32", 128, "v3_tg1_fp8_pdl_x16w4c1_m7_lean_rr", 73.2, 150e6)]
+    out = tb.bounds(_run(rows))
+    plain = [r for r in out if r["group"] == "plain"]
+    assert len(plain) == 1 and plain[0]["best_arm"] == "v3_tg1_x16w4c1_m4_sp2_rr" and not plain[0]["met"]
+
+
 def test_diagnostic_names():
     for a in ("v3_mf_x16w4c1_m7_mma_nofold", "v3_sl_cu_main", "v3_sl_cu_main_x16w4c1_m5", "v3_sl_cu_cpre_pre",
               "v3_rc_fp8_sl_cu_x16w4c1_m5_stream", "v3_sl_cu_x16w4c1_m5_aligned", "v3_sl_cu_premain"):
