@@ -5,8 +5,9 @@ arithmetic can be checked against the float64 reference in CI, where the float64
 
 It is a check, not a fast path: a block of 128 threads costs a few milliseconds, so tests keep to a few value heads
 and rows; one launch at a time per process. It cannot show what needs a GPU: races between warps or blocks, PDL
-(USE_PDL and TRIGGER_POST are 0 here), memory ordering. Numerics differ from the GPU's by a few ulp (accurate expf / logf for __expf /
-__logf; no FMA contraction). The shapes that read the tile with bulk copies (load_reg 0, PTX assembly) do not build.
+(USE_PDL and TRIGGER_POST are 0 here), memory ordering. Numerics differ from the GPU's by a few ulp (accurate expf /
+logf for __expf / __logf; no FMA contraction). The shapes that read the tile with bulk copies (load_reg 0, PTX
+assembly) do not build.
 
 cuda_main.launch and cuda_main.pre_launch come here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1
 (cuda_main.emulated; unavailable_reason and pre_unavailable_reason then let the CPU run them); ``build`` returns the

@@ -83,8 +83,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_tg0_<shape>, v3_tg1_<shape> (--variants trig) the server's step at this GPU's default shape without and with
               the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
               states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); _rr
-  v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004) the fp8 copy's step in its default shape (with
-              its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS (lean registers, no pre launch: SELF_PRE 2); _rr
+  v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
+              the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
+              (lean registers, no pre launch: SELF_PRE 2); _rr
   v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
@@ -1576,7 +1577,8 @@ def rebytes(path) -> str:
             raise ValueError(f"{path}: {r['arm']}: no records' size reproduces its stored bytes")
         nb = bytes_model(r["kind"], r["B"], r["state_dtype"], r["arm"], L, es)
         t = r["t_us"] * 1e-6
-        changed.append(f"{r['kind']} {r['state_dtype']} B={r['B']} {r['arm']}: {r['TBps']:.2f} -> {nb / t / 1e12:.2f} TB/s")
+        changed.append(f"{r['kind']} {r['state_dtype']} B={r['B']} {r['arm']}: {r['TBps']:.2f} -> "
+                       f"{nb / t / 1e12:.2f} TB/s")
         r.update(bytes=nb, TBps=nb / t / 1e12, frac_copy_peak=nb / t / meta["copy_peak_Bps"])
     if changed:
         meta["rebytes"] = (f"bytes recounted by bench_kernels.py --rebytes (session 48): {len(changed)} rows whose fp8 "
