@@ -5,9 +5,9 @@ arithmetic can be checked against the float64 reference in CI, where the float64
 
 It is a check, not a fast path: a block of 128 threads costs a few milliseconds, so tests keep to a few value heads
 and rows; one launch at a time per process. It cannot show what needs a GPU: races between warps or blocks, PDL
-(USE_PDL and TRIGGER_POST are 0 here), memory ordering. Numerics differ from the GPU's by a few ulp (accurate expf /
-logf for __expf / __logf; no FMA contraction). The shapes that read the tile with bulk copies (load_reg 0, PTX
-assembly) do not build.
+(USE_PDL, TRIGGER_POST and LEAD_PDL are 0 here), memory ordering. Numerics differ from the GPU's by a few ulp
+(accurate expf / logf for __expf / __logf; no FMA contraction). The shapes that read the tile with bulk copies
+(load_reg 0, PTX assembly) do not build.
 
 cuda_main.launch and cuda_main.pre_launch come here for CPU tensors where REPLAYSSM_CUDA_EMULATE=1
 (cuda_main.emulated; unavailable_reason and pre_unavailable_reason then let the CPU run them); ``build`` returns the
@@ -145,8 +145,8 @@ def build(defs: dict) -> ctypes.CDLL:
             cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared",
                    "-pthread", "-w",
                    "-o", str(tmp), str(Path(td) / "runner.cpp")]
-            cmd[3:3] = ([f"-D{k}={v}" for k, v in defs.items() if k not in ("USE_PDL", "TRIGGER_POST")]
-                        + ["-DUSE_PDL=0", "-DTRIGGER_POST=0"])  # (no PDL here: one launch runs at a time)
+            cmd[3:3] = ([f"-D{k}={v}" for k, v in defs.items() if k not in ("USE_PDL", "TRIGGER_POST", "LEAD_PDL")]
+                        + ["-DUSE_PDL=0", "-DTRIGGER_POST=0", "-DLEAD_PDL=0"])  # (no PDL: one launch at a time)
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=td)
             if r.returncode != 0:
                 raise RuntimeError(f"g++ could not build the CPU emulation: {r.stderr[-3000:]}")

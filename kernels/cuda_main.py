@@ -436,6 +436,18 @@ def env_post_trigger() -> bool:
     return POST_TRIGGER_DEFAULT if v == "" else v == "1"
 
 
+LEAD_PDL_DEFAULT = False  # REPLAYSSM_LEAD_PDL unset (session 48: to be measured, bench --variants trig's v3_tg2_ arms)
+
+
+def env_lead_pdl() -> bool:
+    """REPLAYSSM_LEAD_PDL: "1" the step's first launch is a programmatic dependent of what ran before it (LEAD_PDL),
+    "0" not; unset or empty: LEAD_PDL_DEFAULT. Anything else raises, naming the values."""
+    v = os.environ.get("REPLAYSSM_LEAD_PDL", "").strip().lower()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_LEAD_PDL must be 0 or 1, got {v!r}")
+    return LEAD_PDL_DEFAULT if v == "" else v == "1"
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"
@@ -492,7 +504,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False) -> dict:
+            lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -502,7 +514,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     the tensor cores, with a read copy RC_LEAN and the copy blocks' (RC_MMA, session 41; fp8 or bf16 copies), without
     one every block's (ST_MMA, session 42; a bf16 checkpoint); GDN's and KDA's. mma_fold: a folding warp's fold on
     the tensor cores (MMA_FOLD, session 43; the XL layout; only where set). trigger_post: the main launch lets its
-    programmatic dependent, the post launch, start at once (TRIGGER_POST, session 48; only where set)."""
+    programmatic dependent, the post launch, start at once (TRIGGER_POST, session 48; only where set). lead_pdl: the
+    step's first launch (the pre launch, or the main launch under self_pre) is launched as a programmatic dependent of
+    what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -514,6 +528,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
         rc |= {"RC_LEAN": 1}  # (refused by gdn_main.cu: a lean tile needs a copy)
     rc |= {"MMA_FOLD": 1} if mma_fold else {}
     rc |= {"TRIGGER_POST": 1} if trigger_post else {}
+    rc |= {"LEAD_PDL": 1} if lead_pdl else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -660,9 +675,9 @@ def _regs(operand: str) -> set:
     return out
 
 
-def main_sass(defs: dict, arch: str = ARCH) -> list:
-    """replay_gdn_main's SASS instructions in order (nvcc, then nvdisasm), each without its address, its trailing ";"
-    and any predicate (a predicate does not change what an instruction reads)."""
+def main_sass(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> list:
+    """A kernel's SASS instructions in order (replay_gdn_main's unless named; nvcc, then nvdisasm), each without its
+    address, its trailing ";" and any predicate (a predicate does not change what an instruction reads)."""
     nvcc, nvdisasm = find_nvcc(), find_nvdisasm()
     if nvcc is None or nvdisasm is None:
         raise RuntimeError("main_sass() needs nvcc and nvdisasm")
@@ -672,9 +687,10 @@ def main_sass(defs: dict, arch: str = ARCH) -> list:
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
         sass = subprocess.run([nvdisasm, "-c", out], capture_output=True, text=True, check=True).stdout
-    sec = sass.split(".text.replay_gdn_main:", 1)
+    sec = sass.split(f".text.{name}:", 1)
     if len(sec) != 2:
-        raise RuntimeError("nvdisasm shows no replay_gdn_main")
+        raise RuntimeError(f"nvdisasm shows no {name}")
+    sec[1] = sec[1].split("\n.text.", 1)[0].split("\n\t.section", 1)[0]  # (that kernel's section only)
     ins = [re.sub(r"/\*[0-9a-f]+\*/", "", ln).strip().rstrip(" ;") for ln in sec[1].splitlines()
            if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
     return [re.sub(r"^@!?U?P\w+\s+", "", ln) for ln in ins]
@@ -959,7 +975,7 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, trigger_post=False) -> dict:
+                   self_pre=False, trigger_post=False, lead_pdl=False) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
@@ -972,7 +988,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post)
+                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1061,12 +1077,15 @@ def check_frag(frag, B: int, H: int) -> None:
 
 
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, B, gts=None, min_g=0.0, frag=None) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
     Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with rc_lean 2
-    (RC_MMA, ST_MMA) also writes the main launch's tensor-core operand into frag (frag_scratch(B, key heads))."""
+    (RC_MMA, ST_MMA) also writes the main launch's tensor-core operand into frag (frag_scratch(B, key heads)).
+    lead: launched as a programmatic dependent of the stream's previous kernel (a LEAD_PDL build waits for it)."""
+    if lead and not defs.get("LEAD_PDL"):
+        raise ValueError("a pre launch made a programmatic dependent must wait first: a LEAD_PDL build")
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
     name = pre_name(defs)
@@ -1094,9 +1113,22 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         cuda_emu.run_pre(defs, (heads, B), params)
         return
     f = function(defs, mixed_qkv.device, name)
+    attrs, n_attrs = _pdl_attrs(lead)
     cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
-                        ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), None, 0)
+                        ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
+
+
+def _pdl_attrs(on: bool):
+    """cuLaunchKernelEx's attributes: programmatic stream serialization where `on` (a programmatic dependent of the
+    stream's previous kernel), none otherwise."""
+    attrs = (_LaunchAttr * 1)()
+    if not on:
+        return attrs, 0
+    attrs[0].id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+    one = ctypes.c_int(1)  # value.programmaticStreamSerializationAllowed
+    ctypes.memmove(ctypes.addressof(attrs[0]) + _LaunchAttr.value.offset, ctypes.byref(one), 4)
+    return attrs, 1
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
@@ -1143,13 +1175,9 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
         cuda_emu.run_main(defs, (V // (rpw * nwarps * nch), HV, B), 32 * nwarps, params)
         return
     f = function(defs, state.device)
-    attrs = (_LaunchAttr * 1)()
-    n_attrs = 0
-    if pdl:
-        attrs[0].id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
-        one = ctypes.c_int(1)  # value.programmaticStreamSerializationAllowed
-        ctypes.memmove(ctypes.addressof(attrs[0]) + _LaunchAttr.value.offset, ctypes.byref(one), 4)
-        n_attrs = 1
+    # a programmatic dependent: of the pre launch (pdl), or, as the step's first launch (a LEAD_PDL build without a
+    # pre launch), of the stream's previous kernel
+    attrs, n_attrs = _pdl_attrs(pdl or bool(defs.get("LEAD_PDL") and defs.get("SELF_PRE")))
     cfg = _LaunchConfig(V // (rpw * nwarps * nch), HV, B, 32 * nwarps, 1, 1, smem_bytes(defs),
                         ctypes.c_void_p(torch.cuda.current_stream(state.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx")

@@ -202,13 +202,17 @@ def replay_decode_v3_pre_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     USE_PDL: tl.constexpr = False, ROWS: tl.constexpr = 1, HAS_RING_IDX: tl.constexpr = False,
     rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None, min_g=0.0, PRED: tl.constexpr = False,
-    ROW_ORDER: tl.constexpr = 0, gt_out=None, STORE_GT: tl.constexpr = False,
+    ROW_ORDER: tl.constexpr = 0, gt_out=None, STORE_GT: tl.constexpr = False, LEAD_WAIT: tl.constexpr = False,
 ):
     """Grid (cdiv(B, ROWS), HK): one program per ROWS rows and one key head. ROWS > 1 makes the grid smaller, so
     that with PDL all of it can be resident at once and the main launch (which starts only once every program of
     this one has started) overlaps all of it, not only its last wave. ROW_ORDER 1 (opt-in ``pre_order`` "rows"):
     grid (HK, cdiv(B, ROWS)), the rows outermost, so a row's key heads (its records, adjacent in the ring) are
     dispatched together."""
+    if LEAD_WAIT:
+        # LEAD_PDL: a programmatic dependent of the stream's previous kernel, complete from here; waited for before
+        # the main launch may start, whose loads ahead of its own wait read what that kernel wrote (h, the records)
+        gdc_wait()
     if USE_PDL:
         # the main launch may start now: its checkpoint read needs nothing from this launch (it waits for
         # the coefficients with gdc_wait before it uses them)
@@ -1018,7 +1022,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None, post_trigger=None):
+           pre_impl=None, post_trigger=None, lead_pdl=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1107,7 +1111,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     post_trigger (None: REPLAYSSM_POST_TRIGGER, cuda_main.env_post_trigger; session 48): the CUDA main launch lets
     the post launch, its programmatic dependent, start at once (gdn_main.cu's TRIGGER_POST); the post launch waits
     for the main launch to finish before it reads anything, so only its launch and start overlap the main launch.
-    It applies where the CUDA main launch runs with pdl and a post launch follows it."""
+    It applies where the CUDA main launch runs with pdl and a post launch follows it.
+    lead_pdl (None: REPLAYSSM_LEAD_PDL, cuda_main.env_lead_pdl; session 48): with pdl, the step's first launch (the
+    pre launch, CUDA's or Triton's, or the CUDA main launch without one) is itself a programmatic dependent of the
+    stream's previous kernel and waits for it (griddepcontrol.wait) before anything else, so that its launch and
+    dispatch overlap that kernel's end."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1222,13 +1230,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # the main launch's early trigger for the post launch (TRIGGER_POST): the caller's, else the environment's;
     # only where the post launch runs as its programmatic dependent
     trigger = post_trigger_applies(post_trigger, pdl, advance_h, may_prefold, _diag_parts)
+    lead = bool(pdl and (cuda_main.env_lead_pdl() if lead_pdl is None else lead_pdl))
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp, trigger_post=trigger_post)
+            self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
@@ -1332,14 +1341,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
                              scale=float(scale), lower_bound=lower_bound, L=L, B=B, gts=gts,
-                             min_g=PREDECAYED_MIN_G, frag=frag)
+                             min_g=PREDECAYED_MIN_G, frag=frag, lead=lead)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
             float(scale), lb, L, mixed_qkv.stride(0), a2.stride(0), B, BC=BC, num_warps=PRE_WARPS, num_stages=1,
             USE_PDL=pdl, ROWS=pre_rows, rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, **common,
             ovf=ring.ovf if pred else None, min_g=PREDECAYED_MIN_G, PRED=pred, ROW_ORDER=pre_ord, **pre_opts,
-            gt_out=gts, STORE_GT=gts is not None,
+            gt_out=gts, STORE_GT=gts is not None, LEAD_WAIT=lead, **_pdl_kw(lead),
         )
     if run_main and impl_main == "cuda":
         _LAST["kernel"] = None  # (no Triton kernel to report registers of: cuda_main.resources has them)

@@ -94,6 +94,10 @@
 #define TRIGGER_POST 0  // 1: the main launch lets its programmatic dependent (the post launch, decode_v3) start at once
 #endif              // (griddepcontrol.launch_dependents first thing; the post launch waits for it to finish before
                     // it reads anything: session 48)
+#ifndef LEAD_PDL
+#define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
+#endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
+                    // launch and dispatch overlap that kernel's end (session 48)
 #ifndef HAS_RC
 #define HAS_RC 0  // XL: a read copy of the checkpoint (issue 7; per ring row: rc [rows, HV, V, K], rc_valid [rows]):
 #endif            // a row that writes no checkpoint this step reads it, a folding row the checkpoint (and writes both)
@@ -495,6 +499,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
     const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
+#if LEAD_PDL && SELF_PRE
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // (the step's first launch: what ran before is complete)
+#endif
 #if TRIGGER_POST
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (the post launch's blocks may take free slots)
 #endif
@@ -1225,6 +1232,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
     const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
+#if LEAD_PDL && SELF_PRE
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // (the step's first launch: what ran before is complete)
+#endif
 #if TRIGGER_POST
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (the post launch's blocks may take free slots)
 #endif
@@ -1999,6 +2009,11 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag) {
+#if LEAD_PDL
+    // (the step's first launch: what ran before is complete from here; waited for before the main launch may start,
+    // whose loads ahead of its own wait read what that kernel wrote: ring_h, the records, the checkpoint)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -2085,6 +2100,11 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
     float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
     unsigned int* __restrict__ qk_frag) {
+#if LEAD_PDL
+    // (the step's first launch: what ran before is complete from here; waited for before the main launch may start,
+    // whose loads ahead of its own wait read what that kernel wrote: ring_h, the records, the checkpoint)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #if USE_PDL
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

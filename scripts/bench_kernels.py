@@ -82,7 +82,8 @@ Arms (per layer kind, state dtype and batch size B):
               the record dots, gdn_main.cu, session 47); _rr
   v3_tg0_<shape>, v3_tg1_<shape> (--variants trig) the server's step at this GPU's default shape without and with
               the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
-              states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); _rr
+              states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); v3_tg2_: the
+              trigger and the step's first launch a programmatic dependent of the kernel before it (LEAD_PDL); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1397,10 +1398,12 @@ def main():
                         t_opts = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
                         # (the fp8 copy's tuned launch has no PDL, V3_TUNED's _RC_FP8: also with PDL, and the
                         # trigger beside it, _pdl)
-                        for trig, pdl in ((0, None), (1, None)) + (((0, True), (1, True)) if rcd else ()):
+                        # (tg2: the trigger and the step's first launch a programmatic dependent too, LEAD_PDL)
+                        for trig, pdl in ((0, None), (1, None), (2, None)) + (((0, True), (1, True), (2, True))
+                                                                               if rcd else ()):
                             t_arms[f"v3_tg{trig}{'' if rd == 'same' else '_fp8'}{'_pdl' if pdl else ''}_{name}"] = \
                                 arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=rd,
-                                         v3_opts=dict(t_opts, post_trigger=trig, pdl=pdl))
+                                         v3_opts=dict(t_opts, post_trigger=trig > 0, pdl=pdl, lead_pdl=trig == 2))
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} trig",
                                         meta, "trig_rounds", f"{kind}/{sdt}/B{B}", timed)

@@ -130,7 +130,7 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False,
-                 pdl=None):  # (io: a, b,
+                 pdl=None, lead=False):  # (io: a, b,
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # the output's;
         # ridx: ring rows'; trig: TRIGGER_POST; pdl: None, PDL without self_pre)
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
@@ -139,7 +139,7 @@ def combos():
                           a_dtype=io, b_dtype=io,
                           alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
-                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig)
+                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -168,30 +168,34 @@ def combos():
     # bench --variants trig (session 48): every GPU's default shapes, without and with TRIGGER_POST, the records in
     # the state's type (fp32 states also with the fp8 copy)
     out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=trig, pdl=pdl)
+                     rec=sdt, trig=trig, pdl=pdl, lead=lead)
             for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
                                                                            (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl in ((False, None), (True, None))
-            + (((False, False),) if rcd else ())]  # (the fp8 copy's tuned launch: no PDL, V3_TUNED)
+            for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl, lead in ((False, None, False), (True, None, False),
+                                                                        (True, None, True))
+            + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
-    from test_decode_kernels import POST_TRIGGER_CASES
+    from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
-                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True)
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True, lead=True)
             for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST)
     graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),
                                                                  ("kda", "x16w4c1_m7_gp_lean_mma", "float32",
                                                                   RC["fp8_e4m3"])]  # (and the fp8 copies')
-    for (kind, c, sdt, rcd), trig in itertools.product(graph_cases, (False, True)):
+    graph_lead = [(kind, c, sdt, RC.get(rd), True, True) for kind, c, sdt, rd in GRAPH_LEAD_CASES]
+    for kind, c, sdt, rcd, trig, lead in [(*g, t, False) for g, t in itertools.product(graph_cases, (False, True))] + \
+            graph_lead:
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[c])
         out.append(cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                               late_coef=late, gt_pre=gt, xl=xl, nch=nch, has_h_rows=False, has_forced=False,
                               has_ring_idx=True, pdl=True, x_dtype=BF16, a_dtype=F32, b_dtype=F32, alog_dtype=F32,
                               dtb_dtype=F32, out_dtype=BF16, u_dtype=F32, k_dtype=F32, slot_dtype=I32,
                               forced_dtype=I32, ridx_dtype=I32, state_dtype=getattr(torch, sdt), kind=kind,
-                              self_pre=sp, trigger_post=trig, rc_dtype=rcd, rc_lean=lean, mma_fold=mf))
+                              self_pre=sp, trigger_post=trig, rc_dtype=rcd, rc_lean=lean, mma_fold=mf,
+                              lead_pdl=lead))
     return out
 
 

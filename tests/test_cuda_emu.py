@@ -487,3 +487,15 @@ def test_post_trigger_build_emulated(monkeypatch):
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["padded"] > 0, st
     assert len(calls) == 14 and builds and all(d.get("TRIGGER_POST") == 1 for d in builds)
+
+
+def test_lead_pdl_build_emulated():
+    """A LEAD_PDL build (the step's first launch waiting for the kernel before it: PTX the CPU has no stand-in for)
+    builds in the emulation, which leaves the wait out as it does PDL's; the build with a pre launch and the one
+    without (SELF_PRE 2), each with its pre kernel where it has one."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    for cfg, sdt in ((cuda_main.CUDA_DEFAULT_FP32_GDN, torch.float32), (cuda_main.CUDA_DEFAULT_BF16, torch.bfloat16)):
+        d = cuda_main.server_defines(cfg, rec_dtype=sdt, state_dtype=sdt)
+        lib = cuda_emu.build(dict(d, LEAD_PDL=1, TRIGGER_POST=1))
+        assert hasattr(lib, "emu_run_main")

@@ -1066,3 +1066,48 @@ def test_tuned_pdl(monkeypatch):
     assert not decode_v3.tuned_pdl(fp8, 256) and not decode_v3.tuned_pdl(decode_v3.V3_TUNED[("gdn", 4, None)], 1)
     monkeypatch.setenv("REPLAYSSM_PDL", "1")
     assert decode_v3.tuned_pdl(fp8, 1)
+
+
+@pytest.mark.parametrize("env,want", [("", None), ("0", False), ("1", True)])
+def test_env_lead_pdl(env, want, monkeypatch):
+    """REPLAYSSM_LEAD_PDL: 0 or 1, unset or empty the default (LEAD_PDL_DEFAULT); anything else names the values."""
+    monkeypatch.setenv("REPLAYSSM_LEAD_PDL", env)
+    assert cuda_main.env_lead_pdl() == (cuda_main.LEAD_PDL_DEFAULT if want is None else want)
+    monkeypatch.setenv("REPLAYSSM_LEAD_PDL", "on")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        cuda_main.env_lead_pdl()
+
+
+def test_lead_pre_launch_needs_a_waiting_build():
+    """A pre launch made a programmatic dependent of the kernel before it must come from a build that waits for that
+    kernel first (LEAD_PDL): cuda_main.pre_launch refuses otherwise, before it touches anything."""
+    d = cuda_main.server_defines(cuda_main.CUDA_DEFAULT_BF16, rec_dtype=torch.bfloat16, state_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="LEAD_PDL build"):
+        cuda_main.pre_launch(defs=d, mixed_qkv=None, a2=None, A_log=None, dt_bias=None, ring=None, h_rows=None,
+                             slot_idx=None, forced=None, ring_idx=None, coef=None, scal=None, scale=1.0,
+                             lower_bound=None, L=16, B=1, lead=True)
+
+
+LEAD_CASES = [("x16w4c1_m4_sp2", "gdn", torch.float32, None, "replay_gdn_main"),
+              ("x16w4c1_m7_mma_mf", "gdn", torch.bfloat16, None, "replay_gdn_pre"),
+              ("x16w4c1_m4_gp", "kda", torch.float32, None, "replay_kda_pre"),
+              ("x16w4c1_m7_lean", "gdn", torch.float32, torch.float8_e4m3fn, "replay_gdn_pre")]
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,state_dtype,rc_dtype,kernel", LEAD_CASES, ids=str)
+def test_lead_wait_first_in_sass(name, kind, state_dtype, rc_dtype, kernel):
+    """A LEAD_PDL build's first launch of the step (the pre launch, or the main launch without one) waits for the
+    kernel before it (ACQBULK) before any global load and before it lets its own dependent start (PREEXIT): the main
+    launch's loads ahead of its wait read what that kernel wrote. Without LEAD_PDL there is no wait ahead of them."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=state_dtype, state_dtype=state_dtype,
+                                 kind=kind, rc_dtype=rc_dtype)
+    d = dict(d, TRIGGER_POST=1)
+    ins = cuda_main.main_sass(dict(d, LEAD_PDL=1), name=kernel)
+    first = next(i for i, ln in enumerate(ins) if ln.startswith(("LDG", "ACQBULK", "PREEXIT", "LDS", "UBLKCP")))
+    assert ins[first].startswith("ACQBULK"), ins[:first + 1]
+    assert any(ln.startswith("PREEXIT") for ln in ins[first:])  # (the trigger, after the wait)
+    plain = cuda_main.main_sass(d, name=kernel)
+    first = next(i for i, ln in enumerate(plain) if ln.startswith(("LDG", "ACQBULK", "PREEXIT")))
+    assert not plain[first].startswith("ACQBULK")

@@ -1517,7 +1517,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl")
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -1970,8 +1970,9 @@ POST_TRIGGER_CASES = [("gdn", "float32", "same"), ("gdn", "bfloat16", "same"), (
 @pytest.mark.parametrize("kind,state_dtype,read_dtype", POST_TRIGGER_CASES, ids=str)
 def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch):
     """The default shapes with TRIGGER_POST (the post launch, a PDL dependent that reads h, the flags and the
-    records the main launch leaves, started while the main launch runs) against float64 over 26 steps, slow decays;
-    every main launch's build has the trigger."""
+    records the main launch leaves, started while the main launch runs) and LEAD_PDL (each step's first launch a PDL
+    dependent of the step before's post launch) against float64 over 26 steps, slow decays; every main launch's build
+    has both."""
     from replayssm_sglang.kernels import cuda_main
 
     sdt = DTYPES[state_dtype]
@@ -1981,10 +1982,12 @@ def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch
     real = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
     extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
-    # (pdl on: the fp8 copy's tuned launch has none, V3_TUNED's _RC_FP8, and no PDL means no trigger)
+    # (pdl on: the fp8 copy's tuned launch has none below 33 rows, and no PDL means no trigger; LEAD_PDL too: the
+    # step's first launch a programmatic dependent of the step before's post launch)
     _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=23, kind=kind,
-                        decay="slow", post_trigger=True, pdl=True, **extra)
-    assert built and all(d.get("TRIGGER_POST") == 1 and d["USE_PDL"] == int(not d.get("SELF_PRE")) for d in built)
+                        decay="slow", post_trigger=True, pdl=True, lead_pdl=True, **extra)
+    assert built and all(d.get("TRIGGER_POST") == 1 and d.get("LEAD_PDL") == 1
+                         and d["USE_PDL"] == int(not d.get("SELF_PRE")) for d in built)
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
@@ -2006,7 +2009,7 @@ CUDA_MAIN_SLOW_CASES = [("kda", "g8w4_gp", "float32"), ("kda", "x16w4c1_m5_gp", 
                          # the fp8 copies' default shapes, with PDL (their tuned launch has it from 33 rows: session 48)
                          + [("gdn", "x16w4c1_m7_lean", "float32", "fp8_e4m3"),
                             ("kda", "x16w4c1_m7_gp_lean_mma", "float32", "fp8_e4m3")], ids=str)
-def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, read_dtype, post_trigger):
+def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, read_dtype, post_trigger, lead=False):
     """Two layers' decode steps captured in one CUDA graph (as the server runs them: PDL on, each layer's pre-launch
     scratch from the graph's pool, the main launch starting while its pre launch runs) give what the same steps give
     launched one by one, where the pre launch has finished before the main launch starts. Session 35's bug (the
@@ -2024,7 +2027,7 @@ def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, read_dtype, p
         state = (torch.randn(B, HV, V, K, generator=g) * 0.1).to(dt).to(DEV)
         layers.append((ring, state))
     slot = torch.arange(B, dtype=torch.int32, device=DEV)
-    opts = dict(main_impl="cuda", cuda_config=cfg, post_trigger=post_trigger, pdl=True)
+    opts = dict(main_impl="cuda", cuda_config=cfg, post_trigger=post_trigger, pdl=True, lead_pdl=lead)
     assert decode_v3.pdl_available(torch.device(DEV)), "the H200 runs PDL: the case is about it"
 
     def inputs():
@@ -2075,6 +2078,22 @@ def test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, read_dtype, p
         assert not torch.isnan(r.float()).any()
         bits = (lambda t: t.view(torch.uint8)) if e.dtype == torch.float8_e4m3fn else (lambda t: t)  # (fp8: by bits)
         assert torch.equal(bits(e), bits(r)), float((e.float() - r.float()).abs().max())
+
+
+# the default shapes with the step's first launch a programmatic dependent of the kernel before it (LEAD_PDL, session
+# 48; with the trigger): GDN's fp32 (its main launch first: no pre launch), GDN's bf16 (the CUDA pre launch first),
+# KDA's fp32 (Triton's pre launch first), GDN's fp8 copy
+GRAPH_LEAD_CASES = [("gdn", "x16w4c1_m4_sp2", "float32", "same"), ("gdn", "x16w4c1_m7_mma_mf", "bfloat16", "same"),
+                    ("kda", "x16w4c1_m4_gp", "float32", "same"), ("gdn", "x16w4c1_m7_lean", "float32", "fp8_e4m3")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,cfg,state_dtype,read_dtype", GRAPH_LEAD_CASES, ids=str)
+def test_gpu_cuda_main_graph_matches_eager_lead(kind, cfg, state_dtype, read_dtype):
+    """The graph-versus-eager check with LEAD_PDL: in the graph, the second layer's first launch is a programmatic
+    dependent of the first layer's post launch, which writes the h and records it reads."""
+    test_gpu_cuda_main_graph_matches_eager(kind, cfg, state_dtype, read_dtype, True, lead=True)
 
 
 @pytest.mark.gpu
