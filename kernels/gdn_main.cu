@@ -487,6 +487,29 @@ __device__ __forceinline__ void fold_rows(float4 (&c)[NR], float4 (&rk)[KB], con
     }
 }
 
+// The launches' first instructions (PDL, session 48). The main launch: under LEAD_PDL without a pre launch (SELF_PRE)
+// it is the step's first launch and waits for the kernel before it; then TRIGGER_POST lets the post launch's blocks
+// be dispatched (the post launch waits for this whole launch before it reads anything).
+__device__ __forceinline__ void main_prologue() {
+#if LEAD_PDL && SELF_PRE
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if TRIGGER_POST
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// The pre launch: under LEAD_PDL it waits for the kernel before it first, before it lets the main launch start,
+// whose loads ahead of its own wait read what that kernel wrote (ring_h, the records, the checkpoint); with USE_PDL
+// it then lets the main launch start.
+__device__ __forceinline__ void pre_prologue() {
+#if LEAD_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if USE_PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #if !XL
 extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const X_T* __restrict__ mixed_qkv, const A_T* __restrict__ a, const B_T* __restrict__ b,
@@ -499,12 +522,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
     const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-#if LEAD_PDL && SELF_PRE
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // (the step's first launch: what ran before is complete)
-#endif
-#if TRIGGER_POST
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (the post launch's blocks may take free slots)
-#endif
+    main_prologue();
 #if LOAD_REG
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
 #else
@@ -1232,12 +1250,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
     const unsigned int* qk_frag) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-#if LEAD_PDL && SELF_PRE
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // (the step's first launch: what ran before is complete)
-#endif
-#if TRIGGER_POST
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // (the post launch's blocks may take free slots)
-#endif
+    main_prologue();
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
     float* uasm = wsm + VT * BC_;                       // [VT]: this token's u_t where the fold takes it
 
@@ -2009,14 +2022,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag) {
-#if LEAD_PDL
-    // (the step's first launch: what ran before is complete from here; waited for before the main launch may start,
-    // whose loads ahead of its own wait read what that kernel wrote: ring_h, the records, the checkpoint)
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if USE_PDL
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pre_prologue();
     const int lane = threadIdx.x;
     const int i_h = blockIdx.x, n = blockIdx.y;
     long long slot, rrow;
@@ -2100,14 +2106,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
     float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
     unsigned int* __restrict__ qk_frag) {
-#if LEAD_PDL
-    // (the step's first launch: what ran before is complete from here; waited for before the main launch may start,
-    // whose loads ahead of its own wait read what that kernel wrote: ring_h, the records, the checkpoint)
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if USE_PDL
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pre_prologue();
     const int lane = threadIdx.x;
     const int hv = blockIdx.x, n = blockIdx.y;
     const int i_h = hv / (HV_ / H_);  // the value head's query head
