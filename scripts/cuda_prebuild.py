@@ -129,15 +129,15 @@ def combos():
 
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
-    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False,
-                 pdl=None, lead=False):  # (io: a, b,
-        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])  # the output's;
-        # ridx: ring rows'; trig: TRIGGER_POST; pdl: None, PDL without self_pre)
+    def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
+                 lead=False):
+        # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
+        # is no self_pre; lead: LEAD_PDL
+        rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
-                          has_forced=True, has_ring_idx=True, pdl=not self_pre if pdl is None else pdl, x_dtype=BF16,
-                          a_dtype=io, b_dtype=io,
-                          alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
+                          has_forced=True, has_ring_idx=True, pdl=not self_pre if pdl is None else pdl,
+                          x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead)
 
@@ -175,13 +175,14 @@ def combos():
                                                                         (True, None, True))
             + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
+    # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True, lead=True)
             for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
-    # keyed by int32 rows (without and with TRIGGER_POST)
+    # keyed by int32 rows (without and with TRIGGER_POST; GRAPH_LEAD_CASES with it and LEAD_PDL)
     graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),
                                                                  ("kda", "x16w4c1_m7_gp_lean_mma", "float32",
                                                                   RC["fp8_e4m3"])]  # (and the fp8 copies')
