@@ -1703,8 +1703,9 @@ def test_cuda_pre_plumbing(kind, monkeypatch):
     seen = []
 
     def stand_in(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-                 lower_bound, L, B, gts=None, min_g=0.0, frag=None):
+                 lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False):
         assert frag is None  # (only RC_MMA's builds take the tensor-core operand)
+        assert not lead  # (LEAD_PDL wants PDL, which the CPU has not)
         seen.append((defs, min_g))
         lay, pred = ring.layout, ring.predecayed
         decode_v3.replay_decode_v3_pre_kernel[(B, lay.HK)](
