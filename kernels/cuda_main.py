@@ -427,13 +427,19 @@ def env_self_pre() -> str:
 POST_TRIGGER_DEFAULT = True
 
 
+def env_flag(var: str, default=None):
+    """An on / off environment variable: "1" True, "0" False, unset or empty `default`. Anything else raises, naming
+    the values."""
+    v = os.environ.get(var, "").strip().lower()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{var} must be 0 or 1, got {v!r}")
+    return default if v == "" else v == "1"
+
+
 def env_post_trigger() -> bool:
     """REPLAYSSM_POST_TRIGGER: "1" the CUDA main launch lets the post launch start at once (gdn_main.cu's
-    TRIGGER_POST), "0" not; unset or empty: POST_TRIGGER_DEFAULT. Anything else raises, naming the values."""
-    v = os.environ.get("REPLAYSSM_POST_TRIGGER", "").strip().lower()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_POST_TRIGGER must be 0 or 1, got {v!r}")
-    return POST_TRIGGER_DEFAULT if v == "" else v == "1"
+    TRIGGER_POST), "0" not; unset or empty: POST_TRIGGER_DEFAULT."""
+    return env_flag("REPLAYSSM_POST_TRIGGER", POST_TRIGGER_DEFAULT)
 
 
 LEAD_PDL_DEFAULT = False  # REPLAYSSM_LEAD_PDL unset (session 48: to be measured, bench --variants trig's v3_tg2_ arms)
@@ -441,11 +447,8 @@ LEAD_PDL_DEFAULT = False  # REPLAYSSM_LEAD_PDL unset (session 48: to be measured
 
 def env_lead_pdl() -> bool:
     """REPLAYSSM_LEAD_PDL: "1" the step's first launch is a programmatic dependent of what ran before it (LEAD_PDL),
-    "0" not; unset or empty: LEAD_PDL_DEFAULT. Anything else raises, naming the values."""
-    v = os.environ.get("REPLAYSSM_LEAD_PDL", "").strip().lower()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_LEAD_PDL must be 0 or 1, got {v!r}")
-    return LEAD_PDL_DEFAULT if v == "" else v == "1"
+    "0" not; unset or empty: LEAD_PDL_DEFAULT."""
+    return env_flag("REPLAYSSM_LEAD_PDL", LEAD_PDL_DEFAULT)
 
 
 def prefers_cuda() -> bool:

@@ -1000,11 +1000,9 @@ _LAST: dict = {}
 def tuned_pdl(tuned: dict, B: int) -> bool:
     """PDL for a launch of B rows that does not ask: REPLAYSSM_PDL (0 / 1, a measurement's override), else the tuned
     entry's pdl, or its pdl_min_rows (PDL for batches of at least that many rows: the fp8 copies, session 48)."""
-    env = os.environ.get("REPLAYSSM_PDL", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_PDL must be 0 or 1, got {env!r}")
-    if env:
-        return env == "1"
+    env = cuda_main.env_flag("REPLAYSSM_PDL")
+    if env is not None:
+        return env
     return bool(tuned.get("pdl", False)) or B >= tuned.get("pdl_min_rows", 2**31)
 
 

@@ -122,6 +122,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from target_bounds import read_copy_of  # noqa: E402  (an arm's read copy by its name: one rule for both scripts)
+
 # Each arm names its main launch: the CUDA arms pass main_impl="cuda", every other v3 arm is Triton's launch (as the
 # arms were named and timed before session 31), not the server's default preference for the CUDA one.
 os.environ.setdefault("REPLAYSSM_MAIN_IMPL", "triton")
@@ -141,21 +144,6 @@ def copy_peak(dev) -> float:
     t = tt.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median") * 1e-3
     del a, b
     return 2 * n * 4 / t
-
-
-# arms of session 48's first runs (kernels-20261206-1004) that timed the fp8 copy without "_fp8" in their names
-_FP8_COPY_PREFIXES = ("v3_rcd_", "v3_rcsp2_")
-
-
-def read_copy_of(arm: str) -> str | None:
-    """The read copy an arm's step reads (issue 7), by its name: "bf16" (``_rc_bf16``), "fp8" (``_rc_`` otherwise, or
-    ``_fp8``: session 48's ``v3_tg*_fp8_*`` arms), None without one. The bytes model counts the copy's bytes on the
-    steps that read it."""
-    if "_rc_bf16" in arm:
-        return "bf16"
-    if "_rc_" in arm or "_fp8" in arm or arm.startswith(_FP8_COPY_PREFIXES):
-        return "fp8"
-    return None
 
 
 def bytes_model(kind, B, sdt, arm, L=16, rec_es=2, copy="auto"):

@@ -79,16 +79,30 @@ def is_diagnostic(arm: str) -> bool:
     return bool(DIAG_TOKENS & set(arm.split("_")))
 
 
+# arms of session 48's first runs (kernels-20261206-1004) that timed the fp8 copy without "_fp8" in their names
+_FP8_COPY_PREFIXES = ("v3_rcd_", "v3_rcsp2_")
+
+
+def read_copy_of(arm: str) -> str | None:
+    """The read copy an arm's step reads (issue 7), by its name: "bf16" (``_rc_bf16``), "fp8" (``_rc_`` otherwise, or
+    ``_fp8``: session 48's ``v3_tg*_fp8_*`` arms), None without one. bench_kernels' bytes model counts the copy's
+    bytes by it (here, torch-free, so that both scripts take the one rule)."""
+    if "_rc_bf16" in arm:
+        return "bf16"
+    if "_rc_" in arm or "_fp8" in arm or arm.startswith(_FP8_COPY_PREFIXES):
+        return "fp8"
+    return None
+
+
 def group_of(arm: str) -> str | None:
     """Which target an arm's step answers to: "plain" (the state's own), "rc_fp8" (issue 7), None (not ours, or a
     bf16 read copy, which has no target of its own)."""
     if arm in BASELINE_ARMS or arm.startswith("upstream"):
         return None
-    if "_rc_bf16" in arm:
+    copy = read_copy_of(arm)
+    if copy == "bf16":
         return None
-    # (bench_kernels.read_copy_of's rule: "_fp8" marks session 48's trig arms, v3_rcd_ / v3_rcsp2_ its run 1004's)
-    fp8 = "_rc_" in arm or "_fp8" in arm or arm.startswith(("v3_rcd_", "v3_rcsp2_"))
-    return "rc_fp8" if fp8 else "plain"
+    return "rc_fp8" if copy == "fp8" else "plain"
 
 
 def fold_write_bytes(kind: str, B: int, sdt: str, L: int, group: str) -> float:
