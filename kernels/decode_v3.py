@@ -1006,13 +1006,18 @@ def tuned_pdl(tuned: dict, B: int) -> bool:
     return bool(tuned.get("pdl", False)) or B >= tuned.get("pdl_min_rows", 2**31)
 
 
+def diag_runs(diag_parts: str, part: str) -> bool:
+    """Whether a step with launch's _diag_parts runs its launch `part` ("pre", "main" or "post"): every step but the
+    diagnostics that name some launches alone."""
+    return diag_parts in ("all", "stream", "nofold") or part in diag_parts.split("+")
+
+
 def post_trigger_applies(post_trigger, pdl: bool, advance_h: bool, may_prefold: bool, diag_parts: str = "all") -> bool:
     """Whether the CUDA main launch's build takes TRIGGER_POST (the post launch let start at once; session 48):
     post_trigger the caller's choice (None: cuda_main.env_post_trigger's), and only where the post launch runs and is
     the main launch's programmatic dependent (pdl, a post launch for advance_h or may_prefold, a step that runs it)."""
     want = cuda_main.env_post_trigger() if post_trigger is None else bool(post_trigger)
-    runs_post = diag_parts in ("all", "stream", "nofold") or "post" in diag_parts.split("+")
-    return bool(want and pdl and (advance_h or may_prefold) and runs_post)
+    return bool(want and pdl and (advance_h or may_prefold) and diag_runs(diag_parts, "post"))
 
 
 def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, forced, L, scale, lower_bound,
@@ -1315,8 +1320,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             # come from the tensor-core layout (other threads), and the H200 check of 2026-11-29 23:31 found the
             # copy wrong (rms 8.8e-3 against round(fold)) at real head sizes: refused until fixed
             raise ValueError("an fp8 read copy folds with fold='chunked' (the dot folds fail the GPU check)")
-    run_pre, run_main, run_post = (_diag_parts in ("all", "stream", "nofold") or p in diag_set
-                                   for p in ("pre", "main", "post"))
+    run_pre, run_main, run_post = (diag_runs(_diag_parts, p) for p in ("pre", "main", "post"))
     run_pre = run_pre and not self_pre  # (self_pre: the main launch does the pre launch's work)
     # the read copy's element size where rows read it (all but 1/L of them), else the checkpoint's
     tile_es = ring.rc.element_size() if has_rc else state.element_size()
