@@ -451,6 +451,18 @@ def env_lead_pdl() -> bool:
     return env_flag("REPLAYSSM_LEAD_PDL", LEAD_PDL_DEFAULT)
 
 
+# PRE_EARLY (session 49): the CUDA pre launches' loads reordered so that a warp's chain is slot -> h -> records (q, k
+# and the gate inputs before the slot, the G records beside the key records, a bf16 record's columns in one load).
+# Off until measured (bench --variants early)
+PRE_EARLY_DEFAULT = False
+
+
+def env_pre_early() -> bool:
+    """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "0" not;
+    unset or empty: PRE_EARLY_DEFAULT."""
+    return env_flag("REPLAYSSM_PRE_EARLY", PRE_EARLY_DEFAULT)
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"
@@ -507,7 +519,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_h_rows,
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
-            lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False) -> dict:
+            lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
+            pre_early=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -519,7 +532,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     the tensor cores (MMA_FOLD, session 43; the XL layout; only where set). trigger_post: the main launch lets its
     programmatic dependent, the post launch, start at once (TRIGGER_POST, session 48; only where set). lead_pdl: the
     step's first launch (the pre launch, or the main launch under self_pre) is launched as a programmatic dependent of
-    what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set)."""
+    what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set). pre_early: the CUDA pre
+    launches issue the loads that wait for no index before the slot's, the G records with the key records, and a bf16
+    key record's columns as one load (PRE_EARLY, session 49; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -532,6 +547,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"MMA_FOLD": 1} if mma_fold else {}
     rc |= {"TRIGGER_POST": 1} if trigger_post else {}
     rc |= {"LEAD_PDL": 1} if lead_pdl else {}
+    rc |= {"PRE_EARLY": 1} if pre_early else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -978,8 +994,9 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, trigger_post=False, lead_pdl=False) -> dict:
-    """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments)."""
+                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=False) -> dict:
+    """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
+    pre_early applies where the build has a pre launch (not under SELF_PRE)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -991,7 +1008,8 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    slot_dtype=slot_idx.dtype, forced_dtype=(forced if forced is not None else slot_idx).dtype,
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
-                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl)
+                   rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
+                   pre_early=bool(pre_early and not (self_pre or sp)))
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1091,6 +1109,10 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         raise ValueError("a pre launch made a programmatic dependent must wait first: a LEAD_PDL build")
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
+    if defs.get("PRE_EARLY") and (ring.k.data_ptr() % 8 or ring.k.stride(-2) % 4):
+        # (a bf16 lane's four columns are one 8-byte load there: a record row's start must keep that alignment)
+        raise ValueError("PRE_EARLY's pre launch needs the key records 8-byte aligned with rows of a multiple of 4 "
+                         "elements (REPLAYSSM_PRE_EARLY=0 for this ring)")
     name = pre_name(defs)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     lb = ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0)

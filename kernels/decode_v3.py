@@ -1025,7 +1025,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None, post_trigger=None, lead_pdl=None):
+           pre_impl=None, post_trigger=None, lead_pdl=None, pre_early=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1118,7 +1118,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     lead_pdl (None: REPLAYSSM_LEAD_PDL, cuda_main.env_lead_pdl; session 48): with pdl, the step's first launch (the
     pre launch, CUDA's or Triton's, or the CUDA main launch without one) is itself a programmatic dependent of the
     stream's previous kernel and waits for it (griddepcontrol.wait) before anything else, so that its launch and
-    dispatch overlap that kernel's end."""
+    dispatch overlap that kernel's end.
+    pre_early (None: REPLAYSSM_PRE_EARLY, cuda_main.env_pre_early; session 49): the CUDA pre launch issues what waits
+    for no index before the slot, the G records beside the key records, and a bf16 key record's columns as one load
+    (gdn_main.cu's PRE_EARLY), so that its warps' chain is slot -> h -> records. The CUDA builds with a pre launch."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1234,13 +1237,14 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # only where the post launch runs as its programmatic dependent
     trigger = post_trigger_applies(post_trigger, pdl, advance_h, may_prefold, _diag_parts)
     lead = bool(pdl and (cuda_main.env_lead_pdl() if lead_pdl is None else lead_pdl))
+    early = cuda_main.env_pre_early() if pre_early is None else bool(pre_early)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead)
+            self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead, pre_early=early)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":

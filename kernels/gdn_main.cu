@@ -94,6 +94,10 @@
 #define TRIGGER_POST 0  // 1: the main launch lets its programmatic dependent (the post launch, decode_v3) start at once
 #endif              // (griddepcontrol.launch_dependents first thing; the post launch waits for it to finish before
                     // it reads anything: session 48)
+#ifndef PRE_EARLY
+#define PRE_EARLY 0  // 1: the CUDA pre launches issue what does not wait for the slot (q, k, the gate inputs) before the
+#endif               // slot, the G records with the key records, and a bf16 key record's four columns as one load,
+                     // so that a warp's chain is slot -> h -> records (session 49)
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
 #endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
@@ -364,6 +368,23 @@ template <typename T>
 __device__ __forceinline__ float4 load4_any(const T* p) {
     return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
 }
+// four consecutive elements of a ring record (a key record's row starts at a multiple of K_ elements and a lane's
+// columns at a multiple of 4, so a bf16 lane's four are one aligned 8-byte word pair): one load where PRE_EARLY asks
+// for it (the pre launches; session 49), four 2-byte loads otherwise
+__device__ __forceinline__ float4 bf16x4_of(uint2 w) {  // four bf16 in two words, element 0 in the low half of w.x
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+}
+template <typename T>
+__device__ __forceinline__ float4 load4_rec(const T* p) {
+    return load4(p);
+}
+#if PRE_EARLY
+template <>
+__device__ __forceinline__ float4 load4_rec<__nv_bfloat16>(const __nv_bfloat16* p) {
+    return bf16x4_of(*reinterpret_cast<const uint2*>(p));
+}
+#endif
 __device__ __forceinline__ float4 mul4(float4 x, float4 y) { return make_float4(x.x * y.x, x.y * y.y, x.z * y.z, x.w * y.w); }
 __device__ __forceinline__ float4 exp4(float4 x, float s) {  // (the fast approximation, as gate_of)
     return make_float4(__expf(s * x.x), __expf(s * x.y), __expf(s * x.z), __expf(s * x.w));
@@ -383,6 +404,15 @@ __device__ __forceinline__ float gate_of(float x, float A, float lower_bound) {
 }
 
 // KDA: G_{h-1} (G_last, zero without records) and G_t = G_{h-1} + g_t of this lane's 4 columns (a, dt_bias at them)
+// (kda_g_of: from a and dt_bias at this lane's columns already loaded, x and d)
+__device__ __forceinline__ void kda_g_of(const float* base_g, int h_old, float4 x, float4 d, float a_log,
+                                         float lower_bound, int lane, float4& G_last, float4& G_t) {
+    G_last = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float A = __expf(a_log);
+    G_t = make_float4(G_last.x + gate_of(x.x + d.x, A, lower_bound), G_last.y + gate_of(x.y + d.y, A, lower_bound),
+                      G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
+}
 template <typename TA, typename TD>
 __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* a, const TD* dt_bias, float a_log,
                                       float lower_bound, int lane, float4& G_last, float4& G_t) {
@@ -1978,16 +2008,16 @@ __device__ __forceinline__ void mma_operand(unsigned int* __restrict__ frag, flo
 // past h and past CAP: zero), then reduce-scattered: lane l returns dot l. HALVES (KDA): each product is weighted by
 // e twice, (r qa) e with qa = q e (e = e^{G_t / 2}), the Triton launches' order, so that e^{G_t - G_j} survives where
 // e^{G_t} alone would underflow
-template <bool HALVES>
-__device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, int h_old, float4 qa, float4 ka,
-                                             float4 e, int lane) {
+// (record_dots_with: record j's four columns from rec(j), which record_dots loads and a caller may have in registers)
+template <bool HALVES, typename Rec>
+__device__ __forceinline__ float record_dots_with(Rec rec, int h_old, float4 qa, float4 ka, float4 e, int lane) {
     float v[32];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         v[j] = 0.0f;
         v[16 + j] = 0.0f;
         if (j < CAP_) {
-            const float4 r = j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 r = j < h_old ? rec(j) : make_float4(0.f, 0.f, 0.f, 0.f);
             // (a select, not a product: a stale record past h may hold anything, NaN included)
             if (HALVES) {
                 v[j] = j < h_old ? (r.x * qa.x) * e.x + (r.y * qa.y) * e.y + (r.z * qa.z) * e.z + (r.w * qa.w) * e.w
@@ -2003,6 +2033,31 @@ __device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, in
     }
     return rs_32(v, lane);
 }
+template <bool HALVES>
+__device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, int h_old, float4 qa, float4 ka,
+                                             float4 e, int lane) {
+    return record_dots_with<HALVES>([&](int j) { return load4_rec(base_k + j * K_); }, h_old, qa, ka, e, lane);
+}
+#if PRE_EARLY
+// (PRE_EARLY, bf16 records) this lane's four columns of the h key records as word pairs, zero past h, all loads issued
+// at once; record_dots_with takes them through bf16x4_of
+__device__ __forceinline__ void record_words(const KR_T* base_k, int h_old, uint2 (&rw)[16]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+        rw[j] = j < CAP_ && j < h_old ? *reinterpret_cast<const uint2*>(base_k + j * K_) : make_uint2(0u, 0u);
+}
+// the record dots from record_words' words (bf16 records), or loaded where the dots need them (fp32 records: 64
+// registers for 16)
+template <bool HALVES>
+__device__ __forceinline__ float record_dots_early(const KR_T* __restrict__ base_k, const uint2 (&rw)[16], int h_old,
+                                                   float4 qa, float4 ka, float4 e, int lane) {
+    if constexpr (sizeof(KR_T) == 2) {
+        return record_dots_with<HALVES>([&](int j) { return bf16x4_of(rw[j]); }, h_old, qa, ka, e, lane);
+    } else {
+        return record_dots<HALVES>(base_k, h_old, qa, ka, e, lane);
+    }
+}
+#endif
 #endif
 
 #if !IS_KDA && CAP_ <= 16 && BC_ <= 16
@@ -2025,16 +2080,43 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     pre_prologue();
     const int lane = threadIdx.x;
     const int i_h = blockIdx.x, n = blockIdx.y;
+    constexpr int R = HV_ / H_;  // value heads per key head
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+#if PRE_EARLY
+    // what waits for no index first, so that its round trip overlaps the slot's and h's: q, k and the value heads'
+    // gate inputs (a padded row reads them and writes nothing)
+    float4 q = load4(px + i_h * K_ + 4 * lane);
+    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    float gx[R], gA[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        gx[r] = to_f(a[n * stride_a + i_h * R + r]) + to_f(dt_bias[i_h * R + r]);
+        gA[r] = to_f(A_log[i_h * R + r]);
+    }
+#endif
     long long slot, rrow;
     slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
     const PreRule rule = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow, L);
     const int h_old = rule.h_old, h_eff = rule.h_eff;
     const bool append = rule.append;
-    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+#if !PRE_EARLY
     float4 q = load4(px + i_h * K_ + 4 * lane);
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+#endif
     const KR_T* base_k = ring_k + ((rrow * H_ + i_h) * CAP_) * K_ + 4 * lane;
+    const int j = lane & 15;
+    const bool valid = j < h_old && j < CAP_;
+#if PRE_EARLY
+    // the value heads' G at this lane's record, loaded beside the key records (both wait only for h)
+    float rgs[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rgs[r] = valid ? ring_g[(rrow * HV_ + i_h * R + r) * CAP_ + j] : 0.0f;
+    // bf16 records: the h key records' words too (as KDA's), ahead of the tensor-core operand's stores, which the
+    // compiler would otherwise keep them behind; fp32 records (64 registers for 16) where the dots need them
+    uint2 rw[16];
+    if constexpr (sizeof(KR_T) == 2) record_words(base_k, h_old, rw);
+#endif
 #if TC_DOTS
     const float4 q_raw = q, k_raw = k;
 #endif
@@ -2046,20 +2128,26 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
 #endif
 
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
+#if PRE_EARLY
+    const float dot = record_dots_early<false>(base_k, rw, h_old, q, k, q, lane);
+#else
     const float dot = record_dots<false>(base_k, h_old, q, k, q, lane);
-    const int j = lane & 15;
-    const bool valid = j < h_old && j < CAP_;
+#endif
 
-    constexpr int R = HV_ / H_;  // value heads per key head
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int hv = i_h * R + r;
         float* base_g = ring_g + (rrow * HV_ + hv) * CAP_;
+#if PRE_EARLY
+        const float rg = rgs[r], x = gx[r], A = __expf(gA[r]);
+#else
         const float rg = valid ? base_g[j] : 0.0f;
+        const float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
+        const float A = __expf(to_f(A_log[hv]));
+#endif
         const float g_prev = __shfl_sync(0xffffffffu, rg, h_old > 0 ? h_old - 1 : 0);  // G_{h-1}: lane h - 1's
         const float G_last = h_old > 0 ? g_prev : 0.0f;
-        const float x = to_f(a[n * stride_a + hv]) + to_f(dt_bias[hv]);
-        const float G_t = G_last + gate_of(x, __expf(to_f(A_log[hv])), lower_bound);
+        const float G_t = G_last + gate_of(x, A, lower_bound);
         const float w = valid ? __expf(G_t - rg) : 0.0f;
         float* pc = coef + (static_cast<long long>(n) * HV_ + hv) * 2 * BC_;
         if (j < BC_) pc[(lane < 16 ? 0 : BC_) + j] = dot * w;
@@ -2110,18 +2198,35 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const int lane = threadIdx.x;
     const int hv = blockIdx.x, n = blockIdx.y;
     const int i_h = hv / (HV_ / H_);  // the value head's query head
+    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
+#if PRE_EARLY
+    // what waits for no index first (as GDN's): q, k and the gate inputs (a padded row reads them and writes nothing)
+    float4 q = load4(px + i_h * K_ + 4 * lane);
+    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    const float4 gx = load4_any(a + n * stride_a + hv * K_ + 4 * lane), gd = load4_any(dt_bias + hv * K_ + 4 * lane);
+    const float ga = to_f(A_log[hv]);
+#endif
     long long slot, rrow;
     slot_and_ring_row(slot_idx, ring_idx, n, slot, rrow);
     if (slot < 0) return;  // padding: nothing written (the main launch zeroes its output)
     const PreRule rule = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow, L);
     const int h_old = rule.h_old;
-    const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
-    float4 q = load4(px + i_h * K_ + 4 * lane);
-    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
+    KR_T* base_k = ring_k + ((rrow * HV_ + hv) * CAP_) * K_ + 4 * lane;
     float* base_g = ring_g + (rrow * HV_ + hv) * CAP_ * K_;
     float4 G_last, G_t;
+#if PRE_EARLY
+    // bf16 records: the h key records' words loaded now, beside G_{h-1} (both wait only for h), not after the
+    // token's record is stored (position h_eff >= h, which no dot reads, but the compiler cannot tell). fp32 records
+    // (64 registers for 16) are loaded where the dots need them
+    uint2 rw[16];
+    if constexpr (sizeof(KR_T) == 2) record_words(base_k, h_old, rw);
+    kda_g_of(base_g, h_old, gx, gd, ga, lower_bound, lane, G_last, G_t);
+#else
+    float4 q = load4(px + i_h * K_ + 4 * lane);
+    float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
           lower_bound, lane, G_last, G_t);
+#endif
 #if TC_DOTS
     const float4 q_raw = q, k_raw = k;
     float nq, nk;
@@ -2143,7 +2248,6 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
         if (rb && rule.prefold) ovf[rrow * (HV_ + 1) + HV_] = 1;  // the row flushes (any head may write the same 1)
         if (rb && rule.append) ovf[rrow * (HV_ + 1) + hv] = 1;    // this head is rebased
     }
-    KR_T* base_k = ring_k + ((rrow * HV_ + hv) * CAP_) * K_ + 4 * lane;
     if (rule.append) {
         const float4 kr = rb ? make_float4(0.f, 0.f, 0.f, 0.f)
                              : make_float4(k.x * __expf(-fmaxf(G_t.x, min_g)), k.y * __expf(-fmaxf(G_t.y, min_g)),
@@ -2161,7 +2265,11 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const float4 e = exp4(G_t, 0.5f);
     const float4 qh = mul4(q, e), kh = mul4(k, e);
     // lane l: c_l (l < 16) or d_{l - 16}; past h (and past CAP) zero, as Triton's masked sums
+#if PRE_EARLY
+    const float dot = record_dots_early<true>(base_k, rw, h_old, qh, kh, e, lane);
+#else
     const float dot = record_dots<true>(base_k, h_old, qh, kh, e, lane);
+#endif
     const int j = lane & 15;
     if (j < BC_) coef[nh * 2 * BC_ + (lane < 16 ? 0 : BC_) + j] = dot;
 }

@@ -84,6 +84,10 @@ Arms (per layer kind, state dtype and batch size B):
               the main launch's early trigger for the post launch (gdn_main.cu's TRIGGER_POST, session 48), fp32
               states also with the fp8 read copy (v3_tg*_fp8_<shape>; _pdl: that launch with PDL); v3_tg2_: the
               trigger and the step's first launch a programmatic dependent of the kernel before it (LEAD_PDL); _rr
+  v3_pe0_<shape>, v3_pe1_<shape>[_pre] (--variants early) the server's step (and its pre launch alone, _pre) at this
+              GPU's default shapes with a pre launch, the CUDA pre launch without and with gdn_main.cu's PRE_EARLY
+              (its loads issued early, session 49); fp32 states also with the fp8 copy (v3_pe*_fp8_); where the
+              server's pre launch is Triton's also with the CUDA one (v3_pe0c_, v3_pe1c_); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1395,6 +1399,39 @@ def main():
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} trig",
                                         meta, "trig_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "early" in variants:
+                    # the CUDA pre launch's loads issued early (session 49: gdn_main.cu's PRE_EARLY; the pre launch is
+                    # wholly exposed at every B, session 46, and its warps' chain was slot -> h -> three batches of
+                    # record loads -> the G records and gate inputs): this GPU's default shapes with a pre launch
+                    # without (pe0) and with it (pe1), the step and the pre launch alone (_pre); fp32 states also with
+                    # the fp8 read copy; where the server's pre launch is Triton's (KDA's CUDA-core shapes) also the
+                    # CUDA one (pe0c, pe1c); round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_e
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    e_arms = {}
+                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
+                        rcd = None if rd == "same" else torch.float8_e4m3fn
+                        dcfg = _cm_e.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
+                        if _cm_e.full_config(dcfg)[10]:
+                            continue  # (SELF_PRE 2: no pre launch)
+                        name = _cm_e.config_name(dcfg)
+                        spi = server_pre_impl(kind, name)
+                        tag = "" if rd == "same" else "_fp8"
+                        for pi in ("", "c") if spi == "triton" else ("",):
+                            for pe in (0, 1):
+                                if pi == "" and spi == "triton" and pe:
+                                    continue  # (PRE_EARLY is the CUDA pre launch's)
+                                e_opts = dict(main_impl="cuda", cuda_config=name, pre_impl="cuda" if pi else spi,
+                                              pre_early=bool(pe))
+                                for dg in ("all", "pre"):
+                                    e_arms[f"v3_pe{pe}{pi}{tag}_{name}{'' if dg == 'all' else '_pre'}"] = arm_ours(
+                                        c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                        v3_opts=dict(e_opts, _diag_parts=dg))
+                    if e_arms:
+                        arms.update(e_arms)
+                        round_robin_medians(c, {f"{n}_rr": a for n, a in e_arms.items()}, f"{kind} {sdt} early",
+                                            meta, "early_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

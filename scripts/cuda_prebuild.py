@@ -130,16 +130,17 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False):
+                 lead=False, early=False):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
-        # is no self_pre; lead: LEAD_PDL
+        # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (where the shape has a pre launch)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre if pdl is None else pdl,
                           x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
-                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead)
+                          self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
+                          pre_early=early and not (self_pre or sp))
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -174,6 +175,22 @@ def combos():
             for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl, lead in ((False, None, False), (True, None, False),
                                                                         (True, None, True))
             + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
+    # bench --variants early (session 49): every GPU's default shapes with a pre launch, PRE_EARLY with the trigger
+    # (the step) and without it (the pre launch alone: no post launch, so no trigger), the records in the state's
+    # type (fp32 states also with the fp8 copy)
+    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
+                     rec=sdt, trig=trig, early=True)
+            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
+                                                                           (None,))
+            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True)
+            if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
+    # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre launch,
+    # PRE_EARLY and TRIGGER_POST
+    from test_decode_kernels import PRE_EARLY_CASES as PE_CASES
+
+    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True, early=True)
+            for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES

@@ -499,3 +499,64 @@ def test_lead_pdl_build_emulated():
         d = cuda_main.server_defines(cfg, rec_dtype=sdt, state_dtype=sdt)
         lib = cuda_emu.build(dict(d, LEAD_PDL=1, TRIGGER_POST=1))
         assert hasattr(lib, "emu_run_main")
+
+
+# PRE_EARLY (session 49): the CUDA pre launches' loads reordered (q, k and the gate inputs before the slot, the G records
+# beside the key records, a bf16 record's columns in one 8-byte load, KDA's bf16 records ahead of the token's append).
+# Both pre kernels, bf16 and fp32 records, the tensor-core operand's builds, a read copy, and KDA's rebases
+PRE_EARLY_CASES = [("gdn", "x16w4c1_m7_mma_mf", "bfloat16", "slow", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+                   ("gdn", "x16w4c1_m6", "bfloat16", "fast", dict(rec_dtype=torch.bfloat16)),
+                   ("gdn", "x16w4c1_m5", "float32", "slow", dict(H=2, HV=4)),
+                   ("gdn", "x16w4c1_m7_lean", "float32", "fast", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+                   ("kda", "x16w4c1_m6_gp_mf", "bfloat16", "slow", dict(rec_dtype=torch.bfloat16)),
+                   ("kda", "x16w4c1_m8_gp_mma_mf", "bfloat16", "fast", dict(V=128, rec_dtype=torch.bfloat16)),
+                   ("kda", "x16w4c1_m7_gp_lean_mma", "float32", "slow", dict(read_dtype="fp8_e4m3", V=128))]
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape", PRE_EARLY_CASES, ids=str)
+def test_pre_early_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
+    """REPLAYSSM_PRE_EARLY=1: every step's CUDA pre launch is a PRE_EARLY build and the step matches float64 over 14
+    steps (window switching, forced flushes, pre-folds, padded rows, staggered cursors)."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "1")
+    hz, calls, pre_calls = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl="cuda", seed=23, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(pre_calls) == 14 and len(calls) == 14
+    assert builds and all(d.get("PRE_EARLY") == 1 for d in builds)
+
+
+def test_pre_early_emulated_kda_rebase(monkeypatch):
+    """KDA's PRE_EARLY pre launch with heads rebased and pre-folds turned into flushes by the overflow flags (a lowered
+    threshold): its bf16 records, loaded before the token's record is appended, and the zero record of a rebased head."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "1")
+    hz, _, pre_calls = _emu_harness("kda", "x16w4c1_m6_gp_mf", "bfloat16", "fast", monkeypatch, pre_impl="cuda",
+                                    seed=9, rec_dtype=torch.bfloat16)
+    st = hz.run(14)
+    assert st["rebase"] > 0 and st["ovf"] > 0, st
+    assert len(pre_calls) == 14
+
+
+@pytest.mark.parametrize("old,new", [
+    # the bf16 record's columns: the halves of a word swapped
+    ("return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),",
+     "return make_float4(__uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.x << 16),"),
+    # GDN's early G records: the next value head's
+    ("rgs[r] = valid ? ring_g[(rrow * HV_ + i_h * R + r) * CAP_ + j] : 0.0f;",
+     "rgs[r] = valid ? ring_g[(rrow * HV_ + i_h * R + (r + 1) % R) * CAP_ + j] : 0.0f;")], ids=["halves", "g"])
+def test_pre_early_check_can_fail(old, new, monkeypatch, tmp_path):
+    """The PRE_EARLY cases above fail on a kernel with a fault in its new loads: a bf16 record's halves swapped, or
+    GDN's G records of the wrong value head."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "1")
+    hz, _, _ = _emu_harness("gdn", "x16w4c1_m6", "bfloat16", "fast", monkeypatch, pre_impl="cuda", seed=23, H=2, HV=4,
+                            rec_dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="rms ratio"):
+        hz.run(14)

@@ -1126,3 +1126,34 @@ def test_lead_wait_first_in_sass(name, kind, state_dtype, rc_dtype, kernel):
     plain = cuda_main.main_sass(d, name=kernel)
     first = next(i for i, ln in enumerate(plain) if ln.startswith(("LDG", "ACQBULK", "PREEXIT")))
     assert not plain[first].startswith("ACQBULK")
+
+
+# (shape, kind): the bf16 states' pre launches, GDN's ST_MMA default (its tensor-core operand's stores), KDA's H100
+# default and its H200 one
+PRE_EARLY_SASS_CASES = [("x16w4c1_m7_mma_mf", "gdn"), ("x16w4c1_m6_gp_mf", "kda"), ("x16w4c1_m8_gp_mma_mf", "kda")]
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind", PRE_EARLY_SASS_CASES, ids=str)
+def test_pre_early_loads_in_sass(name, kind):
+    """In the SASS (sm_90, the server's arguments, bf16 records), a PRE_EARLY build's pre launch loads the 16 key
+    records as one 8-byte load each and issues every load before its first store (the tensor-core operand's, the
+    token's record), with no spill; the build without it loads each record's columns one by one (64 loads), some
+    of them after a store."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
+                                 kind=kind)
+    fn = cuda_main.pre_name(d)
+    assert "PRE_EARLY" not in d
+    for early in (True, False):
+        defs = dict(d, PRE_EARLY=1) if early else d
+        sass = cuda_main.main_sass(defs, name=fn)
+        loads = [i for i, ln in enumerate(sass) if ln.startswith("LDG")]
+        first_store = next(i for i, ln in enumerate(sass) if ln.startswith("STG"))
+        rec64 = [i for i in loads if sass[i].startswith("LDG.E.64 ")]  # (the records: not .CONSTANT, 8 bytes)
+        if early:
+            assert len(rec64) == 16 and max(loads) < first_store, (len(rec64), max(loads), first_store)
+            res = cuda_main.resources(defs, name=fn)
+            assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
+        else:
+            assert not rec64 and max(loads) > first_store and len(loads) >= 64 + 8, (len(loads), first_store)

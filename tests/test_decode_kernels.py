@@ -1517,7 +1517,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl")
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -1989,6 +1989,35 @@ def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch
                         decay="slow", post_trigger=True, pdl=True, lead_pdl=True, **extra)
     assert built and all(d.get("TRIGGER_POST") == 1 and d.get("LEAD_PDL") == 1
                          and d["USE_PDL"] == int(not d.get("SELF_PRE")) for d in built)
+
+
+# the server's default shapes with a pre launch (the GPU's own, DEVICE_DEFAULTS), the CUDA pre launch built with
+# PRE_EARLY (session 49: q, k and the gate inputs before the slot, the G records beside the key records, bf16 records in
+# one load each): (kind, state type, read copy, records); GDN's fp32 default has no pre launch (SELF_PRE 2)
+PRE_EARLY_CASES = [("gdn", "bfloat16", "same", "bfloat16"), ("kda", "float32", "same", "float32"),
+                   ("kda", "bfloat16", "same", "bfloat16"), ("gdn", "float32", "fp8_e4m3", "float32"),
+                   ("kda", "float32", "fp8_e4m3", "float32")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype,read_dtype,rec_dtype", PRE_EARLY_CASES, ids=str)
+def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, monkeypatch):
+    """The default shapes with the CUDA pre launch (KDA's CUDA-core shapes too, whose server default is Triton's) built
+    with PRE_EARLY, as PDL dependents with the trigger, against float64 over 26 steps, slow decays: every step's pre
+    launch the CUDA one, every build with PRE_EARLY."""
+    from replayssm_sglang.kernels import cuda_main
+
+    sdt = DTYPES[state_dtype]
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
+    cfg = cuda_main.config_name(cuda_main.default_config(sdt, kind, rc, 16, torch.cuda.get_device_name()))
+    built = []
+    real = cuda_main.pre_launch
+    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: built.append(a["defs"]) or real(**a))
+    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, "bfloat16", True, False, sdt, seed=29, kind=kind,
+                             decay="slow", pre_impl="cuda", pre_early=True, pdl=True, post_trigger=True, **extra)
+    assert st["cuda_pre_launches"] == 26 and built and all(d.get("PRE_EARLY") == 1 for d in built)
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
