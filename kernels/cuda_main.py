@@ -453,8 +453,11 @@ def env_lead_pdl() -> bool:
 
 # PRE_EARLY (session 49): the CUDA pre launches' loads reordered so that a warp's chain is slot -> h -> records (q, k
 # and the gate inputs before the slot, the G records beside the key records, a bf16 record's columns in one load).
-# Off until measured (bench --variants early)
-PRE_EARLY_DEFAULT = False
+# bench --variants early, H100, round-robin (kernels-20261206-1216): GDN bf16 (x16w4c1_m7_mma_mf) 122.7 -> 121.3 us at
+# B = 256 and 67.4 -> 66.1 at 128 (the pre launch alone 8.0 -> 7.3, 5.9 -> 5.2); GDN's fp8 copy 126.4 -> 125.8 / 72.3
+# -> 71.7; KDA's CUDA pre launch alone 15.4 -> 14.5 at 256 (bf16 records) with the step unchanged (136.1 / 136.7), its
+# fp8 copy (fp32 records) unchanged. On wherever a build has a pre launch (defines: pre_early None)
+PRE_EARLY_DEFAULT = True
 
 
 def env_pre_early() -> bool:
@@ -520,7 +523,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=False) -> dict:
+            pre_early=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -534,7 +537,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     step's first launch (the pre launch, or the main launch under self_pre) is launched as a programmatic dependent of
     what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set). pre_early: the CUDA pre
     launches issue the loads that wait for no index before the slot's, the G records with the key records, and a bf16
-    key record's columns as one load (PRE_EARLY, session 49; only where set)."""
+    key record's columns as one load (PRE_EARLY, session 49; None: PRE_EARLY_DEFAULT; never under self_pre, which
+    has no pre launch)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -547,7 +551,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"MMA_FOLD": 1} if mma_fold else {}
     rc |= {"TRIGGER_POST": 1} if trigger_post else {}
     rc |= {"LEAD_PDL": 1} if lead_pdl else {}
-    rc |= {"PRE_EARLY": 1} if pre_early else {}
+    rc |= {"PRE_EARLY": 1} if (PRE_EARLY_DEFAULT if pre_early is None else pre_early) and not self_pre else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -994,9 +998,9 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=False) -> dict:
+                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
-    pre_early applies where the build has a pre launch (not under SELF_PRE)."""
+    pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -1009,7 +1013,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
-                   pre_early=bool(pre_early and not (self_pre or sp)))
+                   pre_early=pre_early)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)

@@ -130,9 +130,9 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=False):
+                 lead=False, early=None):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
-        # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (where the shape has a pre launch)
+        # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -140,7 +140,7 @@ def combos():
                           x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early and not (self_pre or sp))
+                          pre_early=early)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -175,14 +175,14 @@ def combos():
             for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl, lead in ((False, None, False), (True, None, False),
                                                                         (True, None, True))
             + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
-    # bench --variants early (session 49): every GPU's default shapes with a pre launch, PRE_EARLY with the trigger
-    # (the step) and without it (the pre launch alone: no post launch, so no trigger), the records in the state's
-    # type (fp32 states also with the fp8 copy)
+    # bench --variants early (session 49): every GPU's default shapes with a pre launch, without and with PRE_EARLY,
+    # with the trigger (the step) and without it (the pre launch alone: no post launch, so no trigger), the records in
+    # the state's type (fp32 states also with the fp8 copy)
     out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=trig, early=True)
+                     rec=sdt, trig=trig, early=early)
             for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
                                                                            (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True)
+            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True) for early in (False, True)
             if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
     # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre launch,
     # PRE_EARLY and TRIGGER_POST

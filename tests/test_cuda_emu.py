@@ -530,6 +530,23 @@ def test_pre_early_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
     assert builds and all(d.get("PRE_EARLY") == 1 for d in builds)
 
 
+@pytest.mark.parametrize("kind,cfg", [("gdn", "x16w4c1_m6"), ("kda", "x16w4c1_m6_gp_mf")], ids=str)
+def test_pre_early_off_emulated(kind, cfg, monkeypatch):
+    """REPLAYSSM_PRE_EARLY=0 (PRE_EARLY is the default since session 49): the pre launches' load order before it,
+    bf16 records, against float64, every build without PRE_EARLY."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "0")
+    hz, _, pre_calls = _emu_harness(kind, cfg, "bfloat16", "slow", monkeypatch, pre_impl="cuda", seed=23,
+                                    rec_dtype=torch.bfloat16)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    assert len(pre_calls) == 14 and builds and not any(d.get("PRE_EARLY") for d in builds)
+
+
 def test_pre_early_emulated_kda_rebase(monkeypatch):
     """KDA's PRE_EARLY pre launch with heads rebased and pre-folds turned into flushes by the overflow flags (a lowered
     threshold): its bf16 records, loaded before the token's record is appended, and the zero record of a rebased head."""
