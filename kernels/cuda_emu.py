@@ -39,9 +39,9 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
 _PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*",
-                                "unsigned int*"),  # (the last: rc_lean 2's operand, qk_frag)
+                                "unsigned int*", "const ST_T*", "const RC_T*"),  # (rc_lean 2's operand, qk_frag;
                1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*",
-                               "unsigned int*")}
+                               "unsigned int*", "const ST_T*", "const RC_T*")}  # PRE_PF's tiles: state, rc)
 
 _RUNNER = r"""
 #include "cuda_emu.h"

@@ -460,6 +460,21 @@ def env_lead_pdl() -> bool:
 PRE_EARLY_DEFAULT = True
 
 
+PRE_PF_DEFAULT = 0  # REPLAYSSM_PRE_PF unset: no prefetch (session 49: to be measured, bench --variants pf)
+PF_BENCH_ROWS = (0, 8, 16, 32)  # bench --variants pf's row counts (and the prebuild's)
+
+
+def env_pre_pf() -> int:
+    """REPLAYSSM_PRE_PF: how many batch rows' tiles the pre launch prefetches into L2 for the main launch (gdn_main.cu's
+    PRE_PF; 0 none); unset or empty: PRE_PF_DEFAULT."""
+    v = os.environ.get("REPLAYSSM_PRE_PF", "").strip()
+    if not v:
+        return PRE_PF_DEFAULT
+    if not v.isdigit():
+        raise ValueError(f"REPLAYSSM_PRE_PF must be a row count (0 for none), got {v!r}")
+    return int(v)
+
+
 def env_pre_early() -> bool:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "0" not;
     unset or empty: PRE_EARLY_DEFAULT."""
@@ -523,7 +538,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None) -> dict:
+            pre_early=None, pre_pf=0) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -538,7 +553,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set). pre_early: the CUDA pre
     launches issue the loads that wait for no index before the slot's, the G records with the key records, and a bf16
     key record's columns as one load (PRE_EARLY, session 49; None: PRE_EARLY_DEFAULT; never under self_pre, which
-    has no pre launch)."""
+    has no pre launch). pre_pf: the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2
+    (PRE_PF, session 49; only where set, and only with a pre launch)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -552,6 +568,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"TRIGGER_POST": 1} if trigger_post else {}
     rc |= {"LEAD_PDL": 1} if lead_pdl else {}
     rc |= {"PRE_EARLY": 1} if (PRE_EARLY_DEFAULT if pre_early is None else pre_early) and not self_pre else {}
+    rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -998,7 +1015,7 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None) -> dict:
+                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE)."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
@@ -1013,7 +1030,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
-                   pre_early=pre_early)
+                   pre_early=pre_early, pre_pf=pre_pf)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1102,17 +1119,20 @@ def check_frag(frag, B: int, H: int) -> None:
 
 
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
     Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with rc_lean 2
     (RC_MMA, ST_MMA) also writes the main launch's tensor-core operand into frag (frag_scratch(B, key heads)).
-    lead: launched as a programmatic dependent of the stream's previous kernel (a LEAD_PDL build waits for it)."""
+    lead: launched as a programmatic dependent of the stream's previous kernel (a LEAD_PDL build waits for it).
+    state: the checkpoint pool, whose first rows' tiles (or their read copy's) a PRE_PF build prefetches into L2."""
     if lead and not defs.get("LEAD_PDL"):
         raise ValueError("a pre launch made a programmatic dependent must wait first: a LEAD_PDL build")
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
+    if defs.get("PRE_PF") and (state is None or not state.is_contiguous()):
+        raise ValueError("PRE_PF's pre launch prefetches the checkpoint's tiles: pass the contiguous state")
     if defs.get("PRE_EARLY") and (ring.k.data_ptr() % 8 or ring.k.stride(-2) % 4):
         # (a bf16 lane's four columns are one 8-byte load there: a record row's start must keep that alignment)
         raise ValueError("PRE_EARLY's pre launch needs the key records 8-byte aligned with rows of a multiple of 4 "
@@ -1133,7 +1153,8 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         check_frag(frag, B, defs["HV_"] if defs["IS_KDA"] else defs["H_"])
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
              ptr(ring.rc_valid if ring.rc is not None else None),
-             ptr(frag if mma else None)]  # (the last: rc_lean 2's operand, null in the other builds)
+             ptr(frag if mma else None),  # (rc_lean 2's operand, null in the other builds)
+             ptr(state), ptr(ring.rc if ring.rc is not None else None)]  # (PRE_PF's tiles)
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):

@@ -98,6 +98,10 @@
 #define PRE_EARLY 0  // 1: the CUDA pre launches issue what does not wait for the slot (q, k, the gate inputs) before the
 #endif               // slot, the G records with the key records, and a bf16 key record's four columns as one load,
                      // so that a warp's chain is slot -> h -> records (session 49)
+#ifndef PRE_PF
+#define PRE_PF 0  // > 0: the pre launch's warps of batch rows [0, PRE_PF) also prefetch into L2 the tiles the main launch
+#endif            // reads first (its rows outermost: those rows' blocks are dispatched first), while the pre launch
+                  // waits on its own loads and the memory is idle (session 49)
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
 #endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
@@ -2058,6 +2062,28 @@ __device__ __forceinline__ float record_dots_early(const KR_T* __restrict__ base
     }
 }
 #endif
+#if PRE_PF
+// (PRE_PF) value head hv's tile of batch row n as the main launch will read it, into L2: the read copy's where the row
+// reads it (HAS_RC, no flush, no pre-fold), else the checkpoint's; one bulk prefetch (a hint: no value changes)
+__device__ __forceinline__ void prefetch_tile(const ST_T* state, const RC_T* rc, long long slot, long long rrow,
+                                              int hv, const PreRule& rule) {
+    constexpr long long T = static_cast<long long>(V_) * K_;
+    const void* p = state + (slot * HV_ + hv) * T;
+    unsigned int bytes = static_cast<unsigned int>(T * sizeof(ST_T));
+#if HAS_RC
+    if (!rule.flush && !rule.prefold) {
+        p = rc + (rrow * HV_ + hv) * T;
+        bytes = static_cast<unsigned int>(T * sizeof(RC_T));
+    }
+#endif
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+#endif
 #endif
 
 #if !IS_KDA && CAP_ <= 16 && BC_ <= 16
@@ -2076,7 +2102,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const int* __restrict__ ring_h, const int* __restrict__ h_rows, const SLOT_T* __restrict__ slot_idx,
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
-    const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag) {
+    const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state,
+    const RC_T* __restrict__ pf_rc) {
     pre_prologue();
     const int lane = threadIdx.x;
     const int i_h = blockIdx.x, n = blockIdx.y;
@@ -2116,6 +2143,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     // compiler would otherwise keep them behind; fp32 records (64 registers for 16) where the dots need them
     uint2 rw[16];
     if constexpr (sizeof(KR_T) == 2) record_words(base_k, h_old, rw);
+#endif
+#if PRE_PF
+    if (n < PRE_PF && lane < R) prefetch_tile(pf_state, pf_rc, slot, rrow, i_h * R + lane, rule);
 #endif
 #if TC_DOTS
     const float4 q_raw = q, k_raw = k;
@@ -2193,7 +2223,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
     float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
-    unsigned int* __restrict__ qk_frag) {
+    unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state, const RC_T* __restrict__ pf_rc) {
     pre_prologue();
     const int lane = threadIdx.x;
     const int hv = blockIdx.x, n = blockIdx.y;
@@ -2226,6 +2256,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     float4 k = load4(px + H_ * K_ + i_h * K_ + 4 * lane);
     kda_g(base_g, h_old, a + n * stride_a + hv * K_ + 4 * lane, dt_bias + hv * K_ + 4 * lane, to_f(A_log[hv]),
           lower_bound, lane, G_last, G_t);
+#endif
+#if PRE_PF
+    if (n < PRE_PF && lane == 0) prefetch_tile(pf_state, pf_rc, slot, rrow, hv, rule);
 #endif
 #if TC_DOTS
     const float4 q_raw = q, k_raw = k;

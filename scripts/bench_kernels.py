@@ -88,6 +88,10 @@ Arms (per layer kind, state dtype and batch size B):
               GPU's default shapes with a pre launch, the CUDA pre launch without and with gdn_main.cu's PRE_EARLY
               (its loads issued early, session 49); fp32 states also with the fp8 copy (v3_pe*_fp8_); where the
               server's pre launch is Triton's also with the CUDA one (v3_pe0c_, v3_pe1c_); _rr
+  v3_pf<N>_<shape> (--variants pf) the server's step at this GPU's default shapes with a pre launch, the CUDA pre launch
+              prefetching the first N batch rows' tiles into L2 for the main launch (gdn_main.cu's PRE_PF, session 49;
+              N in cuda_main.PF_BENCH_ROWS, 0: none); fp32 states also with the fp8 copy (_fp8); where the server's
+              pre launch is Triton's, v3_pf0t_ (Triton's) and v3_pf<N>c_ (the CUDA one); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1432,6 +1436,35 @@ def main():
                         arms.update(e_arms)
                         round_robin_medians(c, {f"{n}_rr": a for n, a in e_arms.items()}, f"{kind} {sdt} early",
                                             meta, "early_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "pf" in variants:
+                    # the pre launch prefetching into L2 the tiles the main launch reads first (session 49: gdn_main.cu's
+                    # PRE_PF; the pre launch is wholly exposed and streams well below the copy peak, so the memory is
+                    # idle while it runs): this GPU's default shapes with a pre launch, 0 / 8 / 16 / 32 rows' tiles;
+                    # fp32 states also with the fp8 copy (whose plain rows' copy tiles it prefetches); where the
+                    # server's pre launch is Triton's, the CUDA one (pfc); round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_f
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    f_arms = {}
+                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
+                        rcd = None if rd == "same" else torch.float8_e4m3fn
+                        dcfg = _cm_f.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
+                        if _cm_f.full_config(dcfg)[10]:
+                            continue  # (SELF_PRE 2: no pre launch)
+                        name = _cm_f.config_name(dcfg)
+                        spi = server_pre_impl(kind, name)
+                        if spi == "triton":
+                            f_arms[f"v3_pf0t{'' if rd == 'same' else '_fp8'}_{name}"] = arm_ours(
+                                c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl="triton"))
+                        for n_pf in _cm_f.PF_BENCH_ROWS:
+                            f_arms[f"v3_pf{n_pf}{'c' if spi == 'triton' else ''}{'' if rd == 'same' else '_fp8'}_{name}"] \
+                                = arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                           v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl="cuda", pre_pf=n_pf))
+                    if f_arms:
+                        arms.update(f_arms)
+                        round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} pf",
+                                            meta, "pf_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

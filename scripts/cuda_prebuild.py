@@ -130,9 +130,10 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None):
+                 lead=False, early=None, pf=0):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
-        # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch)
+        # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
+        # pf: PRE_PF
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -140,7 +141,7 @@ def combos():
                           x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early)
+                          pre_early=early, pre_pf=pf)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -184,12 +185,20 @@ def combos():
                                                                            (None,))
             for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True) for early in (False, True)
             if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
+    # bench --variants pf (session 49): the same shapes with the trigger, PRE_PF at each of cuda_main.PF_BENCH_ROWS
+    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
+                     rec=sdt, trig=True, pf=n_pf)
+            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
+                                                                           (None,))
+            for g in (None, *cm.DEVICE_DEFAULTS) for n_pf in cm.PF_BENCH_ROWS if n_pf
+            if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
     # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre launch,
-    # PRE_EARLY and TRIGGER_POST
+    # PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
     from test_decode_kernels import PRE_EARLY_CASES as PE_CASES
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
-                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True, early=True)
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True, early=True,
+                     pf=8)
             for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL

@@ -577,3 +577,22 @@ def test_pre_early_check_can_fail(old, new, monkeypatch, tmp_path):
                             rec_dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="rms ratio"):
         hz.run(14)
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype,shape", [
+    ("gdn", "x16w4c1_m7_mma_mf", "bfloat16", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+    ("gdn", "x16w4c1_m7_lean", "float32", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+    ("kda", "x16w4c1_m6_gp_mf", "bfloat16", dict(rec_dtype=torch.bfloat16))], ids=str)
+def test_pre_pf_build_emulated(kind, cfg, state_dtype, shape, monkeypatch):
+    """REPLAYSSM_PRE_PF=2 (the pre launch prefetching the first rows' tiles into L2: a hint the CPU leaves out) builds
+    with the checkpoint and the read copy passed to the pre launch, and the step matches float64 over 14 steps."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    monkeypatch.setenv("REPLAYSSM_PRE_PF", "2")
+    hz, _, pre_calls = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda", seed=31, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0, st
+    assert len(pre_calls) == 14 and builds and all(d.get("PRE_PF") == 2 for d in builds)

@@ -1158,3 +1158,37 @@ def test_pre_early_loads_in_sass(name, kind):
             assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res
         else:
             assert not rec64 and max(loads) > first_store and len(loads) >= 64 + 8, (len(loads), first_store)
+
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,state_dtype,rc_dtype", [("x16w4c1_m7_mma_mf", "gdn", torch.bfloat16, None),
+                                                            ("x16w4c1_m7_lean", "gdn", torch.float32,
+                                                             torch.float8_e4m3fn),
+                                                            ("x16w4c1_m6_gp_mf", "kda", torch.bfloat16, None)], ids=str)
+def test_pre_pf_prefetch_in_sass(name, kind, state_dtype, rc_dtype):
+    """A PRE_PF build's pre launch issues one L2 bulk prefetch (UBLKPF.L2), after the ring row's h is loaded (the
+    tile it picks depends on the row's rule), at the same registers and without spills; a build without it none."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=state_dtype, state_dtype=state_dtype,
+                                 kind=kind, rc_dtype=rc_dtype)
+    assert "PRE_PF" not in d
+    fn = cuda_main.pre_name(d)
+    with_pf = cuda_main.main_sass(dict(d, PRE_PF=16), name=fn)
+    at = [i for i, ln in enumerate(with_pf) if ln.startswith("UBLKPF.L2")]
+    loads = [i for i, ln in enumerate(with_pf) if ln.startswith("LDG")]
+    assert len(at) == 1 and len(loads) >= 3 and at[0] > loads[2], (at, loads[:4])  # (slot, ring row, then h)
+    assert not any(ln.startswith("UBLKPF") for ln in cuda_main.main_sass(d, name=fn))
+    res = cuda_main.resources(dict(d, PRE_PF=16), name=fn)
+    assert res["spill_stores"] == 0 and res["registers"] <= cuda_main.resources(d, name=fn)["registers"], res
+
+
+def test_env_pre_pf(monkeypatch):
+    """REPLAYSSM_PRE_PF takes a row count (0: none); unset, PRE_PF_DEFAULT; anything else stops naming the values."""
+    monkeypatch.delenv("REPLAYSSM_PRE_PF", raising=False)
+    assert cuda_main.env_pre_pf() == cuda_main.PRE_PF_DEFAULT
+    monkeypatch.setenv("REPLAYSSM_PRE_PF", "16")
+    assert cuda_main.env_pre_pf() == 16
+    monkeypatch.setenv("REPLAYSSM_PRE_PF", "yes")
+    with pytest.raises(ValueError, match="REPLAYSSM_PRE_PF must be a row count"):
+        cuda_main.env_pre_pf()

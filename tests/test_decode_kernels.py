@@ -1517,7 +1517,8 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
     if kind == "kda":
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
-    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early")
+    pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early",
+                                          "pre_pf")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -1703,8 +1704,9 @@ def test_cuda_pre_plumbing(kind, monkeypatch):
     seen = []
 
     def stand_in(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-                 lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False):
+                 lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None):
         assert frag is None  # (only RC_MMA's builds take the tensor-core operand)
+        assert state is not None  # (PRE_PF's tiles: the launch passes the checkpoint)
         assert not lead  # (LEAD_PDL wants PDL, which the CPU has not)
         seen.append((defs, min_g))
         lay, pred = ring.layout, ring.predecayed
@@ -2004,8 +2006,8 @@ PRE_EARLY_CASES = [("gdn", "bfloat16", "same", "bfloat16"), ("kda", "float32", "
 @pytest.mark.parametrize("kind,state_dtype,read_dtype,rec_dtype", PRE_EARLY_CASES, ids=str)
 def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, monkeypatch):
     """The default shapes with the CUDA pre launch (KDA's CUDA-core shapes too, whose server default is Triton's) built
-    with PRE_EARLY, as PDL dependents with the trigger, against float64 over 26 steps, slow decays: every step's pre
-    launch the CUDA one, every build with PRE_EARLY."""
+    with PRE_EARLY and PRE_PF, as PDL dependents with the trigger, against float64 over 26 steps, slow decays: every
+    step's pre launch the CUDA one, every build with both."""
     from replayssm_sglang.kernels import cuda_main
 
     sdt = DTYPES[state_dtype]
@@ -2016,8 +2018,11 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
     monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: built.append(a["defs"]) or real(**a))
     extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
     st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, "bfloat16", True, False, sdt, seed=29, kind=kind,
-                             decay="slow", pre_impl="cuda", pre_early=True, pdl=True, post_trigger=True, **extra)
-    assert st["cuda_pre_launches"] == 26 and built and all(d.get("PRE_EARLY") == 1 for d in built)
+                             decay="slow", pre_impl="cuda", pre_early=True, pdl=True, post_trigger=True, pre_pf=8,
+                             **extra)
+    # (and PRE_PF: the first 8 rows' tiles prefetched into L2, a hint that must neither fault nor change a value)
+    assert st["cuda_pre_launches"] == 26 and built
+    assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 for d in built)
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
