@@ -317,6 +317,20 @@ def server_pre_impl(kind: str, name: str) -> str:
     return "cuda" if cm.tensor_core_shape(cm.CUDA_CONFIGS[name]) or kind in cm.PRE_AUTO_KINDS else "triton"
 
 
+def defaults_with_a_pre_launch(kind: str, sdt: str):
+    """(read copy, shape name, the server's pre launch, arm tag) for this GPU's default shapes that have a pre launch:
+    the state's own and, for an fp32 state, its fp8 copy's (a SELF_PRE 2 default, without one, left out); for
+    --variants early and pf."""
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
+        rcd = None if rd == "same" else torch.float8_e4m3fn
+        dcfg = cm.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
+        if not cm.full_config(dcfg)[10]:
+            name = cm.config_name(dcfg)
+            yield rd, name, server_pre_impl(kind, name), "" if rd == "same" else "_fp8"
+
+
 def arm_ours(c: Case, rec_dtype, *args, **kwargs):
     """One arm of ours (_arm_ours, below), its run tagged with its records' element size (rec_es) for the bytes
     model: the TB/s column then counts the records the arm moves (before session 33 every arm but the *_r32 /
@@ -1410,18 +1424,9 @@ def main():
                     # without (pe0) and with it (pe1), the step and the pre launch alone (_pre); fp32 states also with
                     # the fp8 read copy; where the server's pre launch is Triton's (KDA's CUDA-core shapes) also the
                     # CUDA one (pe0c, pe1c); round-robin
-                    from replayssm_sglang.kernels import cuda_main as _cm_e
-
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     e_arms = {}
-                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
-                        rcd = None if rd == "same" else torch.float8_e4m3fn
-                        dcfg = _cm_e.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
-                        if _cm_e.full_config(dcfg)[10]:
-                            continue  # (SELF_PRE 2: no pre launch)
-                        name = _cm_e.config_name(dcfg)
-                        spi = server_pre_impl(kind, name)
-                        tag = "" if rd == "same" else "_fp8"
+                    for rd, name, spi, tag in defaults_with_a_pre_launch(kind, sdt):
                         for pi in ("", "c") if spi == "triton" else ("",):
                             for pe in (0, 1):
                                 if pi == "" and spi == "triton" and pe:
@@ -1439,28 +1444,22 @@ def main():
                 if v3 and "pf" in variants:
                     # the pre launch prefetching into L2 the tiles the main launch reads first (session 49: gdn_main.cu's
                     # PRE_PF; the pre launch is wholly exposed and streams well below the copy peak, so the memory is
-                    # idle while it runs): this GPU's default shapes with a pre launch, 0 / 8 / 16 / 32 rows' tiles;
-                    # fp32 states also with the fp8 copy (whose plain rows' copy tiles it prefetches); where the
-                    # server's pre launch is Triton's, the CUDA one (pfc); round-robin
+                    # idle while it runs): this GPU's default shapes with a pre launch, cuda_main.PF_BENCH_ROWS rows'
+                    # tiles; fp32 states also with the fp8 copy (whose plain rows' copy tiles it prefetches); where the
+                    # server's pre launch is Triton's, Triton's (pf0t) and the CUDA one (pf<N>c); round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm_f
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     f_arms = {}
-                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
-                        rcd = None if rd == "same" else torch.float8_e4m3fn
-                        dcfg = _cm_f.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
-                        if _cm_f.full_config(dcfg)[10]:
-                            continue  # (SELF_PRE 2: no pre launch)
-                        name = _cm_f.config_name(dcfg)
-                        spi = server_pre_impl(kind, name)
+                    for rd, name, spi, tag in defaults_with_a_pre_launch(kind, sdt):
+                        base = dict(main_impl="cuda", cuda_config=name)
                         if spi == "triton":
-                            f_arms[f"v3_pf0t{'' if rd == 'same' else '_fp8'}_{name}"] = arm_ours(
-                                c, DT[sdt], impl="v3", **srv, read_dtype=rd,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl="triton"))
+                            f_arms[f"v3_pf0t{tag}_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                                                     v3_opts=dict(base, pre_impl="triton"))
                         for n_pf in _cm_f.PF_BENCH_ROWS:
-                            f_arms[f"v3_pf{n_pf}{'c' if spi == 'triton' else ''}{'' if rd == 'same' else '_fp8'}_{name}"] \
-                                = arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=rd,
-                                           v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl="cuda", pre_pf=n_pf))
+                            f_arms[f"v3_pf{n_pf}{'c' if spi == 'triton' else ''}{tag}_{name}"] = arm_ours(
+                                c, DT[sdt], impl="v3", **srv, read_dtype=rd,
+                                v3_opts=dict(base, pre_impl="cuda", pre_pf=n_pf))
                     if f_arms:
                         arms.update(f_arms)
                         round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} pf",

@@ -1962,6 +1962,20 @@ def test_gpu_real_shapes_cuda_main_self_pre(cfg, state_dtype, read_dtype, level,
                              seed=13, decay="slow", self_pre=level, read_dtype=read_dtype)
     assert st["cuda_pre_launches"] == 0
 
+def _default_shape_case(kind, state_dtype, read_dtype, launch, monkeypatch):
+    """This GPU's default shape for (kind, state type, read copy): the state's torch type, the shape's name, the
+    harness's read-copy argument, and a list that gets the build (defs) of every cuda_main.<launch> call."""
+    from replayssm_sglang.kernels import cuda_main
+
+    sdt = DTYPES[state_dtype]
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
+    cfg = cuda_main.config_name(cuda_main.default_config(sdt, kind, rc, 16, torch.cuda.get_device_name()))
+    built = []
+    real = getattr(cuda_main, launch)
+    monkeypatch.setattr(cuda_main, launch, lambda **a: built.append(a["defs"]) or real(**a))
+    return sdt, cfg, ({} if read_dtype == "same" else dict(read_dtype=read_dtype)), built
+
+
 # the server's default shapes (the GPU's own, DEVICE_DEFAULTS) with the main launch's early trigger for the post launch
 # (gdn_main.cu's TRIGGER_POST, session 48): (kind, state type, read copy)
 POST_TRIGGER_CASES = [("gdn", "float32", "same"), ("gdn", "bfloat16", "same"), ("kda", "float32", "same"),
@@ -1976,15 +1990,7 @@ def test_gpu_real_shapes_post_trigger(kind, state_dtype, read_dtype, monkeypatch
     records the main launch leaves, started while the main launch runs) and LEAD_PDL (each step's first launch a PDL
     dependent of the step before's post launch) against float64 over 26 steps, slow decays; every main launch's build
     has both."""
-    from replayssm_sglang.kernels import cuda_main
-
-    sdt = DTYPES[state_dtype]
-    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
-    cfg = cuda_main.config_name(cuda_main.default_config(sdt, kind, rc, 16, torch.cuda.get_device_name()))
-    built = []
-    real = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
-    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "launch", monkeypatch)
     # (pdl on: the fp8 copy's tuned launch has none below 33 rows, and no PDL means no trigger; LEAD_PDL too: the
     # step's first launch a programmatic dependent of the step before's post launch)
     _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=23, kind=kind,
@@ -2008,15 +2014,7 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
     """The default shapes with the CUDA pre launch (KDA's CUDA-core shapes too, whose server default is Triton's) built
     with PRE_EARLY and PRE_PF, as PDL dependents with the trigger, against float64 over 26 steps, slow decays: every
     step's pre launch the CUDA one, every build with both."""
-    from replayssm_sglang.kernels import cuda_main
-
-    sdt = DTYPES[state_dtype]
-    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
-    cfg = cuda_main.config_name(cuda_main.default_config(sdt, kind, rc, 16, torch.cuda.get_device_name()))
-    built = []
-    real = cuda_main.pre_launch
-    monkeypatch.setattr(cuda_main, "pre_launch", lambda **a: built.append(a["defs"]) or real(**a))
-    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "pre_launch", monkeypatch)
     st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, "bfloat16", True, False, sdt, seed=29, kind=kind,
                              decay="slow", pre_impl="cuda", pre_early=True, pdl=True, post_trigger=True, pre_pf=8,
                              **extra)
