@@ -372,23 +372,12 @@ template <typename T>
 __device__ __forceinline__ float4 load4_any(const T* p) {
     return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
 }
-// four consecutive elements of a ring record (a key record's row starts at a multiple of K_ elements and a lane's
-// columns at a multiple of 4, so a bf16 lane's four are one aligned 8-byte word pair): one load where PRE_EARLY asks
-// for it (the pre launches; session 49), four 2-byte loads otherwise
-__device__ __forceinline__ float4 bf16x4_of(uint2 w) {  // four bf16 in two words, element 0 in the low half of w.x
+// four bf16 in two words, element 0 in the low half of w.x (PRE_EARLY's key records: a record's row starts at a
+// multiple of K_ elements and a lane's columns at a multiple of 4, so a bf16 lane's four are one aligned 8-byte load)
+__device__ __forceinline__ float4 bf16x4_of(uint2 w) {
     return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
                        __uint_as_float(w.y & 0xffff0000u));
 }
-template <typename T>
-__device__ __forceinline__ float4 load4_rec(const T* p) {
-    return load4(p);
-}
-#if PRE_EARLY
-template <>
-__device__ __forceinline__ float4 load4_rec<__nv_bfloat16>(const __nv_bfloat16* p) {
-    return bf16x4_of(*reinterpret_cast<const uint2*>(p));
-}
-#endif
 __device__ __forceinline__ float4 mul4(float4 x, float4 y) { return make_float4(x.x * y.x, x.y * y.y, x.z * y.z, x.w * y.w); }
 __device__ __forceinline__ float4 exp4(float4 x, float s) {  // (the fast approximation, as gate_of)
     return make_float4(__expf(s * x.x), __expf(s * x.y), __expf(s * x.z), __expf(s * x.w));
@@ -408,24 +397,27 @@ __device__ __forceinline__ float gate_of(float x, float A, float lower_bound) {
 }
 
 // KDA: G_{h-1} (G_last, zero without records) and G_t = G_{h-1} + g_t of this lane's 4 columns (a, dt_bias at them)
-// (kda_g_of: from a and dt_bias at this lane's columns already loaded, x and d)
+// (kda_g_of: from a and dt_bias at this lane's columns already loaded, x and d; kda_g_last and kda_g_t its parts)
+__device__ __forceinline__ float4 kda_g_last(const float* base_g, int h_old, int lane) {
+    return h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ float4 kda_g_t(float4 G_last, float4 x, float4 d, float a_log, float lower_bound) {
+    const float A = __expf(a_log);
+    return make_float4(G_last.x + gate_of(x.x + d.x, A, lower_bound), G_last.y + gate_of(x.y + d.y, A, lower_bound),
+                       G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
+}
 __device__ __forceinline__ void kda_g_of(const float* base_g, int h_old, float4 x, float4 d, float a_log,
                                          float lower_bound, int lane, float4& G_last, float4& G_t) {
-    G_last = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float A = __expf(a_log);
-    G_t = make_float4(G_last.x + gate_of(x.x + d.x, A, lower_bound), G_last.y + gate_of(x.y + d.y, A, lower_bound),
-                      G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
+    G_last = kda_g_last(base_g, h_old, lane);
+    G_t = kda_g_t(G_last, x, d, a_log, lower_bound);
 }
 template <typename TA, typename TD>
 __device__ __forceinline__ void kda_g(const float* base_g, int h_old, const TA* a, const TD* dt_bias, float a_log,
                                       float lower_bound, int lane, float4& G_last, float4& G_t) {
-    G_last = h_old > 0 ? *reinterpret_cast<const float4*>(base_g + (h_old - 1) * K_ + 4 * lane)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    G_last = kda_g_last(base_g, h_old, lane);
     const float4 x = load4_any(a), d = load4_any(dt_bias);
-    const float A = __expf(a_log);
-    G_t = make_float4(G_last.x + gate_of(x.x + d.x, A, lower_bound), G_last.y + gate_of(x.y + d.y, A, lower_bound),
-                      G_last.z + gate_of(x.z + d.z, A, lower_bound), G_last.w + gate_of(x.w + d.w, A, lower_bound));
+    G_t = kda_g_t(G_last, x, d, a_log, lower_bound);
 }
 
 // batch row n's state slot and ring row (decode._slot_row): the ring row is ring_idx[n] where the launch has one (rings
@@ -2040,7 +2032,7 @@ __device__ __forceinline__ float record_dots_with(Rec rec, int h_old, float4 qa,
 template <bool HALVES>
 __device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, int h_old, float4 qa, float4 ka,
                                              float4 e, int lane) {
-    return record_dots_with<HALVES>([&](int j) { return load4_rec(base_k + j * K_); }, h_old, qa, ka, e, lane);
+    return record_dots_with<HALVES>([&](int j) { return load4(base_k + j * K_); }, h_old, qa, ka, e, lane);
 }
 #if PRE_EARLY
 // (PRE_EARLY, bf16 records) this lane's four columns of the h key records as word pairs, zero past h, all loads issued
