@@ -1442,11 +1442,12 @@ def main():
                         round_robin_medians(c, {f"{n}_rr": a for n, a in e_arms.items()}, f"{kind} {sdt} early",
                                             meta, "early_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "pf" in variants:
-                    # the pre launch prefetching into L2 the tiles the main launch reads first (session 49: gdn_main.cu's
-                    # PRE_PF; the pre launch is wholly exposed and streams well below the copy peak, so the memory is
-                    # idle while it runs): this GPU's default shapes with a pre launch, cuda_main.PF_BENCH_ROWS rows'
-                    # tiles; fp32 states also with the fp8 copy (whose plain rows' copy tiles it prefetches); where the
-                    # server's pre launch is Triton's, Triton's (pf0t) and the CUDA one (pf<N>c); round-robin
+                    # the pre launch prefetching into L2 the tiles the main launch reads first (session 49:
+                    # gdn_main.cu's PRE_PF; the pre launch is wholly exposed and streams well below the copy peak, so
+                    # the memory is idle while it runs): this GPU's default shapes with a pre launch,
+                    # cuda_main.PF_BENCH_ROWS rows' tiles; fp32 states also with the fp8 copy (whose plain rows' copy
+                    # tiles it prefetches); where the server's pre launch is Triton's, Triton's (pf0t) and the CUDA
+                    # one (pf<N>c); round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm_f
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")

@@ -138,7 +138,8 @@ def combos():
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
                           has_forced=True, has_ring_idx=True, pdl=not self_pre if pdl is None else pdl,
-                          x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io, u_dtype=rec, k_dtype=rec, slot_dtype=I32,
+                          x_dtype=BF16, a_dtype=io, b_dtype=io, alog_dtype=F32, dtb_dtype=F32, out_dtype=io,
+                          u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
                           pre_early=early, pre_pf=pf)
@@ -167,33 +168,30 @@ def combos():
     # bench --variants rcsp2 (session 48): the fp8 copy's lean shapes without a pre launch, the server's arguments
     # (fp32 records, PDL for the post launch: the tuned launch's at B >= 33)
     out += [rc_build("gdn", n, RC["fp8_e4m3"], BF16, I64, F32, trig=True) for n in cm.RC_SELF_PRE2_CONFIGS]
-    # bench --variants trig (session 48): every GPU's default shapes, without and with TRIGGER_POST, the records in
-    # the state's type (fp32 states also with the fp8 copy)
-    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=trig, pdl=pdl, lead=lead)
-            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
-                                                                           (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for trig, pdl, lead in ((False, None, False), (True, None, False),
-                                                                        (True, None, True))
+    def server_defaults(with_pre=False):
+        # every GPU's default shapes (DEVICE_DEFAULTS and the others) for each kind and state, fp32 states also with
+        # the fp8 copy, as (kind, shape name, copy type, state type); with_pre: only the shapes with a pre launch
+        for kind, sdt, g in itertools.product(("gdn", "kda"), (F32, BF16), (None, *cm.DEVICE_DEFAULTS)):
+            for rcd in (None, RC["fp8_e4m3"]) if sdt == F32 else (None,):
+                cfg = cm.default_config(sdt, kind, rcd, device_name=g)
+                if not (with_pre and cm.full_config(cfg)[10]):
+                    yield kind, cm.config_name(cfg), rcd, sdt
+
+    # bench --variants trig (session 48): without and with TRIGGER_POST, the records in the state's type
+    out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, pdl=pdl, lead=lead)
+            for kind, name, rcd, sdt in server_defaults()
+            for trig, pdl, lead in ((False, None, False), (True, None, False), (True, None, True))
             + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
-    # bench --variants early (session 49): every GPU's default shapes with a pre launch, without and with PRE_EARLY,
-    # with the trigger (the step) and without it (the pre launch alone: no post launch, so no trigger), the records in
-    # the state's type (fp32 states also with the fp8 copy)
-    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=trig, early=early)
-            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
-                                                                           (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for trig in (False, True) for early in (False, True)
-            if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
+    # bench --variants early (session 49): the shapes with a pre launch, without and with PRE_EARLY, with the trigger
+    # (the step) and without it (the pre launch alone: no post launch, so no trigger)
+    out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, early=early)
+            for kind, name, rcd, sdt in server_defaults(with_pre=True) for trig in (False, True)
+            for early in (False, True)]
     # bench --variants pf (session 49): the same shapes with the trigger, PRE_PF at each of cuda_main.PF_BENCH_ROWS
-    out += [rc_build(kind, cm.config_name(cm.default_config(sdt, kind, rcd, device_name=g)), rcd, BF16, I64, sdt,
-                     rec=sdt, trig=True, pf=n_pf)
-            for kind in ("gdn", "kda") for sdt in (F32, BF16) for rcd in ((None, RC["fp8_e4m3"]) if sdt == F32 else
-                                                                           (None,))
-            for g in (None, *cm.DEVICE_DEFAULTS) for n_pf in cm.PF_BENCH_ROWS if n_pf
-            if not cm.full_config(cm.default_config(sdt, kind, rcd, device_name=g))[10]]
-    # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre launch,
-    # PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
+    out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=True, pf=n_pf)
+            for kind, name, rcd, sdt in server_defaults(with_pre=True) for n_pf in cm.PF_BENCH_ROWS if n_pf]
+    # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre
+    # launch, PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
     from test_decode_kernels import PRE_EARLY_CASES as PE_CASES
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
