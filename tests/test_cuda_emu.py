@@ -30,6 +30,16 @@ EMU_CASES = [("gdn", "x16w4c1_m5", "float32", "slow"), ("gdn", "x16w4c1_m6", "bf
              ("gdn", "x16w4c1_m6_mf", "bfloat16", "fast"), ("kda", "x16w4c1_m6_gp_mf", "bfloat16", "slow")]
 
 
+def _spy_builds(monkeypatch) -> list:
+    """A list that gets the defines of every build the emulation makes from here on (cuda_emu.build spied on)."""
+    from replayssm_sglang.kernels import cuda_emu
+
+    builds = []
+    real_build = cuda_emu.build
+    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    return builds
+
+
 def _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, *, H=None, HV=2, B=3, V=64, seed=5, pre_impl="triton",
                  self_pre=False, **kw):
     """The harness with the CUDA main launch (shape cfg) emulated; returns it, the configs of its main launches and
@@ -337,11 +347,7 @@ def test_cuda_main_self_pre_emulated(cfg, state_dtype, decay, shape, read_dtype,
     """The CUDA main launch without a pre launch (self_pre with main_impl="cuda"), emulated: 14 steps against float64
     (forced flushes, pre-folds, staggered cursors, padded rows); no pre launch runs, CUDA's or Triton's; every main
     launch is built with SELF_PRE at the level asked."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
     shape = {"seed": 11, **shape}  # (a case may name its own seed: one whose steps pre-fold)
     hz, calls, pre_calls = _emu_harness("gdn", cfg, state_dtype, decay, monkeypatch, self_pre=level, **shape,
                                         read_dtype=read_dtype)
@@ -430,12 +436,10 @@ def test_gdn_fp32_default_has_no_pre_launch_emulated(monkeypatch):
     """GDN's fp32 default shape since session 47 (x16w4c1_m4_sp2: SELF_PRE 2 in its shape's eleventh field), taken
     where a launch asks for no shape and no self_pre: every step's main launch is that shape's SELF_PRE 2 build without
     PDL, no pre launch runs (CUDA's or Triton's), and 14 steps match float64 (two value heads per key head)."""
-    from replayssm_sglang.kernels import cuda_emu, decode_v3
+    from replayssm_sglang.kernels import decode_v3
 
     monkeypatch.delenv("REPLAYSSM_CUDA_CONFIG_GDN", raising=False)
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
 
     class NoPre:
         def __getitem__(self, grid):
@@ -477,11 +481,9 @@ def test_post_trigger_build_emulated(monkeypatch):
     """A main launch built with TRIGGER_POST (the post launch let start at once; session 48) runs in the emulation
     (which leaves the trigger out, as it does PDL) and matches float64 over 14 steps: the rule that takes it
     (decode_v3.post_trigger_applies, which wants PDL, absent on the CPU) forced on, every build checked for it."""
-    from replayssm_sglang.kernels import cuda_emu, decode_v3
+    from replayssm_sglang.kernels import decode_v3
 
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
     monkeypatch.setattr(decode_v3, "post_trigger_applies", lambda *a, **k: True)
     hz, calls, _ = _emu_harness("gdn", "x16w4c1_m4_sp2", "float32", "slow", monkeypatch, seed=17, H=2, HV=4, V=128)
     st = hz.run(14)
@@ -517,11 +519,7 @@ PRE_EARLY_CASES = [("gdn", "x16w4c1_m7_mma_mf", "bfloat16", "slow", dict(H=2, HV
 def test_pre_early_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
     """REPLAYSSM_PRE_EARLY=1: every step's CUDA pre launch is a PRE_EARLY build and the step matches float64 over 14
     steps (window switching, forced flushes, pre-folds, padded rows, staggered cursors)."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
     monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "1")
     hz, calls, pre_calls = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl="cuda", seed=23, **shape)
     st = hz.run(14)
@@ -534,11 +532,7 @@ def test_pre_early_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
 def test_pre_early_off_emulated(kind, cfg, monkeypatch):
     """REPLAYSSM_PRE_EARLY=0 (PRE_EARLY is the default since session 49): the pre launches' load order before it,
     bf16 records, against float64, every build without PRE_EARLY."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
     monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "0")
     hz, _, pre_calls = _emu_harness(kind, cfg, "bfloat16", "slow", monkeypatch, pre_impl="cuda", seed=23,
                                     rec_dtype=torch.bfloat16)
@@ -586,11 +580,7 @@ def test_pre_early_check_can_fail(old, new, monkeypatch, tmp_path):
 def test_pre_pf_build_emulated(kind, cfg, state_dtype, shape, monkeypatch):
     """REPLAYSSM_PRE_PF=2 (the pre launch prefetching the first rows' tiles into L2: a hint the CPU leaves out) builds
     with the checkpoint and the read copy passed to the pre launch, and the step matches float64 over 14 steps."""
-    from replayssm_sglang.kernels import cuda_emu
-
-    builds = []
-    real_build = cuda_emu.build
-    monkeypatch.setattr(cuda_emu, "build", lambda defs, *a, **k: builds.append(defs) or real_build(defs, *a, **k))
+    builds = _spy_builds(monkeypatch)
     monkeypatch.setenv("REPLAYSSM_PRE_PF", "2")
     hz, _, pre_calls = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda", seed=31, **shape)
     st = hz.run(14)
