@@ -458,6 +458,11 @@ def env_lead_pdl() -> bool:
 # -> 71.7; KDA's CUDA pre launch alone 15.4 -> 14.5 at 256 (bf16 records) with the step unchanged (136.1 / 136.7), its
 # fp8 copy (fp32 records) unchanged. On wherever a build has a pre launch (defines: pre_early None)
 PRE_EARLY_DEFAULT = True
+# PRE_EARLY level 2 (session 50; pre_early=2, REPLAYSSM_PRE_EARLY=2): with fp32 key records, the first of them loaded
+# early too (gdn_main.cu's PRE_EARLY_F32; level 1 loads an fp32 record only at its dot, and KDA's only after the token's
+# record is stored). As many as fit the pre launch's registers without a spill (ptxas sm_90, the server's fp8-copy
+# and fp32 builds: KDA 8 at its 72 registers, GDN 4 at its 64; 8 spill there). Builds with bf16 records are level 1's.
+PRE_EARLY_F32_RECORDS = {"gdn": 4, "kda": 8}
 
 
 PRE_PF_DEFAULT = 0  # REPLAYSSM_PRE_PF unset: no prefetch (session 49: to be measured, bench --variants pf)
@@ -475,10 +480,26 @@ def env_pre_pf() -> int:
     return int(v)
 
 
-def env_pre_early() -> bool:
-    """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "0" not;
-    unset or empty: PRE_EARLY_DEFAULT."""
-    return env_flag("REPLAYSSM_PRE_EARLY", PRE_EARLY_DEFAULT)
+def env_pre_early() -> int:
+    """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
+    fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
+    v = os.environ.get("REPLAYSSM_PRE_EARLY", "").strip()
+    if v not in ("", "0", "1", "2"):
+        raise ValueError(f"REPLAYSSM_PRE_EARLY must be 0, 1 or 2, got {v!r}")
+    return int(PRE_EARLY_DEFAULT) if v == "" else int(v)
+
+
+def pre_early_defines(pre_early, kind: str, k_dtype, self_pre=False) -> dict:
+    """The -D parameters of a PRE_EARLY level (None: PRE_EARLY_DEFAULT; False / 0 off, True / 1, 2) for a build with a
+    pre launch (none under self_pre): PRE_EARLY, and at level 2 with fp32 key records PRE_EARLY_F32 (only where set,
+    so that the other builds keep their cubin keys)."""
+    level = int(PRE_EARLY_DEFAULT if pre_early is None else pre_early)
+    if level not in (0, 1, 2):
+        raise ValueError(f"pre_early must be 0, 1 or 2 (or None for PRE_EARLY_DEFAULT), got {pre_early!r}")
+    if not level or self_pre:
+        return {}
+    f32 = level == 2 and k_dtype == torch.float32
+    return {"PRE_EARLY": 1} | ({"PRE_EARLY_F32": PRE_EARLY_F32_RECORDS[kind]} if f32 else {})
 
 
 def prefers_cuda() -> bool:
@@ -553,8 +574,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     what ran before it and waits for it first thing (LEAD_PDL, session 48; only where set). pre_early: the CUDA pre
     launches issue the loads that wait for no index before the slot's, the G records with the key records, and a bf16
     key record's columns as one load (PRE_EARLY, session 49; None: PRE_EARLY_DEFAULT; never under self_pre, which
-    has no pre launch). pre_pf: the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2
-    (PRE_PF, session 49; only where set, and only with a pre launch)."""
+    has no pre launch); 2: and with fp32 key records the first of them too (PRE_EARLY_F32, session 50). pre_pf:
+    the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2 (PRE_PF, session 49; only
+    where set, and only with a pre launch)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -567,7 +589,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"MMA_FOLD": 1} if mma_fold else {}
     rc |= {"TRIGGER_POST": 1} if trigger_post else {}
     rc |= {"LEAD_PDL": 1} if lead_pdl else {}
-    rc |= {"PRE_EARLY": 1} if (PRE_EARLY_DEFAULT if pre_early is None else pre_early) and not self_pre else {}
+    rc |= pre_early_defines(pre_early, kind, k_dtype, self_pre)
     rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),

@@ -1121,7 +1121,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     dispatch overlap that kernel's end.
     pre_early (None: REPLAYSSM_PRE_EARLY, cuda_main.env_pre_early; session 49): the CUDA pre launch issues what waits
     for no index before the slot, the G records beside the key records, and a bf16 key record's columns as one load
-    (gdn_main.cu's PRE_EARLY), so that its warps' chain is slot -> h -> records. The CUDA builds with a pre launch.
+    (gdn_main.cu's PRE_EARLY), so that its warps' chain is slot -> h -> records; 2 (session 50): and with fp32 key
+    records the first of them too (PRE_EARLY_F32; cuda_main.PRE_EARLY_F32_RECORDS). The CUDA builds with a pre launch.
     pre_pf (None: REPLAYSSM_PRE_PF, cuda_main.env_pre_pf; session 49): the CUDA pre launch's warps of the first pre_pf
     batch rows prefetch into L2 the tiles the main launch reads first (gdn_main.cu's PRE_PF; 0: none)."""
     has_rc = ring.rc is not None
@@ -1239,7 +1240,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     # only where the post launch runs as its programmatic dependent
     trigger = post_trigger_applies(post_trigger, pdl, advance_h, may_prefold, _diag_parts)
     lead = bool(pdl and (cuda_main.env_lead_pdl() if lead_pdl is None else lead_pdl))
-    early = cuda_main.env_pre_early() if pre_early is None else bool(pre_early)
+    early = cuda_main.env_pre_early() if pre_early is None else int(pre_early)
     pf = cuda_main.env_pre_pf() if pre_pf is None else int(pre_pf)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch

@@ -98,6 +98,13 @@
 #define PRE_EARLY 0  // 1: the CUDA pre launches issue what does not wait for the slot (q, k, the gate inputs) before the
 #endif               // slot, the G records with the key records, and a bf16 key record's four columns as one load,
                      // so that a warp's chain is slot -> h -> records (session 49)
+#ifndef PRE_EARLY_F32
+#define PRE_EARLY_F32 0  // > 0 (with PRE_EARLY, fp32 records): the first PRE_EARLY_F32 key records (at most 8: 4
+#endif                   // registers each) loaded beside the G records too, the rest where the dots need them
+                         // (session 50; without it an fp32 record is loaded only at its dot, after the stores)
+#if PRE_EARLY_F32 > 8
+#error "PRE_EARLY_F32 holds at most 8 records (32 registers, as a bf16 build's 16 record words)"
+#endif
 #ifndef PRE_PF
 #define PRE_PF 0  // > 0: the pre launch's warps of batch rows [0, PRE_PF) also prefetch into L2 the tiles the main launch
 #endif            // reads first (its rows outermost: those rows' blocks are dispatched first), while the pre launch
@@ -2035,22 +2042,35 @@ __device__ __forceinline__ float record_dots(const KR_T* __restrict__ base_k, in
     return record_dots_with<HALVES>([&](int j) { return load4(base_k + j * K_); }, h_old, qa, ka, e, lane);
 }
 #if PRE_EARLY
-// (PRE_EARLY, bf16 records) this lane's four columns of the h key records as word pairs, zero past h, all loads issued
-// at once; record_dots_with takes them through bf16x4_of
-__device__ __forceinline__ void record_words(const KR_T* base_k, int h_old, uint2 (&rw)[16]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-        rw[j] = j < CAP_ && j < h_old ? *reinterpret_cast<const uint2*>(base_k + j * K_) : make_uint2(0u, 0u);
-}
-// the record dots from record_words' words (bf16 records), or loaded where the dots need them (fp32 records: 64
-// registers for 16)
-template <bool HALVES>
-__device__ __forceinline__ float record_dots_early(const KR_T* __restrict__ base_k, const uint2 (&rw)[16], int h_old,
-                                                   float4 qa, float4 ka, float4 e, int lane) {
+// (PRE_EARLY) this lane's four columns of the h key records, zero past h, loads issued at once: bf16 records as word
+// pairs (all 16; record_dots_with takes them through bf16x4_of), fp32 records the first PRE_EARLY_F32 (none without
+// it: 64 registers for all 16)
+constexpr int EARLY_F32 = PRE_EARLY_F32 > 0 ? PRE_EARLY_F32 : 1;  // (an array's size; unused at 0)
+struct EarlyRecords {
+    uint2 w[sizeof(KR_T) == 2 ? 16 : 1];            // bf16 records
+    float4 f[sizeof(KR_T) == 2 ? 1 : EARLY_F32];  // fp32 records [0, PRE_EARLY_F32)
+};
+__device__ __forceinline__ void record_words(const KR_T* base_k, int h_old, EarlyRecords& er) {
     if constexpr (sizeof(KR_T) == 2) {
-        return record_dots_with<HALVES>([&](int j) { return bf16x4_of(rw[j]); }, h_old, qa, ka, e, lane);
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+            er.w[j] = j < CAP_ && j < h_old ? *reinterpret_cast<const uint2*>(base_k + j * K_) : make_uint2(0u, 0u);
     } else {
-        return record_dots<HALVES>(base_k, h_old, qa, ka, e, lane);
+#pragma unroll
+        for (int j = 0; j < PRE_EARLY_F32; ++j)
+            er.f[j] = j < CAP_ && j < h_old ? load4(base_k + j * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+// the record dots from record_words' records; fp32 records past PRE_EARLY_F32 loaded where the dots need them
+template <bool HALVES>
+__device__ __forceinline__ float record_dots_early(const KR_T* __restrict__ base_k, const EarlyRecords& er,
+                                                   int h_old, float4 qa, float4 ka, float4 e, int lane) {
+    if constexpr (sizeof(KR_T) == 2) {
+        return record_dots_with<HALVES>([&](int j) { return bf16x4_of(er.w[j]); }, h_old, qa, ka, e, lane);
+    } else {
+        return record_dots_with<HALVES>(
+            [&](int j) { return j < PRE_EARLY_F32 ? er.f[j < PRE_EARLY_F32 ? j : 0] : load4(base_k + j * K_); },
+            h_old, qa, ka, e, lane);
     }
 }
 #endif
@@ -2132,9 +2152,10 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
 #pragma unroll
     for (int r = 0; r < R; ++r) rgs[r] = valid ? ring_g[(rrow * HV_ + i_h * R + r) * CAP_ + j] : 0.0f;
     // bf16 records: the h key records' words too (as KDA's), ahead of the tensor-core operand's stores, which the
-    // compiler would otherwise keep them behind; fp32 records (64 registers for 16) where the dots need them
-    uint2 rw[16];
-    if constexpr (sizeof(KR_T) == 2) record_words(base_k, h_old, rw);
+    // compiler would otherwise keep them behind; fp32 records (64 registers for 16): the first PRE_EARLY_F32, the
+    // rest where the dots need them
+    EarlyRecords er;
+    record_words(base_k, h_old, er);
 #endif
 #if PRE_PF
     if (n < PRE_PF && lane < R) prefetch_tile(pf_state, pf_rc, slot, rrow, i_h * R + lane, rule);
@@ -2151,7 +2172,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
 
     // lane l: <k_l, q~> (l < 16) or <k_{l - 16}, k~>
 #if PRE_EARLY
-    const float dot = record_dots_early<false>(base_k, rw, h_old, q, k, q, lane);
+    const float dot = record_dots_early<false>(base_k, er, h_old, q, k, q, lane);
 #else
     const float dot = record_dots<false>(base_k, h_old, q, k, q, lane);
 #endif
@@ -2239,9 +2260,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
 #if PRE_EARLY
     // bf16 records: the h key records' words loaded now, beside G_{h-1} (both wait only for h), not after the
     // token's record is stored (position h_eff >= h, which no dot reads, but the compiler cannot tell). fp32 records
-    // (64 registers for 16) are loaded where the dots need them
-    uint2 rw[16];
-    if constexpr (sizeof(KR_T) == 2) record_words(base_k, h_old, rw);
+    // (64 registers for 16): the first PRE_EARLY_F32 likewise, the rest where the dots need them
+    EarlyRecords er;
+    record_words(base_k, h_old, er);
     kda_g_of(base_g, h_old, gx, gd, ga, lower_bound, lane, G_last, G_t);
 #else
     float4 q = load4(px + i_h * K_ + 4 * lane);
@@ -2291,7 +2312,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const float4 qh = mul4(q, e), kh = mul4(k, e);
     // lane l: c_l (l < 16) or d_{l - 16}; past h (and past CAP) zero, as Triton's masked sums
 #if PRE_EARLY
-    const float dot = record_dots_early<true>(base_k, rw, h_old, qh, kh, e, lane);
+    const float dot = record_dots_early<true>(base_k, er, h_old, qh, kh, e, lane);
 #else
     const float dot = record_dots<true>(base_k, h_old, qh, kh, e, lane);
 #endif

@@ -86,8 +86,9 @@ Arms (per layer kind, state dtype and batch size B):
               trigger and the step's first launch a programmatic dependent of the kernel before it (LEAD_PDL); _rr
   v3_pe0_<shape>, v3_pe1_<shape>[_pre] (--variants early) the server's step (and its pre launch alone, _pre) at this
               GPU's default shapes with a pre launch, the CUDA pre launch without and with gdn_main.cu's PRE_EARLY
-              (its loads issued early, session 49); fp32 states also with the fp8 copy (v3_pe*_fp8_); where the
-              server's pre launch is Triton's also with the CUDA one (v3_pe0c_, v3_pe1c_); _rr
+              (its loads issued early, session 49); fp32 states also with the fp8 copy (v3_pe*_fp8_) and with level 2
+              (v3_pe2*: the first fp32 records early too, PRE_EARLY_F32, session 50); where the server's pre launch
+              is Triton's also with the CUDA one (v3_pe0c_, v3_pe1c_, v3_pe2c_); _rr
   v3_pf<N>_<shape> (--variants pf) the server's step at this GPU's default shapes with a pre launch, the CUDA pre launch
               prefetching the first N batch rows' tiles into L2 for the main launch (gdn_main.cu's PRE_PF, session 49;
               N in cuda_main.PF_BENCH_ROWS, 0: none); fp32 states also with the fp8 copy (_fp8); where the server's
@@ -1421,18 +1422,20 @@ def main():
                     # the CUDA pre launch's loads issued early (session 49: gdn_main.cu's PRE_EARLY; the pre launch is
                     # wholly exposed at every B, session 46, and its warps' chain was slot -> h -> three batches of
                     # record loads -> the G records and gate inputs): this GPU's default shapes with a pre launch
-                    # without (pe0) and with it (pe1), the step and the pre launch alone (_pre); fp32 states also with
+                    # without (pe0) and with it (pe1; pe2 with fp32 records: the first of them early too,
+                    # PRE_EARLY_F32, session 50), the step and the pre launch alone (_pre); fp32 states also with
                     # the fp8 read copy; where the server's pre launch is Triton's (KDA's CUDA-core shapes) also the
                     # CUDA one (pe0c, pe1c); round-robin
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     e_arms = {}
                     for rd, name, spi, tag in defaults_with_a_pre_launch(kind, sdt):
                         for pi in ("", "c") if spi == "triton" else ("",):
-                            for pe in (0, 1):
+                            # (level 2, PRE_EARLY_F32, differs from 1 only with fp32 records: fp32 states')
+                            for pe in (0, 1, 2) if sdt == "float32" else (0, 1):
                                 if pi == "" and spi == "triton" and pe:
                                     continue  # (PRE_EARLY is the CUDA pre launch's)
                                 e_opts = dict(main_impl="cuda", cuda_config=name, pre_impl="cuda" if pi else spi,
-                                              pre_early=bool(pe))
+                                              pre_early=pe)
                                 for dg in ("all", "pre"):
                                     e_arms[f"v3_pe{pe}{pi}{tag}_{name}{'' if dg == 'all' else '_pre'}"] = arm_ours(
                                         c, DT[sdt], impl="v3", **srv, read_dtype=rd,

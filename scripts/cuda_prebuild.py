@@ -182,21 +182,22 @@ def combos():
             for kind, name, rcd, sdt in server_defaults()
             for trig, pdl, lead in ((False, None, False), (True, None, False), (True, None, True))
             + (((False, False, False),) if rcd else ())]  # (the fp8 copy's tuned launch below 33 rows: no PDL)
-    # bench --variants early (session 49): the shapes with a pre launch, without and with PRE_EARLY, with the trigger
-    # (the step) and without it (the pre launch alone: no post launch, so no trigger)
+    # bench --variants early (session 49): the shapes with a pre launch, without and with PRE_EARLY (fp32 states also
+    # level 2, PRE_EARLY_F32: session 50), with the trigger (the step) and without it (the pre launch alone: no post
+    # launch, so no trigger)
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, early=early)
             for kind, name, rcd, sdt in server_defaults(with_pre=True) for trig in (False, True)
-            for early in (False, True)]
+            for early in ((0, 1, 2) if sdt == F32 else (0, 1))]
     # bench --variants pf (session 49): the same shapes with the trigger, PRE_PF at each of cuda_main.PF_BENCH_ROWS
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=True, pf=n_pf)
             for kind, name, rcd, sdt in server_defaults(with_pre=True) for n_pf in cm.PF_BENCH_ROWS if n_pf]
     # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre
     # launch, PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
-    from test_decode_kernels import PRE_EARLY_CASES as PE_CASES
+    from test_decode_kernels import PRE_EARLY_CASES as PE_CASES, pe_level
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
-                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True, early=True,
-                     pf=8)
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True,
+                     early=pe_level(rec), pf=8)
             for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL

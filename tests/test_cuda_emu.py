@@ -528,6 +528,43 @@ def test_pre_early_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
     assert builds and all(d.get("PRE_EARLY") == 1 for d in builds)
 
 
+# PRE_EARLY level 2 (session 50): with fp32 key records the first cuda_main.PRE_EARLY_F32_RECORDS of them loaded early
+# too (gdn_main.cu's PRE_EARLY_F32): the fp32 states' shapes with a pre launch, with and without the fp8 copy
+PRE_EARLY_F32_CASES = [("gdn", "x16w4c1_m5", "slow", dict(H=2, HV=4)),
+                       ("gdn", "x16w4c1_m7_lean", "fast", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+                       ("kda", "x16w4c1_m4_gp", "fast", {}),
+                       ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128))]
+
+
+@pytest.mark.parametrize("kind,cfg,decay,shape", PRE_EARLY_F32_CASES, ids=str)
+def test_pre_early_f32_emulated(kind, cfg, decay, shape, monkeypatch):
+    """REPLAYSSM_PRE_EARLY=2 with fp32 records: every step's CUDA pre launch is a PRE_EARLY build with PRE_EARLY_F32
+    at the kind's count, and the step matches float64 over 14 steps (rows with more records than it loads early
+    among them: staggered cursors up to 16)."""
+    from replayssm_sglang.kernels import cuda_main
+
+    builds = _spy_builds(monkeypatch)
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "2")
+    hz, calls, pre_calls = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=23, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(pre_calls) == 14 and len(calls) == 14
+    n = cuda_main.PRE_EARLY_F32_RECORDS[kind]
+    assert builds and all(d.get("PRE_EARLY") == 1 and d.get("PRE_EARLY_F32") == n for d in builds)
+
+
+def test_pre_early_f32_check_can_fail(monkeypatch, tmp_path):
+    """The level-2 cases fail on a kernel whose early fp32 records are the wrong ones (record j ^ 1's columns: a
+    neighbour's, or past h a poisoned one, which the comparison's NaN check stops)."""
+    _emulate_mutated(monkeypatch, tmp_path,
+                     "er.f[j] = j < CAP_ && j < h_old ? load4(base_k + j * K_)",
+                     "er.f[j] = j < CAP_ && j < h_old ? load4(base_k + (j ^ 1) * K_)")
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "2")
+    hz, _, _ = _emu_harness("kda", "x16w4c1_m4_gp", "float32", "fast", monkeypatch, pre_impl="cuda", seed=23)
+    with pytest.raises(AssertionError, match="rms ratio|non-finite"):
+        hz.run(14)
+
+
 @pytest.mark.parametrize("kind,cfg", [("gdn", "x16w4c1_m6"), ("kda", "x16w4c1_m6_gp_mf")], ids=str)
 def test_pre_early_off_emulated(kind, cfg, monkeypatch):
     """REPLAYSSM_PRE_EARLY=0 (PRE_EARLY is the default since session 49): the pre launches' load order before it,
@@ -588,16 +625,17 @@ def test_pre_pf_build_emulated(kind, cfg, state_dtype, shape, monkeypatch):
     assert len(pre_calls) == 14 and builds and all(d.get("PRE_PF") == 2 for d in builds)
 
 
-@pytest.mark.parametrize("kind,cfg,state_dtype,shape", [
-    ("gdn", "x16w4c1_m6", "bfloat16", dict(H=2, HV=4, rec_dtype=torch.bfloat16)),
-    ("kda", "x16w4c1_m6_gp_mf", "bfloat16", dict(rec_dtype=torch.bfloat16)),
-    ("gdn", "x16w4c1_m7_lean", "float32", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128))], ids=str)
-def test_pre_early_changes_no_bit_emulated(kind, cfg, state_dtype, shape, monkeypatch):
+@pytest.mark.parametrize("kind,cfg,state_dtype,shape,level", [
+    ("gdn", "x16w4c1_m6", "bfloat16", dict(H=2, HV=4, rec_dtype=torch.bfloat16), "1"),
+    ("kda", "x16w4c1_m6_gp_mf", "bfloat16", dict(rec_dtype=torch.bfloat16), "1"),
+    ("gdn", "x16w4c1_m7_lean", "float32", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128), "2"),
+    ("kda", "x16w4c1_m7_gp_lean_mma", "float32", dict(read_dtype="fp8_e4m3", V=128), "2")], ids=str)
+def test_pre_early_changes_no_bit_emulated(kind, cfg, state_dtype, shape, level, monkeypatch):
     """PRE_EARLY (and PRE_PF, a prefetch) only reorder loads: 14 emulated steps with REPLAYSSM_PRE_EARLY=0 and with
-    PRE_EARLY and PRE_PF leave the checkpoint, every ring tensor and the read copy the same bit for bit (a bf16
-    record's columns convert exactly either way)."""
+    PRE_EARLY (fp32 records: level 2, PRE_EARLY_F32) and PRE_PF leave the checkpoint, every ring tensor and the read
+    copy the same bit for bit (a bf16 record's columns convert exactly either way)."""
     runs = []
-    for early, pf in (("0", "0"), ("1", "2")):
+    for early, pf in (("0", "0"), (level, "2")):
         monkeypatch.setenv("REPLAYSSM_PRE_EARLY", early)
         monkeypatch.setenv("REPLAYSSM_PRE_PF", pf)
         hz, _, pre_calls = _emu_harness(kind, cfg, state_dtype, "slow", monkeypatch, pre_impl="cuda", seed=23,

@@ -1163,6 +1163,35 @@ def test_pre_early_loads_in_sass(name, kind):
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
                     reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,rc_dtype", [("x16w4c1_m7_gp_lean_mma", "kda", torch.float8_e4m3fn),
+                                                ("x16w4c1_m4_gp", "kda", None),
+                                                ("x16w4c1_m7_lean", "gdn", torch.float8_e4m3fn)], ids=str)
+def test_pre_early_f32_loads_in_sass(name, kind, rc_dtype):
+    """PRE_EARLY level 2 in the SASS (sm_90, the server's arguments, fp32 records): the pre launch issues the first
+    PRE_EARLY_F32_RECORDS key records (16-byte loads) within its first loads, ahead of any store (KDA: level 1 loads
+    every record only after the token's record is stored), at the same register count and without a spill."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=torch.float32, state_dtype=torch.float32,
+                                 kind=kind, rc_dtype=rc_dtype)
+    fn = cuda_main.pre_name(d)
+    n = cuda_main.PRE_EARLY_F32_RECORDS[kind]
+    got = {}
+    for level in (1, 2):
+        defs = {k: v for k, v in d.items() if k not in ("PRE_EARLY", "PRE_EARLY_F32")}
+        defs |= cuda_main.pre_early_defines(level, kind, torch.float32)
+        assert defs.get("PRE_EARLY_F32") == (n if level == 2 else None)
+        sass = cuda_main.main_sass(defs, name=fn)
+        first_store = next(i for i, ln in enumerate(sass) if ln.startswith("STG"))
+        # (the records: 16-byte loads, not .CONSTANT; q and k are .CONSTANT)
+        got[level] = sum(ln.startswith("LDG.E.128 ") for ln in sass[:first_store])
+        res = cuda_main.resources(defs, name=fn)
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (level, res)
+        got[level, "regs"] = res["registers"]
+    assert got[2] >= n and got[2] >= got[1] + (n if kind == "kda" else 0), got
+    assert got[2, "regs"] <= max(64, got[1, "regs"]), got
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
 @pytest.mark.parametrize("name,kind,state_dtype,rc_dtype", [("x16w4c1_m7_mma_mf", "gdn", torch.bfloat16, None),
                                                             ("x16w4c1_m7_lean", "gdn", torch.float32,
                                                              torch.float8_e4m3fn),
@@ -1181,6 +1210,27 @@ def test_pre_pf_prefetch_in_sass(name, kind, state_dtype, rc_dtype):
     assert not any(ln.startswith("UBLKPF") for ln in cuda_main.main_sass(d, name=fn))
     res = cuda_main.resources(dict(d, PRE_PF=16), name=fn)
     assert res["spill_stores"] == 0 and res["registers"] <= cuda_main.resources(d, name=fn)["registers"], res
+
+
+def test_env_and_levels_of_pre_early(monkeypatch):
+    """REPLAYSSM_PRE_EARLY takes 0, 1 or 2 (unset: PRE_EARLY_DEFAULT), anything else stops naming the values; a
+    level's defines: 2 adds PRE_EARLY_F32 only with fp32 key records, nothing under self_pre (no pre launch)."""
+    monkeypatch.delenv("REPLAYSSM_PRE_EARLY", raising=False)
+    assert cuda_main.env_pre_early() == int(cuda_main.PRE_EARLY_DEFAULT)
+    for v in ("0", "1", "2"):
+        monkeypatch.setenv("REPLAYSSM_PRE_EARLY", v)
+        assert cuda_main.env_pre_early() == int(v)
+    monkeypatch.setenv("REPLAYSSM_PRE_EARLY", "3")
+    with pytest.raises(ValueError, match="REPLAYSSM_PRE_EARLY must be 0, 1 or 2"):
+        cuda_main.env_pre_early()
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert cuda_main.pre_early_defines(0, "kda", f32) == {} == cuda_main.pre_early_defines(2, "kda", f32, True)
+    assert cuda_main.pre_early_defines(1, "kda", f32) == {"PRE_EARLY": 1} == cuda_main.pre_early_defines(2, "gdn", bf16)
+    for kind in ("gdn", "kda"):
+        assert cuda_main.pre_early_defines(2, kind, f32) == {"PRE_EARLY": 1,
+                                                             "PRE_EARLY_F32": cuda_main.PRE_EARLY_F32_RECORDS[kind]}
+    with pytest.raises(ValueError, match="pre_early must be 0, 1 or 2"):
+        cuda_main.pre_early_defines(3, "gdn", f32)
 
 
 def test_env_pre_pf(monkeypatch):

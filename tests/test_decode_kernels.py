@@ -2013,14 +2013,23 @@ PRE_EARLY_CASES = [("gdn", "bfloat16", "same", "bfloat16"), ("kda", "float32", "
 def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, monkeypatch):
     """The default shapes with the CUDA pre launch (KDA's CUDA-core shapes too, whose server default is Triton's) built
     with PRE_EARLY and PRE_PF, as PDL dependents with the trigger, against float64 over 26 steps, slow decays: every
-    step's pre launch the CUDA one, every build with both."""
+    step's pre launch the CUDA one, every build with both; fp32 records at PRE_EARLY's level 2 (session 50: the first
+    of them loaded early too, PRE_EARLY_F32)."""
+    from replayssm_sglang.kernels import cuda_main
+
     sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "pre_launch", monkeypatch)
     st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, "bfloat16", True, False, sdt, seed=29, kind=kind,
-                             decay="slow", pre_impl="cuda", pre_early=True, pdl=True, post_trigger=True, pre_pf=8,
-                             **extra)
+                             decay="slow", pre_impl="cuda", pre_early=pe_level(rec_dtype), pdl=True,
+                             post_trigger=True, pre_pf=8, **extra)
     # (and PRE_PF: the first 8 rows' tiles prefetched into L2, a hint that must neither fault nor change a value)
     assert st["cuda_pre_launches"] == 26 and built
-    assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 for d in built)
+    f32 = cuda_main.PRE_EARLY_F32_RECORDS[kind] if rec_dtype == "float32" else None
+    assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 and d.get("PRE_EARLY_F32") == f32 for d in built)
+
+
+def pe_level(rec_dtype: str) -> int:
+    """test_gpu_real_shapes_pre_early's PRE_EARLY level: 2 with fp32 records (PRE_EARLY_F32), else 1."""
+    return 2 if rec_dtype == "float32" else 1
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
