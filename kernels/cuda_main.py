@@ -502,6 +502,12 @@ def pre_early_defines(pre_early, kind: str, k_dtype, self_pre=False) -> dict:
     return {"PRE_EARLY": 1} | ({"PRE_EARLY_F32": PRE_EARLY_F32_RECORDS[kind]} if f32 else {})
 
 
+def pre_early_levels(k_dtype) -> tuple:
+    """The PRE_EARLY levels whose builds differ with these key records (pre_early_defines: level 2 only with fp32
+    records), for bench --variants early, its prebuild and the GPU pre-early case."""
+    return (0, 1, 2) if k_dtype == torch.float32 else (0, 1)
+
+
 def prefers_cuda() -> bool:
     """The environment lets a launch that names no main launch take the CUDA one where it can (the default)."""
     return env_main_impl() != "triton"

@@ -1425,13 +1425,14 @@ def main():
                     # without (pe0) and with it (pe1; pe2 with fp32 records: the first of them early too,
                     # PRE_EARLY_F32, session 50), the step and the pre launch alone (_pre); fp32 states also with
                     # the fp8 read copy; where the server's pre launch is Triton's (KDA's CUDA-core shapes) also the
-                    # CUDA one (pe0c, pe1c); round-robin
+                    # CUDA one (pe0c, pe1c, pe2c); round-robin
+                    from replayssm_sglang.kernels import cuda_main as cm_e
+
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     e_arms = {}
                     for rd, name, spi, tag in defaults_with_a_pre_launch(kind, sdt):
                         for pi in ("", "c") if spi == "triton" else ("",):
-                            # (level 2, PRE_EARLY_F32, differs from 1 only with fp32 records: fp32 states')
-                            for pe in (0, 1, 2) if sdt == "float32" else (0, 1):
+                            for pe in cm_e.pre_early_levels(DT[sdt]):  # (the records in the state's type)
                                 if pi == "" and spi == "triton" and pe:
                                     continue  # (PRE_EARLY is the CUDA pre launch's)
                                 e_opts = dict(main_impl="cuda", cuda_config=name, pre_impl="cuda" if pi else spi,

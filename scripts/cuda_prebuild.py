@@ -187,7 +187,7 @@ def combos():
     # launch, so no trigger)
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, early=early)
             for kind, name, rcd, sdt in server_defaults(with_pre=True) for trig in (False, True)
-            for early in ((0, 1, 2) if sdt == F32 else (0, 1))]
+            for early in cm.pre_early_levels(sdt)]
     # bench --variants pf (session 49): the same shapes with the trigger, PRE_PF at each of cuda_main.PF_BENCH_ROWS
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=True, pf=n_pf)
             for kind, name, rcd, sdt in server_defaults(with_pre=True) for n_pf in cm.PF_BENCH_ROWS if n_pf]
@@ -197,7 +197,7 @@ def combos():
 
     out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True,
-                     early=pe_level(rec), pf=8)
+                     early=pe_level(getattr(torch, rec)), pf=8)
             for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL

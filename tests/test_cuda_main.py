@@ -1181,7 +1181,7 @@ def test_pre_early_f32_loads_in_sass(name, kind, rc_dtype):
         assert defs.get("PRE_EARLY_F32") == (n if level == 2 else None)
         sass = cuda_main.main_sass(defs, name=fn)
         first_store = next(i for i, ln in enumerate(sass) if ln.startswith("STG"))
-        # (the records: 16-byte loads, not .CONSTANT; q and k are .CONSTANT)
+        # (16-byte loads that are not .CONSTANT: the records and, for KDA, G_{h-1}; q and k are .CONSTANT)
         got[level] = sum(ln.startswith("LDG.E.128 ") for ln in sass[:first_store])
         res = cuda_main.resources(defs, name=fn)
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (level, res)

@@ -2019,17 +2019,20 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
 
     sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "pre_launch", monkeypatch)
     st = _run_cuda_main_case(monkeypatch, cfg, rec_dtype, "bfloat16", True, False, sdt, seed=29, kind=kind,
-                             decay="slow", pre_impl="cuda", pre_early=pe_level(rec_dtype), pdl=True,
-                             post_trigger=True, pre_pf=8, **extra)
+                             decay="slow", pre_impl="cuda", pre_early=pe_level(getattr(torch, rec_dtype)),
+                             pdl=True, post_trigger=True, pre_pf=8, **extra)
     # (and PRE_PF: the first 8 rows' tiles prefetched into L2, a hint that must neither fault nor change a value)
     assert st["cuda_pre_launches"] == 26 and built
     f32 = cuda_main.PRE_EARLY_F32_RECORDS[kind] if rec_dtype == "float32" else None
     assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 and d.get("PRE_EARLY_F32") == f32 for d in built)
 
 
-def pe_level(rec_dtype: str) -> int:
-    """test_gpu_real_shapes_pre_early's PRE_EARLY level: 2 with fp32 records (PRE_EARLY_F32), else 1."""
-    return 2 if rec_dtype == "float32" else 1
+def pe_level(rec_dtype: torch.dtype) -> int:
+    """test_gpu_real_shapes_pre_early's PRE_EARLY level: the highest whose build differs with these records (2 with
+    fp32 records, PRE_EARLY_F32; else 1)."""
+    from replayssm_sglang.kernels import cuda_main
+
+    return max(cuda_main.pre_early_levels(rec_dtype))
 
 
 # slow decays (reference.random_decode_inputs decay="slow"), as the served models' heads: session 35's XL shape for KDA
