@@ -33,15 +33,17 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
                 "SP_CONST KR_T*", "SP_CONST float*", "const int*", "const int*", "const SLOT_T*", "const FORCED_T*",
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
                 "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*",
-                "const unsigned int*")  # (the last: rc_lean 2's operand, qk_frag)
+                "const unsigned int*",  # (rc_lean 2's operand, qk_frag)
+                "unsigned short*", "const unsigned short*")  # (REC_SPLIT's low planes: ring_u_lo, ring_k_lo)
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
 _PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*",
-                                "unsigned int*", "const ST_T*", "const RC_T*"),  # (rc_lean 2's operand, qk_frag;
+                                "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*"),
                1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*",
-                               "unsigned int*", "const ST_T*", "const RC_T*")}  # PRE_PF's tiles: state, rc)
+                               "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*")}
+# (the tail: rc_lean 2's operand, qk_frag; PRE_PF's tiles, state and rc; REC_SPLIT's low plane of the keys, ring_k_lo)
 
 _RUNNER = r"""
 #include "cuda_emu.h"

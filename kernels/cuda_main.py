@@ -565,7 +565,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None, pre_pf=0) -> dict:
+            pre_early=None, pre_pf=0, rec_split=False) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -582,7 +582,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     key record's columns as one load (PRE_EARLY, session 49; None: PRE_EARLY_DEFAULT; never under self_pre, which
     has no pre launch); 2: and with fp32 key records the first of them too (PRE_EARLY_F32, session 50). pre_pf:
     the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2 (PRE_PF, session 49; only
-    where set, and only with a pre launch)."""
+    where set, and only with a pre launch). rec_split: the records are split in two 16-bit planes (REC_SPLIT, session
+    51; u_dtype and k_dtype are then the bf16 high plane; only where set)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -597,6 +598,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"LEAD_PDL": 1} if lead_pdl else {}
     rc |= pre_early_defines(pre_early, kind, k_dtype, self_pre)
     rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
+    rc |= {"REC_SPLIT": 1} if rec_split else {}
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -610,10 +612,13 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 
 def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
-                   rc_dtype=None) -> dict:
+                   rc_dtype=None, rec_split=False) -> dict:
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
-    PDL; rec_dtype the records' type. For offline checks of a shape (ptxas resources, SASS, PDL hazards)."""
+    PDL; rec_dtype the records' type (rec_split: fp32 records split in two planes, REC_SPLIT; rec_dtype is then
+    ignored). For offline checks of a shape (ptxas resources, SASS, PDL hazards)."""
+    if rec_split:
+        rec_dtype = torch.bfloat16  # (the high plane)
     rpw, nwarps, load_reg, min_blocks, late, gt, xl, nch, lean, mf, sp = full_config(config)
     H, HV = (16, 32) if kind == "gdn" else (32, 32)
     bf16, f32 = torch.bfloat16, torch.float32
@@ -623,7 +628,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
-                   rc_dtype=rc_dtype, self_pre=sp)
+                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -900,6 +905,9 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
                 "launch's operand, no self_pre)")
     elif rc_lean == 2 and (rpw != 16 or late_coef or K != 128):
         return "the copy's dots on the tensor cores (rc_lean 2, RC_MMA) take 16 rows per warp, no late_coef, K = 128"
+    if ring.split_records and (not xl or self_pre or state.dtype != torch.float32):
+        return ("split records (REC_SPLIT) are read by the eight-lanes-per-row layout (xl) with the CUDA pre launch "
+                "(no self_pre), beside an fp32 state")
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")
@@ -1058,7 +1066,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
-                   pre_early=pre_early, pre_pf=pre_pf)
+                   pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1159,6 +1167,7 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
         raise ValueError("a pre launch made a programmatic dependent must wait first: a LEAD_PDL build")
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
         raise ValueError("the CUDA pre launch needs contiguous records and scratch")
+    check_split(defs, ring)
     if defs.get("PRE_PF") and (state is None or not state.is_contiguous()):
         raise ValueError("PRE_PF's pre launch prefetches the checkpoint's tiles: pass the contiguous state")
     if defs.get("PRE_EARLY") and (ring.k.data_ptr() % 8 or ring.k.stride(-2) % 4):
@@ -1182,7 +1191,8 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     args += [ctypes.c_int(int(L)), ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)),
              ptr(ring.rc_valid if ring.rc is not None else None),
              ptr(frag if mma else None),  # (rc_lean 2's operand, null in the other builds)
-             ptr(state), ptr(ring.rc if ring.rc is not None else None)]  # (PRE_PF's tiles)
+             ptr(state), ptr(ring.rc if ring.rc is not None else None),  # (PRE_PF's tiles)
+             ptr(ring.k_lo)]  # (REC_SPLIT's low plane of the keys)
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
     if emulated(mixed_qkv.device):
@@ -1195,6 +1205,21 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
     cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
                         ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
+
+
+def check_split(defs: dict, ring) -> None:
+    """A build reads the ring's records as they are kept: REC_SPLIT's two planes (bf16 high, int16 low, shaped
+    alike and contiguous) exactly where the ring splits them."""
+    if bool(defs.get("REC_SPLIT")) != ring.split_records:
+        raise ValueError(f"the build {'splits' if defs.get('REC_SPLIT') else 'does not split'} records and the ring "
+                         f"{'does' if ring.split_records else 'does not'}: make the defines from this ring "
+                         f"(launch_defines)")
+    if ring.split_records:
+        for hi, lo in ((ring.u, ring.u_lo), (ring.k, ring.k_lo)):
+            if (hi.dtype != torch.bfloat16 or lo.dtype != torch.int16 or hi.shape != lo.shape
+                    or not hi.is_contiguous() or not lo.is_contiguous()):
+                raise ValueError("split records: u, k bf16 and u_lo, k_lo int16, shaped alike and contiguous "
+                                 "(RingLayout.allocate(split_records=True))")
 
 
 def _pdl_attrs(on: bool):
@@ -1236,6 +1261,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
                               lower_bound=lower_bound)
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
+    check_split(defs, ring)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
@@ -1245,7 +1271,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
-            ptr(frag if rc_lean == 2 else None)]
+            ptr(frag if rc_lean == 2 else None), ptr(ring.u_lo), ptr(ring.k_lo)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

@@ -118,13 +118,24 @@ def _decode_rule_rc(h_old, forced, i_n, L, HAS_FORCED: tl.constexpr, rc_valid, r
 
 
 @triton.jit
+def store_split(hi, lo, offs, x, mask):
+    """fp32 values x as split records (ring.split_planes): hi[offs] their bf16, (b + 0x8000) >> 16 of their bits b,
+    and lo[offs] (int16) the low 16 bits of b."""
+    b = x.to(tl.float32).to(tl.int32, bitcast=True)
+    tl.store(hi + offs, ((b + 0x8000) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True), mask=mask)
+    tl.store(lo + offs, (b & 0xFFFF).to(tl.int16), mask=mask)
+
+
+@triton.jit
 def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ring_k, ring_g, slot,
                           H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                           GK: tl.constexpr, CAP: tl.constexpr, BK: tl.constexpr, IS_KDA: tl.constexpr,
-                          USE_LOWER_BOUND: tl.constexpr, PRED: tl.constexpr = False):
+                          USE_LOWER_BOUND: tl.constexpr, PRED: tl.constexpr = False, ring_k_lo=None,
+                          SPLIT: tl.constexpr = False):
     """Record 0's parts shared by a row's programs, for every head: the l2-normalised keys and
     G_0 = g_t. Written by one program once every program of the row is done reading the old
-    record 0 (a pre-step fold that appends). PRED (KDA, predecayed keys): the key is stored as k e^{-G_0}."""
+    record 0 (a pre-step fold that appends). PRED (KDA, predecayed keys): the key is stored as k e^{-G_0}.
+    SPLIT (split records, ring.k_lo): the key into both planes (store_split)."""
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     for hk in range(HK):
@@ -133,7 +144,10 @@ def _store_record0_shared(p_x, a, dt_bias, A_log, i_n, stride_a, lower_bound, ri
         if PRED:  # (KDA: key head hk is value head hk)
             kk = kk * tl.exp(-_load_gate(a, dt_bias, A_log, i_n, hk, stride_a, o_k, mask_k, lower_bound, K, True,
                                          USE_LOWER_BOUND))
-        tl.store(ring_k + (slot * HK + hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
+        if SPLIT:
+            store_split(ring_k, ring_k_lo, (slot * HK + hk) * CAP * K + o_k, kk, mask_k)
+        else:
+            tl.store(ring_k + (slot * HK + hk) * CAP * K + o_k, kk.to(ring_k.dtype.element_ty), mask=mask_k)
     for hv in range(HV):
         gg = _load_gate(a, dt_bias, A_log, i_n, hv, stride_a, o_k, mask_k, lower_bound, K,
                         IS_KDA, USE_LOWER_BOUND)
@@ -510,6 +524,10 @@ def replay_decode(
         impl = policy.decode_impl(L)
         if impl == "w1" and (h_rows is not None or not advance_h):
             impl = "v3"  # the caller owns h: v3 at window 1 (w1 advances h in the kernel)
+        if ring.split_records:
+            impl = "v3"  # (split records: decode v3's CUDA launches only)
+    if ring.split_records and impl != "v3":
+        ring.require_whole_records(f"impl={impl!r}")
     if impl == "w1" and L != 1:
         raise ValueError(f"impl='w1' is the window-1 decode (L=1), called with L={L}")
     if v3_opts and impl != "v3":

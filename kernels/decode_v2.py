@@ -230,13 +230,14 @@ def replay_decode_v2_post_kernel(
     IS_KDA: tl.constexpr, HAS_FORCED: tl.constexpr, HAS_H_ROWS: tl.constexpr, USE_LOWER_BOUND: tl.constexpr,
     WRITE_H: tl.constexpr, WRITE_REC0: tl.constexpr, USE_PDL: tl.constexpr = False,
     HAS_RING_IDX: tl.constexpr = False, rc_valid=None, HAS_RC: tl.constexpr = False, ovf=None,
-    PRED: tl.constexpr = False, HVP: tl.constexpr = 1,
+    PRED: tl.constexpr = False, HVP: tl.constexpr = 1, ring_k_lo=None, SPLIT: tl.constexpr = False,
 ):
     """One program per row, after the decode launch: h_dst[ring row] = ring.h_after_decode(h) (WRITE_H) and,
     for a row that pre-folded and appended, record 0's shared parts (WRITE_REC0). USE_PDL (launched as a
     programmatic dependent of the decode launch): waits for it first. HAS_RC (decode v3 with a read copy): the
     rule counts a stale copy as a forced flush, as the decode launch did, and every real row's copy is marked
-    current (rc_valid[ring row] = 1) once the decode launch has written it."""
+    current (rc_valid[ring row] = 1) once the decode launch has written it. SPLIT (split records, decode v3's CUDA
+    launches): keys are written, and zeroed, in both planes (ring_k_lo the low one)."""
     if USE_PDL:
         gdc_wait()
     i_n = tl.program_id(0)
@@ -266,6 +267,9 @@ def replay_decode_v2_post_kernel(
                         for j in range(h_old):
                             tl.store(ring_k + ((rrow * HK + hv) * CAP + j) * K + o_k,
                                      tl.zeros([BK], dtype=tl.float32).to(ring_k.dtype.element_ty), mask=o_k < K)
+                            if SPLIT:  # (a zero record's low half is 0 too: a stale one would join to garbage)
+                                tl.store(ring_k_lo + ((rrow * HK + hv) * CAP + j) * K + o_k,
+                                         tl.zeros([BK], dtype=tl.int16), mask=o_k < K)
                         tl.store(p_f + hv, 0)
         if WRITE_H:
             tl.store(h_dst + rrow, h_new)
@@ -275,7 +279,7 @@ def replay_decode_v2_post_kernel(
             if prefold & (flush == 0):
                 _store_record0_shared(mixed_qkv + i_n * stride_qkv, a, dt_bias, A_log, i_n, stride_a, lower_bound,
                                       ring_k, ring_g, rrow, H, HK, HV, K, GK, CAP, BK, IS_KDA, USE_LOWER_BOUND,
-                                      PRED)
+                                      PRED, ring_k_lo, SPLIT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,6 +301,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, h_rows=None, advance_h=True, may_prefold=True, fold="loop",
            records="masked", ring_idx=None):
     lay = ring.layout
+    ring.require_whole_records("decode v2")
     B = mixed_qkv.shape[0]
     _, HV, V, K = state.shape
     GK = 1 if kind == "gdn" else K

@@ -1301,6 +1301,12 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 cuda_main.pre_build_config(cuda_main.launch_default_config(state, ring, kind), kind, state.dtype), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
+    if ring.split_records and (main_defs is None or pre_defs is None or self_pre):
+        # (the CUDA launches read and write both planes; Triton's read the high plane as whole records)
+        raise ValueError("a ring of split records (split_records) runs the CUDA main launch with the CUDA pre launch: "
+                         "main_impl='cuda', pre_impl='cuda', a shape with a pre launch (REPLAYSSM_MAIN_IMPL / "
+                         f"REPLAYSSM_PRE_IMPL not 'triton'); this launch has main {impl_main}, pre {pre_impl}"
+                         f"{', self_pre' if self_pre else ''}")
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
     frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)
@@ -1392,7 +1398,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             lb, L, mixed_qkv.stride(0), a2.stride(0),
             WRITE_H=bool(advance_h), WRITE_REC0=True, num_warps=1, num_stages=1, USE_PDL=pdl, **common,
             rc_valid=ring.rc_valid if has_rc else None, HAS_RC=has_rc, ovf=ring.ovf if pred else None, PRED=pred,
-            HVP=triton.next_power_of_2(HV), **_pdl_kw(pdl),
+            HVP=triton.next_power_of_2(HV), ring_k_lo=ring.k_lo, SPLIT=ring.split_records, **_pdl_kw(pdl),
         )
     elif has_rc and _diag_parts == "all":
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)

@@ -124,6 +124,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            *, block_v=None, num_warps=None, ring_idx=None):
     """One window-1 decode step (see the module docstring). Arguments as checked by kernels.decode.replay_decode."""
     lay = ring.layout
+    ring.require_whole_records("the window-1 decode (decode_w1)")
     if ring.arrive is None:
         raise ValueError("ring has no arrival counter (allocate it with RingLayout.allocate)")
     B = mixed_qkv.shape[0]

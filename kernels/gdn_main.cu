@@ -109,6 +109,14 @@
 #define PRE_PF 0  // > 0: the pre launch's warps of batch rows [0, PRE_PF) also prefetch into L2 the tiles the main launch
 #endif            // reads first (its rows outermost: those rows' blocks are dispatched first), while the pre launch
                   // waits on its own loads and the memory is idle (session 49)
+#ifndef REC_SPLIT
+#define REC_SPLIT 0  // 1: fp32 records kept as two 16-bit planes (session 51): U_T and KR_T are the high plane, each
+#endif               // element's bf16 rounded to nearest (what every dot and output reads: half an fp32 record's
+                     // bytes), and ring_u_lo / ring_k_lo hold the low 16 bits of its fp32 bits, so that a fold reads
+                     // both and folds the exact fp32 record (rec_join); a record is written to both planes
+#if REC_SPLIT && (!XL || SELF_PRE)
+#error "REC_SPLIT: the XL layout with a pre launch (no SELF_PRE)"
+#endif
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
 #endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
@@ -385,6 +393,37 @@ __device__ __forceinline__ float4 bf16x4_of(uint2 w) {
     return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
                        __uint_as_float(w.y & 0xffff0000u));
 }
+#if REC_SPLIT
+static_assert(sizeof(U_T) == 2 && sizeof(KR_T) == 2 && sizeof(ST_T) == 4,
+              "REC_SPLIT: bf16 high planes (U_T, KR_T) beside an fp32 checkpoint");
+// x's fp32 bits b as two 16-bit halves: hi = (b + 0x8000) >> 16 (the bf16 nearest to x, ties away from zero) and lo
+// = b & 0xffff. Then b = (hi << 16) + lo taken as a signed 16-bit value: exact, with no bit to spare
+__device__ __forceinline__ void rec_store(U_T* hi, unsigned short* lo, float x) {
+    const uint32_t b = __float_as_uint(x);
+    *reinterpret_cast<unsigned short*>(hi) = static_cast<unsigned short>((b + 0x8000u) >> 16);
+    *lo = static_cast<unsigned short>(b & 0xffffu);
+}
+// the exact fp32 of a record element from its high plane's value (hi, as read: a bf16's float) and its low half
+__device__ __forceinline__ float rec_join(float hi, unsigned short lo) {
+    return __uint_as_float(__float_as_uint(hi) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<short>(lo))));
+}
+// the fold's view of the key records: both planes at one position, moved together; load4 / load8 join them
+struct SplitRec {
+    const KR_T* hi;
+    const unsigned short* lo;
+    __device__ __forceinline__ SplitRec operator+(long long o) const { return {hi + o, lo + o}; }
+    __device__ __forceinline__ SplitRec operator-(long long o) const { return {hi - o, lo - o}; }
+};
+__device__ __forceinline__ float4 load4(SplitRec p) {
+    const float4 h = load4(p.hi);
+    return make_float4(rec_join(h.x, p.lo[0]), rec_join(h.y, p.lo[1]), rec_join(h.z, p.lo[2]), rec_join(h.w, p.lo[3]));
+}
+typedef SplitRec FoldKeys;
+#define FK_RESTRICT
+#else
+typedef const KR_T* FoldKeys;
+#define FK_RESTRICT __restrict__
+#endif
 __device__ __forceinline__ float4 mul4(float4 x, float4 y) { return make_float4(x.x * y.x, x.y * y.y, x.z * y.z, x.w * y.w); }
 __device__ __forceinline__ float4 exp4(float4 x, float s) {  // (the fast approximation, as gate_of)
     return make_float4(__expf(s * x.x), __expf(s * x.y), __expf(s * x.z), __expf(s * x.w));
@@ -485,9 +524,9 @@ __device__ __forceinline__ PreOut load_pre(const float* coef, const float* scal,
 // token's u_t, 0 where the fold takes no token). Each row: decayed by e^{G_f} (eG, per column for KDA), this token's
 // u_t k~ added, then every record's u_j e^{G_f - G_j} k_j, KB keys per round trip (KDA: the predecayed keys times
 // e^{G_f / 2} twice, eh). The caller stores c.
-template <int NR, typename KT>
+template <int NR, typename KP>
 __device__ __forceinline__ void fold_rows(float4 (&c)[NR], float4 (&rk)[KB], const float* wsm, const float* uasm,
-                                          int r_first, float4 eG, float4 eh, float4 kn, const KT* base_k, int h_old) {
+                                          int r_first, float4 eG, float4 eh, float4 kn, KP base_k, int h_old) {
 #pragma unroll
     for (int i = 0; i < NR; ++i) {
         const float ua = uasm[r_first + i];
@@ -553,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, const unsigned short* __restrict__ ring_k_lo) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
 #if LOAD_REG
@@ -1017,6 +1056,16 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, flo
 #pragma unroll
     for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(ws[i] << 16), f[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
 }
+// a bf16 key record's 8 columns as they are (fold_mma's BF16_K)
+template <typename P>
+__device__ __forceinline__ uint4 key_words(P p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+#if REC_SPLIT
+__device__ __forceinline__ uint4 key_words(SplitRec p) { return key_words(p.hi); }  // (not taken: BF16_K is 0)
+__device__ __forceinline__ void load8(SplitRec p, float (&f)[8]) {  // (the exact fp32 values)
+    const float4 x = load4(p), y = load4(p + 4);
+    f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+}
+#endif
 // two floats as a bf16 pair rounded to nearest (from_f's rounding; x in the low half): one cvt.rn.bf16x2.f32
 __device__ __forceinline__ uint32_t bf16x2(float x, float y) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
@@ -1092,12 +1141,13 @@ __device__ __forceinline__ void fold_mma_tf32(float (&d)[4], const uint32_t (&a)
 // eG1: GDN's e^{G_f}; gf: KDA's G_f per column (null: 0); kraw, sk: the token's raw key and 1 / |k|; rdst, sdst: the
 // warp's first row of the read copy and of its scales (HAS_RC).
 __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const float* wrow, const float* urow,
-                                         const KR_T* __restrict__ base_k, int h_old, float eG1,
+                                         FoldKeys FK_RESTRICT base_k, int h_old, float eG1,
                                          const float* __restrict__ gf, const X_T* __restrict__ kraw, float sk,
                                          RC_T* rdst, float* sdst, int lane) {
     constexpr bool BF16_ST = sizeof(ST_T) == 2;
-    constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value);  // (bf16: KDA's w_j, the records' u_j as stored)
-    constexpr bool BF16_K = is_bf16_t<KR_T>::value;                // (the keys' words loaded as they are)
+    // (bf16: KDA's w_j, the records' u_j as stored; split records: their fp32 values, as fp32 records)
+    constexpr bool A_SPLIT = !(IS_KDA && is_bf16_t<U_T>::value && !REC_SPLIT);
+    constexpr bool BF16_K = is_bf16_t<KR_T>::value && !REC_SPLIT;  // (the keys' words loaded as they are)
     constexpr bool RAW_B = BF16_ST && !IS_KDA && BF16_K;           // (bf16: GDN's keys as stored, no low part)
     const int gid = lane >> 2, tig = lane & 3, odd = gid & 1;
     // A. bf16: rows gid (a0, a2) and gid + 8 (a1, a3); records 2 tig, 2 tig + 1 (a0, a1) and 2 tig + 8, 2 tig + 9
@@ -1137,7 +1187,7 @@ __device__ __forceinline__ void fold_mma(const ST_T* tsrc, ST_T* tdst, const flo
             const int j = BF16_ST ? 2 * tig + (e & 1) + 8 * (e >> 1) : tig + 4 * e;
             const bool live = j < CAP_ && j < h_old;
             if constexpr (BF16_K) {
-                kw[e] = live ? __ldg(reinterpret_cast<const uint4*>(base_k + j * K_ + cb)) : make_uint4(0u, 0u, 0u, 0u);
+                kw[e] = live ? key_words(base_k + j * K_ + cb) : make_uint4(0u, 0u, 0u, 0u);
             } else if (live) {
                 load8(base_k + j * K_ + cb, kf[e]);
             } else {
@@ -1281,7 +1331,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, const unsigned short* __restrict__ ring_k_lo) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -1483,6 +1533,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 
     // the lane's records (positions s JX .. s JX + JX - 1 of its rows) and the value of the row it finishes
     U_T* base_u = ring_u + (rrow * HV_ + hv) * CAP_ * V_;
+#if REC_SPLIT
+    unsigned short* base_u_lo = ring_u_lo + (rrow * HV_ + hv) * CAP_ * V_;  // (the records' low halves: folds only)
+#else
+    (void)ring_u_lo;
+#endif
+    (void)ring_k_lo;
     const X_T* pv = px + 2 * H_ * K_ + hv * V_;
     const int j0 = s * JX;
     float ru[RPL][JX];
@@ -1798,11 +1854,25 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #endif
         if (finisher) {
             from_f(out + nh * V_ + vrow, o);
+#if REC_SPLIT
+            // (a pre-folding row's record goes to position 0, whose low half its fold reads: stored after the fold)
+            if (!flush && !prefold) rec_store(base_u + h_eff * V_ + vrow, base_u_lo + h_eff * V_ + vrow, u_t);
+#else
             if (!flush) from_f(base_u + h_eff * V_ + vrow, u_t);
+#endif
         }
         if (fold) {
             // write the checkpoint: the h_old records (and this token on a flush or a rebase) folded into the tile
             const bool tok = flush || rebase;
+#if REC_SPLIT
+            // (the exact fp32 records: the high plane's values as the dots read them, joined with the low plane; a
+            // pre-folding row's u_t, bound for record 0, is stored after this)
+            const auto ru_of = [&](int i, int t) {
+                return rec_join(ru[i][t], base_u_lo[(j0 + t) * V_ + row0 + ch * VT + lrow + i]);
+            };
+#else
+            const auto ru_of = [&](int i, int t) { return ru[i][t]; };
+#endif
 #if IS_KDA
             // per column: the tile decays by e^{G_f}, every predecayed key k_j e^{-G_j} by e^{G_f / 2} twice; the
             // records go in as they are (no per-record weight)
@@ -1814,7 +1884,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int i = 0; i < RPL; ++i)
 #pragma unroll
-                for (int t = 0; t < JX; ++t) wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] : 0.0f;
+                for (int t = 0; t < JX; ++t) wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru_of(i, t) : 0.0f;
 #else
             const float sp = x_gate <= 20.0f ? logf(1.0f + expf(x_gate)) : x_gate;
             const float g_t = -expf(a_log) * sp;
@@ -1825,14 +1895,19 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             for (int i = 0; i < RPL; ++i)
 #pragma unroll
                 for (int t = 0; t < JX; ++t)
-                    wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru[i][t] * expf(G_f - base_g[j0 + t]) : 0.0f;
+                    wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru_of(i, t) * expf(G_f - base_g[j0 + t]) : 0.0f;
 #endif
             if (finisher) uasm[frow] = tok ? u_t : 0.0f;
             __syncwarp();
             // the fold itself in the other layout (lane l on columns 4l .. 4l + 3 of every row of the warp, 8 rows at a
             // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
             // then each record key is one 16-byte load per lane shared by 8 rows, KB records per round trip
+#if REC_SPLIT
+            const long long k_at = ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
+            const FoldKeys base_k = {ring_k + k_at, ring_k_lo + k_at};
+#else
             const KR_T* base_k = ring_k + ((rrow * HK_ + (IS_KDA ? hv : i_h)) * CAP_) * K_ + 4 * lane;
+#endif
             float4 kn;
             float sk_t = s_k;  // (1 / |k|: the token's key is its raw k times it)
             if (qk_staged) {
@@ -1890,6 +1965,9 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             }
 #endif  // MMA_FOLD
             __syncwarp();  // (wsm and uasm are taken again by the next tile)
+#if REC_SPLIT
+            if (finisher && prefold && !flush) rec_store(base_u + vrow, base_u_lo + vrow, u_t);  // (h_eff = 0)
+#endif
             if (ch + 1 < NCH) {
                 load_tile(ch + 1);
                 load_rows(ch + 1);
@@ -1930,6 +2008,16 @@ __device__ __forceinline__ float rs_32(float (&v)[32], int lane) {
 
 // what a pre launch's (row, head) does this step (decode._decode_rule_rc): h, a pre-fold, a flush, an append of the
 // token's record at h_eff; with a read copy a row whose copy is stale (rc_valid[ring row] == 0) flushes as if forced
+#if REC_SPLIT
+// the token's key record, this lane's 4 columns, into both planes
+__device__ __forceinline__ void store_key(KR_T* dst, unsigned short* lo, float4 k) {
+    rec_store(dst, lo, k.x);
+    rec_store(dst + 1, lo + 1, k.y);
+    rec_store(dst + 2, lo + 2, k.z);
+    rec_store(dst + 3, lo + 3, k.w);
+}
+#endif
+
 struct PreRule {
     int h_old, h_eff;
     bool prefold, flush, append;
@@ -2115,7 +2203,7 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state,
-    const RC_T* __restrict__ pf_rc) {
+    const RC_T* __restrict__ pf_rc, unsigned short* __restrict__ ring_k_lo) {
     pre_prologue();
     const int lane = threadIdx.x;
     const int i_h = blockIdx.x, n = blockIdx.y;
@@ -2202,10 +2290,14 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     }
     if (append) {
         KR_T* dst = ring_k + ((rrow * H_ + i_h) * CAP_ + h_eff) * K_ + 4 * lane;
+#if REC_SPLIT
+        store_key(dst, ring_k_lo + (dst - ring_k), k);
+#else
         from_f(dst, k.x);
         from_f(dst + 1, k.y);
         from_f(dst + 2, k.z);
         from_f(dst + 3, k.w);
+#endif
     }
 }
 #endif
@@ -2236,7 +2328,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
     float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
-    unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state, const RC_T* __restrict__ pf_rc) {
+    unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state, const RC_T* __restrict__ pf_rc,
+    unsigned short* __restrict__ ring_k_lo) {
     pre_prologue();
     const int lane = threadIdx.x;
     const int hv = blockIdx.x, n = blockIdx.y;
@@ -2299,10 +2392,14 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
                              : make_float4(k.x * __expf(-fmaxf(G_t.x, min_g)), k.y * __expf(-fmaxf(G_t.y, min_g)),
                                            k.z * __expf(-fmaxf(G_t.z, min_g)), k.w * __expf(-fmaxf(G_t.w, min_g)));
         KR_T* dst = base_k + rule.h_eff * K_;
+#if REC_SPLIT
+        store_key(dst, ring_k_lo + (dst - ring_k), kr);
+#else
         from_f(dst, kr.x);
         from_f(dst + 1, kr.y);
         from_f(dst + 2, kr.z);
         from_f(dst + 3, kr.w);
+#endif
         // (as stored: a rebased head's G restarts at its new checkpoint)
         *reinterpret_cast<float4*>(base_g + rule.h_eff * K_ + 4 * lane) = rb ? make_float4(0.f, 0.f, 0.f, 0.f) : G_t;
     }

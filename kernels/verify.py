@@ -565,6 +565,7 @@ def _flat_tokens(x: torch.Tensor, BT_tokens: int, name: str) -> torch.Tensor:
 
 def _check(ring: ring_mod.Ring, state: torch.Tensor, slot_idx: torch.Tensor, T: int):
     lay = ring.layout
+    ring.require_whole_records("the ring's verify launches (kernels/verify.py)")
     ring_mod.ring_capacity(lay.L, T)  # T <= L, with the fix in the message
     if T > lay.T_max:
         raise ValueError(f"T={T} exceeds the ring's T_max={lay.T_max}; allocate the ring with T_max >= {T}")
@@ -595,6 +596,7 @@ def ring_prefold(state, slot_idx, ring: ring_mod.Ring, T: int, *, block_v: int =
     2026-11-30, not yet timed). row_order: "grid" (V-tiles, rows, value heads) or "rows" (the rows outermost, as
     ``ring_verify``'s row_order)."""
     check_ring_idx(ring_idx, slot_idx)
+    ring.require_whole_records("the ring's pre-fold (verify.ring_prefold)")
     lay = ring.layout
     B = slot_idx.shape[0]
     if B == 0:

@@ -104,15 +104,25 @@ class RingLayout:
         return self.cap * self.record_bytes(record_dtype) + 4
 
     def allocate(self, slots: int, device="cpu", record_dtype: torch.dtype = torch.float32,
-                 read_dtype: str = "same", kda_keys: str = "raw") -> "Ring":
+                 read_dtype: str = "same", kda_keys: str = "raw", split_records: bool = False) -> "Ring":
         """A ring for ``slots`` slots; ``read_dtype`` "bf16" or "fp8_e4m3" also allocates the read copy
         (invalid until written: every slot's first decode step then flushes). ``kda_keys`` (KDA only):
-        "raw" (records hold k_j and G_j) or "predecayed" (records hold k_j e^{-G_j}; see ``Ring.kda_keys``)."""
+        "raw" (records hold k_j and G_j) or "predecayed" (records hold k_j e^{-G_j}; see ``Ring.kda_keys``).
+        ``split_records``: fp32 records (record_dtype float32) kept as two 16-bit planes, u and k the bf16 high
+        plane and u_lo, k_lo the low halves (see ``Ring.u_lo``; the CUDA main and pre launches only)."""
         if kda_keys not in KDA_KEYS:
             raise ValueError(f"kda_keys must be one of {KDA_KEYS}, got {kda_keys!r}")
         if kda_keys != "raw" and self.kind != "kda":
             raise ValueError("kda_keys='predecayed' is for KDA rings (GDN's decay is one scalar per head)")
         s = self.shapes(slots)
+        u_lo = k_lo = None
+        if split_records:
+            if record_dtype != torch.float32:
+                raise ValueError(f"split_records keeps fp32 records as two 16-bit planes: record_dtype must be "
+                                 f"torch.float32, got {record_dtype}")
+            record_dtype = torch.bfloat16  # (the high plane; the low one beside it)
+            u_lo = torch.zeros(s["u"], dtype=torch.int16, device=device)
+            k_lo = torch.zeros(s["k"], dtype=torch.int16, device=device)
         rc = rc_scale = rc_valid = None
         if read_dtype != "same":
             rdt = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}.get(read_dtype)
@@ -129,7 +139,7 @@ class RingLayout:
             g=torch.zeros(s["g"], dtype=torch.float32, device=device),
             h=torch.zeros(s["h"], dtype=torch.int32, device=device),
             arrive=torch.zeros(s["arrive"], dtype=torch.int32, device=device),
-            rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
+            rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys, u_lo=u_lo, k_lo=k_lo,
             ovf=(torch.zeros(slots, self.HV + 1, dtype=torch.int32, device=device) if kda_keys == "predecayed"
                  else None),
         )
@@ -173,10 +183,28 @@ class Ring:
     # column per row (flush); 0 between launches.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
+    # Split records (session 51, docs/design.md "Split records"): fp32 records as two 16-bit planes. u and k hold
+    # each element's bf16, rounded to nearest (ties away from zero), which is all that a step's dots and outputs read:
+    # half an fp32 record's bytes. u_lo and k_lo (int16, shaped as u and k) hold the low 16 bits of its fp32 bits, so
+    # that a fold joins the two into the exact fp32 record (split_join): the checkpoint folds what an fp32 ring would
+    # hold. None: whole records (u, k in record_dtype). Only gdn_main.cu's launches (REC_SPLIT) read or write them;
+    # every other kernel refuses such a ring (require_whole_records).
+    u_lo: torch.Tensor | None = None
+    k_lo: torch.Tensor | None = None
 
     @property
     def predecayed(self) -> bool:
         return self.kda_keys == "predecayed"
+
+    @property
+    def split_records(self) -> bool:
+        return self.u_lo is not None
+
+    def require_whole_records(self, what: str) -> None:
+        """Refuses a ring of split records for a kernel that reads records whole (``what`` names it)."""
+        if self.split_records:
+            raise ValueError(f"{what} reads whole records; this ring keeps them split (split_records: the CUDA main "
+                             f"launch with the CUDA pre launch only, decode_v3 main_impl='cuda', pre_impl='cuda')")
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""
@@ -283,3 +311,24 @@ def check_draft_shape(topk: int | None, num_draft_tokens: int | None, L: int | N
     if L is not None:
         ring_capacity(L, T)  # raises with the fix when T > L
     return T
+
+
+# --- split records (Ring.u_lo / k_lo): fp32 records as two 16-bit planes ---------------------------------------
+
+def split_planes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 values as (hi, lo): hi the bf16 of each, rounded to nearest with ties away from zero (its bits are
+    (b + 0x8000) >> 16 of the fp32 bits b), lo the low 16 bits of b (int16). split_join(hi, lo) == x bit for bit."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"split_planes takes fp32 values, got {x.dtype}")
+    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    hi = ((b + 0x8000) >> 16) & 0xFFFF
+    lo = b & 0xFFFF
+    as16 = lambda v: torch.where(v >= 0x8000, v - 0x10000, v).to(torch.int16)  # noqa: E731 (the same 16 bits)
+    return as16(hi).view(torch.bfloat16), as16(lo)
+
+
+def split_join(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """The fp32 values whose planes are hi (bf16) and lo (int16): bits (hi << 16) + lo, lo taken as signed."""
+    h = hi.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    b = ((h << 16) + lo.to(torch.int64)) & 0xFFFFFFFF
+    return torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)

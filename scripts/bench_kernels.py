@@ -332,12 +332,19 @@ def defaults_with_a_pre_launch(kind: str, sdt: str):
             yield rd, name, server_pre_impl(kind, name), "" if rd == "same" else "_fp8"
 
 
+# --variants split: beside the fp8 copy's default shape (72 registers, whose split build spills 16-28 bytes, ptxas
+# sm_90), a shape of each kind whose split build spills nothing (GDN 72 registers with the tensor-core dots, KDA 80)
+SPLIT_SIBLINGS = {"gdn": "x16w4c1_m7_lean_mma", "kda": "x16w4c1_m6_gp_lean_mma"}
+
+
 def arm_ours(c: Case, rec_dtype, *args, **kwargs):
     """One arm of ours (_arm_ours, below), its run tagged with its records' element size (rec_es) for the bytes
     model: the TB/s column then counts the records the arm moves (before session 33 every arm but the *_r32 /
-    v3_rc_* ones was counted at bf16 records)."""
+    v3_rc_* ones was counted at bf16 records). rec_dtype "split": fp32 records in two 16-bit planes
+    (RingLayout.allocate(split_records=True)), counted at 2 bytes (the plain steps read the high plane only; a fold's
+    second plane, 1 / L of the reads, is left out)."""
     run = _arm_ours(c, rec_dtype, *args, **kwargs)
-    run.rec_es = torch.empty((), dtype=rec_dtype).element_size()
+    run.rec_es = 2 if rec_dtype == "split" else torch.empty((), dtype=rec_dtype).element_size()
     return run
 
 
@@ -373,8 +380,10 @@ def _arm_ours(c: Case, rec_dtype, window=None, cfg=None, fold=None, freeze_h=Fal
     forced = torch.zeros(c.B, dtype=torch.int32, device=c.dev) if "forced" in pset else None
     rr = ring_idx.long() if ring_idx is not None else c.slot_idx.long()  # the ring row of each batch row
     rows_t = torch.arange(c.B, device=c.dev, dtype=torch.int32)  # batch row indices
+    split = rec_dtype == "split"
     for _ in range(c.NL):
-        r = lay.allocate(n_rows, device=c.dev, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys)
+        r = lay.allocate(n_rows, device=c.dev, record_dtype=torch.float32 if split else rec_dtype,
+                         read_dtype=read_dtype, kda_keys=kda_keys, split_records=split)
         if r.rc is not None:  # steady state: every copy current (a stale copy only follows a prefill)
             from replayssm_sglang import precision as P
 
@@ -748,6 +757,9 @@ def main():
                     "tensor-core fold (ours_r16_dot); 'freeze' = diagnostics: h frozen at the staggered cursors "
                     "(row %% L), the same mix of flush and non-flush rows every step but no arrival atomics and no h "
                     "writes (diag_no_atomics; not a valid decode: it isolates the cost of the in-kernel h update); "
+                    "'split' = split records (REC_SPLIT: bf16 high plane read, low plane joined at folds) against "
+                    "fp32 and bf16 records, the fp8 copy's default and the plain fp32 default with a pre launch, "
+                    "round-robin (B >= 128, fp32 states); "
                     "'rcr16' = the fp8 copy's default CUDA shape and the plain one with fp32 and with bf16 records "
                     "(v3_rc_fp8_sl_cu_<shape>_r32 / _r16: the record bytes' share, a bound; B >= 128, fp32 states); "
                     "'mmaf' = the fold on the tensor cores (gdn_main.cu's MMA_FOLD: v3_mf_<shape>; bf16 states: the "
@@ -1299,6 +1311,41 @@ def main():
                             arms[f"v3_rc_fp8_sl_cu_{name}_{rtag}"] = arm_ours(
                                 c, rec, impl="v3", read_dtype="fp8_e4m3", **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name)))
+                if v3 and "split" in variants and B >= 128 and sdt == "float32":
+                    # split records (session 51, gdn_main.cu's REC_SPLIT): fp32 records whose plain steps read a bf16
+                    # high plane and whose folds join the low plane to the exact fp32 value. The fp8 copy's default
+                    # shape, and without a copy the state's default with a pre launch (GDN's, SELF_PRE 2, has none:
+                    # CUDA_DEFAULT's x16w4c1_m5 there, beside the default itself), each with the server's fp32
+                    # records (_r32, the server's pre launch), split (_rsp, the CUDA pre launch: the one that writes
+                    # both planes) and bf16 records (_r16: not a valid two-precision decode, the fold reads rounded
+                    # records; the bound of halving the record reads); round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_s
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    s_arms = {}
+                    for rd, tag in (("fp8_e4m3", "_fp8"), ("same", "")):
+                        dflt = _cm_s.config_name(_cm_s.default_config(
+                            torch.float32, kind, torch.float8_e4m3fn if rd != "same" else None))
+                        name = dflt
+                        if _cm_s.full_config(_cm_s.CUDA_CONFIGS[dflt])[10]:  # (no pre launch: time the default too)
+                            s_arms[f"v3_spl{tag}_{dflt}_r32"] = arm_ours(
+                                c, torch.float32, impl="v3", read_dtype=rd, **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=dflt))
+                            name = _cm_s.config_name(_cm_s.CUDA_DEFAULT)
+                        for rec, rtag in ((torch.float32, "r32"), ("split", "rsp"), (torch.bfloat16, "r16")):
+                            pre = "cuda" if rec == "split" else server_pre_impl(kind, name)
+                            s_arms[f"v3_spl{tag}_{name}_{rtag}"] = arm_ours(
+                                c, rec, impl="v3", read_dtype=rd, **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre))
+                        if rd != "same":  # (and a sibling shape whose split build spills nothing, SPLIT_SIBLINGS)
+                            sib = SPLIT_SIBLINGS[kind]
+                            for rec, rtag in ((torch.float32, "r32"), ("split", "rsp")):
+                                s_arms[f"v3_spl{tag}_{sib}_{rtag}"] = arm_ours(
+                                    c, rec, impl="v3", read_dtype=rd, **srv,
+                                    v3_opts=dict(main_impl="cuda", cuda_config=sib, pre_impl="cuda"))
+                    arms.update(s_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in s_arms.items()}, f"{kind} {sdt} split", meta,
+                                        "split_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "mmaf" in variants and B >= 128:
                     # the fold on the tensor cores (gdn_main.cu's MMA_FOLD, mma_fold 1; session 43) against the
                     # CUDA-core fold of the same shape, the server's records, the CUDA pre launch beside each where the

@@ -130,10 +130,10 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None, pf=0):
+                 lead=False, early=None, pf=0, split=False):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
         # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
-        # pf: PRE_PF
+        # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -142,7 +142,7 @@ def combos():
                           u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early, pre_pf=pf)
+                          pre_early=early, pre_pf=pf, rec_split=split)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -199,6 +199,20 @@ def combos():
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True,
                      early=pe_level(getattr(torch, rec)), pf=8)
             for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
+    # split records (session 51, REC_SPLIT): test_gpu_real_shapes_split (the harness's arguments, TRIGGER_POST) and
+    # bench --variants split (the server's: the fp8 copy's default and the plain fp32 default with a pre launch, with
+    # fp32, split and bf16 records, the trigger the tuned launch's at B >= 128)
+    from test_decode_kernels import SPLIT_GPU_CASES, split_gpu_shape
+
+    out += [rc_build(kind, split_gpu_shape(kind, rd, g), RC.get(rd), F32, I32, rec=BF16, trig=True, split=True)
+            for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
+    out += [rc_build(kind, split_gpu_shape(kind, rd, g), RC.get(rd), BF16, I64, rec=rec, trig=True, split=sp)
+            for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)
+            for rec, sp in ((F32, False), (BF16, True), (BF16, False))]
+    from bench_kernels import SPLIT_SIBLINGS
+
+    out += [rc_build(kind, n, RC["fp8_e4m3"], BF16, I64, rec=rec, trig=True, split=sp)
+            for kind, n in SPLIT_SIBLINGS.items() for rec, sp in ((F32, False), (BF16, True))]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES

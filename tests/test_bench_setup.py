@@ -204,6 +204,38 @@ def test_sp2_arm_runs_without_a_pre_launch(monkeypatch):
     assert float((sp2 - with_pre).norm() / with_pre.norm()) < 1e-5
 
 
+@pytest.mark.parametrize("kind,cfg,read_dtype", [("gdn", "x16w4c1_m7_lean", "fp8_e4m3"), ("kda", "x16w4c1_m4_gp", "same")])
+def test_split_arm_runs_split_records(kind, cfg, read_dtype, monkeypatch):
+    """The `--variants split` arm (rec "split": split records, gdn_main.cu's REC_SPLIT; here its CPU emulation) runs
+    the CUDA main and pre launches every step on a ring of split records, is counted at 2 bytes a record element, and
+    decodes what the fp32-record arm decodes to within bf16 records' rounding (its dots read the high plane), closer
+    than the bf16-record arm, whose folds take the rounded records too."""
+    from replayssm_sglang.kernels import cuda_main
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=1, HV=2, K=128, V=128), "kda": dict(H=2, HV=2, K=128, V=64)})
+    builds = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: builds.append(a["defs"]) or real(**a))
+    kk = "predecayed" if kind == "kda" else "raw"
+
+    def outputs(rec, pre):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
+        return _decode_outputs(kind, rec, B=16, L=16, steps=20, server_like=True, read_dtype=read_dtype, kda_keys=kk,
+                               v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=pre))
+
+    c = bk.Case(kind, 4, "float32", torch.device("cpu"), L=16)
+    assert bk.arm_ours(c, "split", impl="v3", server_like=True, kda_keys=kk,
+                       v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl="cuda")).rec_es == 2
+    builds.clear()
+    sp = outputs("split", "cuda")
+    assert builds and all(d.get("REC_SPLIT") == 1 for d in builds)
+    r32, r16 = outputs(torch.float32, "cuda"), outputs(torch.bfloat16, "cuda")
+    assert torch.isfinite(sp).all() and sp.abs().max() > 0
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(sp, r32) < 2e-2, rel(sp, r32)
+    assert rel(sp, r32) <= rel(r16, r32), (rel(sp, r32), rel(r16, r32))
+
+
 def test_round_robin_medians_keeps_rounds_and_medians(monkeypatch):
     """The round-robin variants' common end (round_robin_medians / keep_rounds): every round in us under
     meta[key]["<prefix>/<name>"] beside what the key held, and each arm's median round (seconds) as its result."""

@@ -10,7 +10,10 @@ import shutil
 import pytest
 import torch
 
+from replayssm_sglang import reference as R
+from replayssm_sglang import ring as ringmod
 from replayssm_sglang.kernels import cuda_main
+from replayssm_sglang.kernels.decode import replay_decode
 from test_cuda_main import _server_defs
 from test_decode_kernels import Harness
 
@@ -647,3 +650,183 @@ def test_pre_early_changes_no_bit_emulated(kind, cfg, state_dtype, shape, level,
     names = ("u", "k", "g", "h") + (("rc",) if a.ring.rc is not None else ())
     for x, y in [(a.state, b.state)] + [(getattr(a.ring, n), getattr(b.ring, n)) for n in names]:
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)  # (the harness poisons unused positions)
+
+
+# Split records (session 51, gdn_main.cu's REC_SPLIT): fp32 records kept as a bf16 high plane, which the dots and
+# outputs read, and the low 16 bits of each fp32 value beside it, which a fold joins back: the fp32 states' shapes with
+# a pre launch, with and without the fp8 copy, both kinds
+SPLIT_CASES = [("gdn", "x16w4c1_m5", "slow", dict(H=2, HV=4)),
+               ("gdn", "x16w4c1_m7_lean", "fast", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+               ("gdn", "x16w4c1_m7_lean_mf", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+               ("kda", "x16w4c1_m4_gp", "fast", {}),
+               ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128)),
+               ("kda", "x16w4c1_m7_gp_lean_mma_mf", "fast", dict(read_dtype="fp8_e4m3", V=128))]
+
+
+@pytest.mark.parametrize("kind,cfg,decay,shape", SPLIT_CASES, ids=str)
+def test_split_records_emulated(kind, cfg, decay, shape, monkeypatch):
+    """A ring of split records (RingLayout.allocate(split_records=True)) through 14 emulated steps against float64:
+    every main and pre launch a REC_SPLIT build, the joined records and the checkpoints at bf16 records' tolerance
+    (the dots read the high plane), the low planes of untouched rows unchanged (their never-written records start as
+    noise, the high plane as NaN)."""
+    builds = _spy_builds(monkeypatch)
+    hz, calls, pre_calls = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=41,
+                                        split_records=True, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(pre_calls) == 14 and len(calls) == 14
+    assert builds and all(d.get("REC_SPLIT") == 1 and d["U_T"] == d["KR_T"] == "__nv_bfloat16" for d in builds)
+
+
+def test_split_records_emulated_kda_rebase(monkeypatch):
+    """Split records with KDA heads rebased and pre-folds turned into flushes (a lowered threshold): a rebased head's
+    records zeroed in both planes by the post launch, its fold joining the records it read as bf16."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    hz, _, _ = _emu_harness("kda", "x16w4c1_m7_gp_lean_mma", "float32", "fast", monkeypatch, pre_impl="cuda", seed=9,
+                            split_records=True, read_dtype="fp8_e4m3", V=128)
+    st = hz.run(14)
+    assert st["rebase"] > 0 and st["ovf"] > 0, st
+
+
+def _split_pair(kind, cfg, read_dtype, *, h_mode, bf16_exact, seed, H=None, HV=2, V=64, B=5, min_g=None,
+                monkeypatch):
+    """One emulated decode step on two rings holding the same records, one fp32 and one split
+    (ring.split_planes of the same values), from the same checkpoint, read copy and inputs. Returns both (state, ring,
+    out). h_mode "mixed": cursors 0 .. L (pre-folds, flushes, appends), forced flushes, stale copies, a padded row;
+    "prefold": every row at h = L, nothing forced, copies current (each row folds its old records, not its token).
+    bf16_exact: every record value a bf16 (its low plane 0), so that both rings' dots read the same values."""
+    from replayssm_sglang.kernels import decode_v3
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    if min_g is not None:
+        monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", min_g)
+    g = torch.Generator().manual_seed(seed)
+    H = H or (1 if kind == "gdn" else HV)
+    L, K = 16, 128
+    lay = ringmod.RingLayout.for_layer(kind, L=L, H=H, HV=HV, K=K, V=V)
+    slots = B + 2
+    keys = "predecayed" if kind == "kda" else "raw"
+    rings = [lay.allocate(slots, read_dtype=read_dtype, kda_keys=keys, split_records=sp) for sp in (False, True)]
+    r32, rs = rings
+    u = torch.randn(r32.u.shape, generator=g)
+    k = torch.randn(r32.k.shape, generator=g) * 0.1
+    if bf16_exact:
+        u, k = u.to(torch.bfloat16).float(), k.to(torch.bfloat16).float()
+    G = -torch.cumsum(torch.rand(r32.g.shape, generator=g) * 0.2, dim=2)  # (cumulative log-decays along the ring)
+    r32.u.copy_(u), r32.k.copy_(k), r32.g.copy_(G), rs.g.copy_(G)
+    rs.u.copy_(ringmod.split_planes(u)[0]), rs.u_lo.copy_(ringmod.split_planes(u)[1])
+    rs.k.copy_(ringmod.split_planes(k)[0]), rs.k_lo.copy_(ringmod.split_planes(k)[1])
+    if h_mode == "prefold":
+        h = torch.full((slots,), L, dtype=torch.int32)
+        forced = torch.zeros(B, dtype=torch.int32)
+        valid = torch.ones(slots, dtype=torch.int32)
+    else:
+        h = torch.randint(0, L + 1, (slots,), generator=g, dtype=torch.int32)
+        h[:3] = torch.tensor([L, L - 1, 0], dtype=torch.int32)
+        forced = (torch.rand(B, generator=g) < 0.25).to(torch.int32)
+        valid = (torch.rand(slots, generator=g) < 0.7).to(torch.int32)
+    for r in rings:
+        r.h.copy_(h)
+        if r.rc is not None:
+            r.rc_valid.copy_(valid)
+            if r.rc_scale is not None:
+                r.rc.copy_((torch.randn(r.rc.shape, generator=g) * 100).to(torch.float8_e4m3fn)) if r is r32 else None
+                r.rc_scale.copy_(torch.rand(r.rc_scale.shape, generator=g) * 1e-3 + 1e-4) if r is r32 else None
+            else:
+                r.rc.copy_(torch.randn(r.rc.shape, generator=g).to(r.rc.dtype) * 0.1) if r is r32 else None
+    if rs.rc is not None:
+        rs.rc.copy_(r32.rc)
+        if rs.rc_scale is not None:
+            rs.rc_scale.copy_(r32.rc_scale)
+    state = torch.randn(slots, HV, V, K, generator=g) * 0.1
+    slot_idx = torch.randperm(slots, generator=g)[:B].to(torch.int32)
+    if h_mode == "mixed":
+        slot_idx[-1] = -1  # (a padded row)
+    x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, decay="slow")
+    x = (x[0].to(torch.bfloat16),) + tuple(x[1:])
+    runs = []
+    for r in rings:
+        st = state.clone()
+        out = torch.full((B, 1, HV, V), float("nan"))
+        replay_decode(kind, *x, st, r, slot_idx, out=out, forced=forced, L=L, impl="v3",
+                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl="cuda"))
+        runs.append((st, r, out))
+    return runs
+
+
+SPLIT_BIT_CASES = [("gdn", "x16w4c1_m5", None, {}), ("gdn", "x16w4c1_m7_lean", "fp8_e4m3", dict(H=2, HV=4, V=128)),
+                   ("gdn", "x16w4c1_m7_lean_mf", "fp8_e4m3", dict(H=2, HV=4, V=128)),
+                   ("kda", "x16w4c1_m4_gp", None, {}), ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128)),
+                   ("kda", "x16w4c1_m7_gp_lean_mma_mf", "fp8_e4m3", dict(V=128))]
+
+
+def _assert_same_bits(x, y, what):
+    assert torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32)), what
+
+
+@pytest.mark.parametrize("kind,cfg,read_dtype,shape", SPLIT_BIT_CASES, ids=str)
+def test_split_records_fold_exact_emulated(kind, cfg, read_dtype, shape, monkeypatch):
+    """What a split ring folds is its fp32 records exactly: every row pre-folds its 16 old records (random fp32 values,
+    low planes non-zero), and the checkpoint and read copy it writes equal, bit for bit, what the fp32 ring's step
+    writes; so do the key records (the post launch's record 0 joined) and the value records the step did not
+    rewrite."""
+    (s32, r32, _), (ss, rs, _) = _split_pair(kind, cfg, read_dtype or "same", h_mode="prefold", bf16_exact=False,
+                                              seed=3, monkeypatch=monkeypatch, **shape)
+    assert bool((rs.u_lo != 0).any()) and bool((rs.k_lo != 0).any())
+    _assert_same_bits(ss, s32, "the split ring's fold differs from the fp32 ring's")
+    if r32.rc is not None:
+        assert torch.equal(rs.rc.view(torch.uint8), r32.rc.view(torch.uint8)), "read copies differ"
+        if r32.rc_scale is not None:
+            _assert_same_bits(rs.rc_scale, r32.rc_scale, "read copy scales differ")
+    _assert_same_bits(ringmod.split_join(rs.k, rs.k_lo), r32.k, "key records differ")
+    _assert_same_bits(ringmod.split_join(rs.u, rs.u_lo)[:, :, 1:], r32.u[:, :, 1:], "value records differ")
+    assert torch.equal(rs.h, r32.h) and torch.equal(rs.g, r32.g)
+
+
+@pytest.mark.parametrize("kind,cfg,read_dtype,shape", SPLIT_BIT_CASES, ids=str)
+def test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypatch):
+    """Where every record value is a bf16 (both rings' dots then read the same values), one step over every kind of
+    row (appends, flushes, pre-folds, forced flushes, stale copies, a padded row; KDA also rebased heads) leaves a split
+    ring and an fp32 ring the same bit for bit: outputs, checkpoints, read copies, and the records (joined), those the
+    step wrote among them (the main launch's u_t, the pre and post launches' keys, a rebase's zeros)."""
+    extra = dict(min_g=-0.3) if kind == "kda" else {}
+    (s32, r32, o32), (ss, rs, os_) = _split_pair(kind, cfg, read_dtype or "same", h_mode="mixed", bf16_exact=True,
+                                                 seed=4, monkeypatch=monkeypatch, **shape, **extra)
+    _assert_same_bits(os_.float(), o32.float(), "outputs differ")
+    _assert_same_bits(ss, s32, "checkpoints differ")
+    if r32.rc is not None:
+        assert torch.equal(rs.rc.view(torch.uint8), r32.rc.view(torch.uint8)), "read copies differ"
+    _assert_same_bits(ringmod.split_join(rs.u, rs.u_lo), r32.u, "value records differ")
+    _assert_same_bits(ringmod.split_join(rs.k, rs.k_lo), r32.k, "key records differ")
+    assert torch.equal(rs.h, r32.h) and torch.equal(rs.g, r32.g)
+    if kind == "kda":
+        assert bool((r32.k == 0).all(-1).any()), "no head was rebased (its key records zeroed)"
+
+
+@pytest.mark.parametrize("kind,cfg,read_dtype,shape,old,new,test", [
+    # a fold that reads the high plane alone (rounded records into the checkpoint)
+    ("gdn", "x16w4c1_m7_lean", "fp8_e4m3", dict(H=2, HV=4, V=128),
+     "    return __uint_as_float(__float_as_uint(hi) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<short>(lo))));",
+     "    return hi + 0.0f * lo;", "fold"),
+    ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128),
+     "    return __uint_as_float(__float_as_uint(hi) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<short>(lo))));",
+     "    return hi + 0.0f * lo;", "fold"),
+    # a pre-folding row's u_t stored before its fold, over the low half of the record 0 that the fold joins
+    ("kda", "x16w4c1_m4_gp", None, {},
+     "            if (!flush && !prefold) rec_store(base_u + h_eff * V_ + vrow, base_u_lo + h_eff * V_ + vrow, u_t);",
+     "            if (!flush) rec_store(base_u + h_eff * V_ + vrow, base_u_lo + h_eff * V_ + vrow, u_t);", "fold"),
+    # records written without their low half
+    ("gdn", "x16w4c1_m5", None, {}, "    *lo = static_cast<unsigned short>(b & 0xffffu);", "    *lo = 0;", "bits"),
+    ("kda", "x16w4c1_m4_gp", None, {}, "    *lo = static_cast<unsigned short>(b & 0xffffu);", "    *lo = 0;", "bits")],
+    ids=["gdn-hi-fold", "kda-hi-fold", "kda-early-u_t", "gdn-no-lo", "kda-no-lo"])
+def test_split_records_check_can_fail(kind, cfg, read_dtype, shape, old, new, test, monkeypatch, tmp_path):
+    """The split records' bit checks fail on a kernel that folds the high plane alone, stores a pre-folding row's u_t
+    over record 0 before its fold has read that record's low half, or writes records without their low half."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    with pytest.raises(AssertionError, match="differ"):
+        if test == "fold":
+            test_split_records_fold_exact_emulated(kind, cfg, read_dtype, shape, monkeypatch)
+        else:
+            test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypatch)

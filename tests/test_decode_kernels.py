@@ -49,7 +49,7 @@ class Harness:
     def __init__(self, kind, *, B, H, HV, K, V, L, state_dtype=torch.float32, rec_dtype=torch.float32,
                  seed=0, p_pad=0.2, p_forced=0.1, windows=(None,), block_v=None, lower_bound=None, fold="loop",
                  impl="v1", h_rows=False, records="masked", read_dtype="same", v3_opts=None, ring_idx=False,
-                 kda_keys="raw", qkv_dtype=torch.float32, decay="fast"):
+                 kda_keys="raw", qkv_dtype=torch.float32, decay="fast", split_records=False):
         self.v3_opts = v3_opts
         self.decay = decay  # the gates' range (reference.random_decode_inputs); "slow" keeps the checkpoint's term
         # mixed_qkv's dtype (the server's is bf16; the reference sees the same values). a and b stay fp32 here: the
@@ -88,10 +88,13 @@ class Harness:
             nr = self.slots
             self.slot_ring = torch.arange(self.slots)
             self.ring_untouched = self.untouched
-        self.ring = self.lay.allocate(nr, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys)
+        self.ring = self.lay.allocate(nr, device=DEV, record_dtype=rec_dtype, read_dtype=read_dtype, kda_keys=kda_keys,
+                                      split_records=split_records)
         for t in (self.ring.u, self.ring.k, self.ring.g):  # records never written yet: poison them
             t.fill_(float("nan"))
             t[self.ring_untouched.to(DEV)] = SENTINEL
+        for t in (self.ring.u_lo, self.ring.k_lo) if split_records else ():  # (split records' low halves: noise)
+            t.copy_(torch.randint(-2 ** 15, 2 ** 15, t.shape, generator=self.gen, dtype=torch.int32).to(torch.int16))
         if read_dtype == "same":
             self.ref = R.ReplayReference(kind, self.state.cpu().double(), H=H, L=L)
         else:
@@ -105,7 +108,15 @@ class Harness:
                                           read_dtype=read_dtype)
         self.stats = dict(flushes=0, forced=0, prefolds=0, prefold_appends=0, padded=0, staggered=0, steps=0,
                           ovf=0, rebase=0)
-        self.tol_o, self.tol_s = tolerances(state_dtype, rec_dtype)
+        # (split records: the dots read the bf16 high plane, so a record's rounding reaches the outputs as bf16 records')
+        self.tol_o, self.tol_s = tolerances(state_dtype, torch.bfloat16 if split_records else rec_dtype)
+
+    def joined_records(self) -> tuple:
+        """The ring's u, k records as the recurrence reads them (split records joined), in slot order."""
+        if self.ring.split_records:
+            return (self.view(ringmod.split_join(self.ring.u, self.ring.u_lo)),
+                    self.view(ringmod.split_join(self.ring.k, self.ring.k_lo)))
+        return self.view(self.ring.u), self.view(self.ring.k)
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
         """A ring tensor [ring rows, ...] in slot order [slots, ...], on the CPU (the identity without ring_idx)."""
@@ -145,6 +156,7 @@ class Harness:
             self.stats["staggered"] += 1
         state_before = self.state.clone()
         u_b, k_b, g_b = self.ring.u.clone(), self.ring.k.clone(), self.ring.g.clone()
+        lo_b = [t.clone() for t in (self.ring.u_lo, self.ring.k_lo)] if self.ring.split_records else []
 
         out = torch.full((B, 1, self.HV, self.V), float("nan"), device=DEV)
         kw = dict(impl=self.impl, fold=self.fold)
@@ -239,7 +251,7 @@ class Harness:
         assert torch.equal(bits(st[keep]), bits(state_before.cpu()[keep])), "a checkpoint changed without a flush"
         assert torch.equal(bits(st[self.untouched]), bits(state_before.cpu()[self.untouched]))
         # records: the committed ones equal the reference's; untouched slots' records untouched
-        ru, rk, rg = self.view(self.ring.u), self.view(self.ring.k), self.view(self.ring.g)
+        (ru, rk), rg = self.joined_records(), self.view(self.ring.g)
         for s in self.row_slot.tolist():
             h = int(self.ref.h[s])
             if h:
@@ -250,7 +262,8 @@ class Harness:
                 assert rms_ratio(rk[s, :, :h], k_ref) < self.tol_o
                 assert rms_ratio(rg[s, :, :h], self.ref.G[s, :, :h]) < 1e-5
         ut = self.ring_untouched.to(DEV)
-        for new, old in ((self.ring.u, u_b), (self.ring.k, k_b), (self.ring.g, g_b)):
+        lo_pairs = list(zip((self.ring.u_lo, self.ring.k_lo), lo_b)) if lo_b else []
+        for new, old in [(self.ring.u, u_b), (self.ring.k, k_b), (self.ring.g, g_b)] + lo_pairs:
             assert torch.equal(bits(new[ut]), bits(old[ut])), "an untouched slot's records changed"
         self.stats["flushes"] += len(flushed_slots)
         if self.read_dtype != "same":
@@ -286,7 +299,8 @@ class Harness:
             deq = rc.double()
         wrote = flushed_slots.tolist() if writes_rc else []
         fp8 = self.ring.rc_scale is not None
-        exact = self.rec_dtype == torch.float32 and self.state_dtype == torch.float32
+        # (split records: the outputs and u_t read the bf16 plane, so the fold departs from float64's as bf16 records')
+        exact = self.rec_dtype == torch.float32 and self.state_dtype == torch.float32 and not self.ring.split_records
         st = self.state.cpu()
         for s in wrote:
             ref_read = self.ref.state.read[s]
@@ -2025,6 +2039,42 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
     assert st["cuda_pre_launches"] == 26 and built
     f32 = cuda_main.PRE_EARLY_F32_RECORDS[kind] if rec_dtype == "float32" else None
     assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 and d.get("PRE_EARLY_F32") == f32 for d in built)
+
+
+# split records (session 51, gdn_main.cu's REC_SPLIT): fp32 states' shapes with a pre launch, the fp8 copy's default
+# (each GPU's) and the plain one (GDN's default has no pre launch: CUDA_DEFAULT's x16w4c1_m5): (kind, read copy)
+SPLIT_GPU_CASES = [("gdn", "fp8_e4m3"), ("kda", "fp8_e4m3"), ("gdn", "same"), ("kda", "same")]
+
+
+def split_gpu_shape(kind: str, read_dtype: str, device_name=None) -> str:
+    """test_gpu_real_shapes_split's shape: the default for an fp32 state (and its read copy) where it has a pre
+    launch, else CUDA_DEFAULT's."""
+    from replayssm_sglang.kernels import cuda_main
+
+    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
+    cfg = cuda_main.default_config(torch.float32, kind, rc, 16, device_name)
+    if cuda_main.full_config(cfg)[10]:  # (SELF_PRE 2: no pre launch)
+        cfg = cuda_main.CUDA_DEFAULT
+    return cuda_main.config_name(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,read_dtype", SPLIT_GPU_CASES, ids=str)
+def test_gpu_real_shapes_split(kind, read_dtype, monkeypatch):
+    """A ring of split records at real shapes on the GPU, as PDL dependents with the trigger, against float64 over 26
+    steps, slow decays: every main launch's build REC_SPLIT, every pre launch the CUDA one (the one that writes both
+    planes); the joined records and the checkpoints at bf16 records' tolerance."""
+    from replayssm_sglang.kernels import cuda_main
+
+    cfg = split_gpu_shape(kind, read_dtype, torch.cuda.get_device_name())
+    built = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
+    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=37, kind=kind,
+                             decay="slow", pre_impl="cuda", pdl=True, post_trigger=True, split_records=True, **extra)
+    assert st["cuda_pre_launches"] == 26 and built and all(d.get("REC_SPLIT") == 1 for d in built)
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:
