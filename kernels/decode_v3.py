@@ -1308,7 +1308,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                          f"REPLAYSSM_PRE_IMPL not 'triton'); this launch has main {impl_main}, pre {pre_impl}"
                          f"{', self_pre' if self_pre else ''}")
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
-    gts = torch.empty(B, HV, K, dtype=torch.float32, device=dev) if impl_main == "cuda" and cuda_cfg[5] else None
+    gts = _gts_scratch(B, HV, K, dev) if impl_main == "cuda" and cuda_cfg[5] else None
     frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)
     if B == 0:
         return out
@@ -1404,6 +1404,13 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         set_rc_valid_(ring, ring_rows(slot_idx, ring_idx), 1)  # (the post launch does it where it runs)
     # every real row now holds round(checkpoint) in its read copy
     return out
+
+
+def _gts_scratch(B: int, HV: int, K: int, device) -> torch.Tensor:
+    """KDA's gt_pre scratch, G_t per (row, value head, column) [B, HV, K] fp32, from the pre launch to the main
+    launch: uninitialised (with the tile's dots on the tensor cores the pre launch writes only the rows the main launch
+    reads, gdn_main.cu's replay_kda_pre; tests fill it with NaN to show it)."""
+    return torch.empty(B, HV, K, dtype=torch.float32, device=device)
 
 
 def _maxnreg_opts(name: str, maxnreg, device: torch.device) -> dict:

@@ -2377,11 +2377,21 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     const float kq = pre_qk(q, k, scale);
 #endif
     const long long nh = static_cast<long long>(n) * HV_ + hv;
+#if TC_DOTS
+    // the overflow test and the token's record first (position h_eff is past every record the dots read), so that
+    // k and G_t are dead before the dots
+    const bool rb = warp_min(fminf(fminf(G_t.x, G_t.y), fminf(G_t.z, G_t.w))) < min_g;
+    // G_t only where the main launch reads it (session 51): with the tile's dots on the tensor cores (their operand
+    // holds e^{G_t} already) a row reads gts only where it folds with its token or stages q, k for the CUDA-core dots
+    // (RC_MMA's checkpoint rows): not on a row that appends, unless this head is rebased
+    if (gts != nullptr && (!rule.append || rb)) *reinterpret_cast<float4*>(gts + nh * K_ + 4 * lane) = G_t;
+#else
     if (gts != nullptr) *reinterpret_cast<float4*>(gts + nh * K_ + 4 * lane) = G_t;
 
     // the overflow test and the token's record first (position h_eff is past every record the dots read), so that
     // k and G_t are dead before the dots
     const bool rb = warp_min(fminf(fminf(G_t.x, G_t.y), fminf(G_t.z, G_t.w))) < min_g;
+#endif
     if (lane == 0) {
         scal[nh * 2 + 1] = kq;
         if (rb && rule.prefold) ovf[rrow * (HV_ + 1) + HV_] = 1;  // the row flushes (any head may write the same 1)

@@ -830,3 +830,37 @@ def test_split_records_check_can_fail(kind, cfg, read_dtype, shape, old, new, te
             test_split_records_fold_exact_emulated(kind, cfg, read_dtype, shape, monkeypatch)
         else:
             test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypatch)
+
+
+@pytest.mark.parametrize("cfg,read_dtype,shape", [("x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128)),
+                                                  ("x16w4c1_m6_gp_lean_mma", "bf16", {}),
+                                                  ("x16w4c1_m8_gp_mma_mf", "same", dict(V=128))], ids=str)
+def test_kda_gts_only_where_read_emulated(cfg, read_dtype, shape, monkeypatch):
+    """KDA's pre launch writes G_t (gts) only where the main launch reads it when the tile's dots are on the tensor
+    cores (session 51): the scratch starts as NaN every step and 14 emulated steps with heads rebased (a lowered
+    threshold) still match float64; and the pre launch left some of it unwritten (NaN), on rows that append."""
+    from replayssm_sglang.kernels import decode_v3
+
+    scratch = []
+
+    def nan_gts(B, HV, K, device):
+        t = torch.full((B, HV, K), float("nan"), device=device)
+        scratch.append(t)
+        return t
+
+    monkeypatch.setattr(decode_v3, "_gts_scratch", nan_gts)
+    monkeypatch.setattr(decode_v3, "PREDECAYED_MIN_G", -5.0)
+    sdt = "bfloat16" if read_dtype == "same" else "float32"
+    kw = dict(rec_dtype=torch.bfloat16) if sdt == "bfloat16" else dict(read_dtype=read_dtype)
+    hz, _, pre_calls = _emu_harness("kda", cfg, sdt, "fast", monkeypatch, pre_impl="cuda", seed=9, **kw, **shape)
+    st = hz.run(14)
+    assert st["rebase"] > 0 and len(pre_calls) == 14, st
+    assert len(scratch) == 14 and any(bool(t.isnan().any()) for t in scratch), "the pre launch wrote every row's G_t"
+
+
+def test_kda_gts_only_where_read_can_fail(monkeypatch, tmp_path):
+    """That case fails on a pre launch that leaves out a rebased head's G_t (its fold takes the token with G_t)."""
+    _emulate_mutated(monkeypatch, tmp_path, "if (gts != nullptr && (!rule.append || rb))",
+                     "if (gts != nullptr && (!rule.append))")
+    with pytest.raises(AssertionError, match="rms ratio|non-finite"):
+        test_kda_gts_only_where_read_emulated("x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128), monkeypatch)
