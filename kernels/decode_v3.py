@@ -1221,6 +1221,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_sp = cuda_sp and self_pre  # (below: without a pre launch the CUDA main launch waits for nothing: no PDL)
     cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind, cuda_main.rc_dtype_of(ring), lay.cap,
                                        cuda_main.device_name_of(state))
+    if (ring.split_records and cuda_config is None and isinstance(cuda_cfg, tuple)
+            and 2 <= len(cuda_cfg) <= len(cuda_main.CONFIG_FIELDS) and cuda_main.full_config(cuda_cfg)[10]):
+        cuda_cfg = cuda_main.CUDA_DEFAULT  # (split records are written by the CUDA pre launch: SELF_PRE's shapes have none)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
@@ -1274,6 +1277,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     env_pre = cuda_main.env_pre_impl() if pre_impl is None else ""
     if env_pre and env_pre not in cuda_main.PRE_IMPLS:
         raise ValueError(f"REPLAYSSM_PRE_IMPL must be one of {list(cuda_main.PRE_IMPLS)}, got {env_pre!r}")
+    if pre_impl is None and ring.split_records:
+        pre_impl = "cuda"  # (the pre launch that writes both planes of a split ring's key records)
     if pre_impl is None:
         pre_impl = "cuda" if env_pre == "cuda" or (env_pre == "auto" and main_defs is not None
                                                    and kind in cuda_main.PRE_AUTO_KINDS) else "triton"

@@ -148,3 +148,82 @@ def test_layout_shapes_for_verify():
     assert lay.shapes(2)["g"] == (2, 4, 8, 64)
     with pytest.raises(ValueError):
         R.RingLayout.for_layer("gdn", L=4, T_max=8, H=1, HV=1, K=16, V=16)
+
+
+# --- split records (session 51): ring.split_planes / split_join and the pool's split rings ----------------------
+
+def test_split_planes_join_exactly():
+    """split_join(split_planes(x)) is x bit for bit (signs, zeros, subnormals, the largest finite values, every
+    rounding case of the low half), and the high plane is x's bf16 rounded to nearest (ties away from zero)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20000, generator=g) * torch.exp(torch.randn(20000, generator=g) * 8)
+    edge = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-39, 3.4e38, -3.4e38, 1.0, -1.0])
+    ties = (torch.arange(64, dtype=torch.int32) * 0x10000 + 0x3F808000).view(torch.float32)  # low half 0x8000
+    x = torch.cat([x, edge, ties, -ties])
+    hi, lo = R.split_planes(x)
+    assert hi.dtype == torch.bfloat16 and lo.dtype == torch.int16
+    assert torch.equal(R.split_join(hi, lo).view(torch.int32), x.view(torch.int32))
+    b = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    want = ((b + 0x8000) >> 16) & 0xFFFF
+    assert torch.equal(hi.view(torch.int16).to(torch.int64) & 0xFFFF, want)
+    odd = x.to(torch.bfloat16) != hi  # (torch rounds ties to even: only exact ties may differ)
+    assert bool(((b[odd] & 0xFFFF) == 0x8000).all()) and int(odd.sum()) > 0
+
+
+def test_split_ring_allocation_and_refusals():
+    """allocate(split_records=True): u, k bf16 high planes and int16 low planes shaped alike; fp32 records only; the
+    kernels that read whole records refuse such a ring, naming the launches that take it."""
+    lay = R.RingLayout.for_layer("gdn", L=4, H=1, HV=2, K=8, V=4)
+    r = lay.allocate(3, split_records=True)
+    assert r.split_records and r.u.dtype == r.k.dtype == torch.bfloat16
+    assert r.u_lo.shape == r.u.shape and r.k_lo.shape == r.k.shape and r.u_lo.dtype == torch.int16
+    assert not lay.allocate(3).split_records
+    with pytest.raises(ValueError, match="record_dtype must be torch.float32"):
+        lay.allocate(3, record_dtype=torch.bfloat16, split_records=True)
+    with pytest.raises(ValueError, match="main_impl='cuda', pre_impl='cuda'"):
+        r.require_whole_records("a test kernel")
+    lay.allocate(3).require_whole_records("a test kernel")  # (whole records: nothing to refuse)
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_pool_split_records_fold_is_exact(kind, monkeypatch):
+    """The glue's fold (ReplayPool.fold_) of a pool with split records joins them: the checkpoints it writes equal,
+    bit for bit, those of the same records whole; its rings carry the low planes; REPLAYSSM_SPLIT_RECORDS chooses it
+    and is refused, with the fix, beside a bf16 state or speculative decoding."""
+    from replayssm_sglang.sglang_hooks import pool as poolmod
+
+    H, HV = (1, 2) if kind == "gdn" else (2, 2)
+    lay = R.RingLayout.for_layer(kind, L=4, H=H, HV=HV, K=8, V=4)
+    g = torch.Generator().manual_seed(1)
+    keys = "predecayed" if kind == "kda" else "raw"
+    whole = poolmod.ReplayPool.allocate(lay, 2, 5, device="cpu", kda_keys=keys)
+    split = poolmod.ReplayPool.allocate(lay, 2, 5, device="cpu", kda_keys=keys, split_records=True)
+    u, k = torch.randn(whole.u.shape, generator=g), torch.randn(whole.k.shape, generator=g)
+    whole.u.copy_(u), whole.k.copy_(k)
+    (hu, lu), (hk, lk) = R.split_planes(u), R.split_planes(k)
+    split.u.copy_(hu), split.u_lo.copy_(lu), split.k.copy_(hk), split.k_lo.copy_(lk)
+    G = -torch.cumsum(torch.rand(whole.g.shape, generator=g), dim=3)
+    for p in (whole, split):
+        p.g.copy_(G)
+        p.h.copy_(torch.tensor([[0, 1, 2, 3, 4], [4, 3, 2, 1, 0]], dtype=torch.int32))
+    assert bool((split.u_lo != 0).any())
+    temporal = torch.randn(2, 5, HV, 4, 8, generator=g)
+    t_whole, t_split = temporal.clone(), temporal.clone()
+    whole.fold_(t_whole, [0, 1, 2, 3, 4])
+    split.fold_(t_split, [0, 1, 2, 3, 4])
+    assert torch.equal(t_split.view(torch.int32), t_whole.view(torch.int32))
+    assert not torch.equal(t_split, temporal)
+    ring = split.ring(1)
+    assert ring.split_records and ring.u_lo.data_ptr() == split.u_lo[1].data_ptr()
+    assert split.nbytes() == whole.nbytes()  # (two 16-bit planes: an fp32 record's bytes)
+    monkeypatch.setenv("REPLAYSSM_SPLIT_RECORDS", "1")
+    assert poolmod.split_records_for(torch.float32, None)
+    with pytest.raises(ValueError, match="records are in its own type"):
+        poolmod.split_records_for(torch.bfloat16, None)
+    with pytest.raises(ValueError, match="speculative decoding"):
+        poolmod.split_records_for(torch.float32, 4)
+    monkeypatch.setenv("REPLAYSSM_SPLIT_RECORDS", "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        poolmod.split_records_for(torch.float32, None)
+    monkeypatch.delenv("REPLAYSSM_SPLIT_RECORDS")
+    assert not poolmod.split_records_for(torch.float32, None)

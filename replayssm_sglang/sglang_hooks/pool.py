@@ -230,15 +230,25 @@ class ReplayPool:
     # (ring_bytes_per_row) do not depend on the layout.
     kda_keys: str = "raw"
     ovf: torch.Tensor | None = None
+    # split records (ring.Ring.u_lo, REPLAYSSM_SPLIT_RECORDS=1; session 51): u and k the bf16 high planes of fp32
+    # records, u_lo and k_lo [layers, rows, ...] int16 their low halves; None: whole records
+    u_lo: torch.Tensor | None = None
+    k_lo: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, layout: ringmod.RingLayout, num_layers: int, rows: int, *, device,
                  record_dtype: torch.dtype = torch.float32, track_interval: int | None = None,
-                 read_dtype: str = "same", kda_keys: str = "raw") -> "ReplayPool":
+                 read_dtype: str = "same", kda_keys: str = "raw", split_records: bool = False) -> "ReplayPool":
         if kda_keys not in ringmod.KDA_KEYS or (kda_keys != "raw" and layout.kind != "kda"):
             raise ValueError(f"kda_keys {kda_keys!r}: 'raw', or 'predecayed' for a KDA layout")
         s = layout.shapes(rows)
         z = lambda shape, dt: torch.zeros((num_layers,) + tuple(shape), dtype=dt, device=device)  # noqa: E731
+        lo = {}
+        if split_records:
+            if record_dtype != torch.float32:
+                raise ValueError(f"split records keep fp32 records in two planes: record_dtype {record_dtype}")
+            record_dtype = torch.bfloat16  # (the high planes; the low ones beside them)
+            lo = dict(u_lo=z(s["u"], torch.int16), k_lo=z(s["k"], torch.int16))
         rc = rc_scale = rc_valid = None
         if _check_read_dtype(read_dtype) != "same":
             rc = z((rows, layout.HV, layout.V, layout.K), _READ_TORCH_DTYPES[read_dtype])
@@ -248,7 +258,7 @@ class ReplayPool:
         return cls(layout=layout, u=z(s["u"], record_dtype), k=z(s["k"], record_dtype),
                    g=z(s["g"], torch.float32), h=z(s["h"], torch.int32), arrive=z(s["arrive"], torch.int32),
                    track_interval=track_interval, rc=rc, rc_scale=rc_scale, rc_valid=rc_valid, kda_keys=kda_keys,
-                   ovf=z((rows, layout.HV + 1), torch.int32) if layout.kind == "kda" else None)
+                   ovf=z((rows, layout.HV + 1), torch.int32) if layout.kind == "kda" else None, **lo)
 
     # --- shape facts ---------------------------------------------------------------------------
     @property
@@ -271,7 +281,7 @@ class ReplayPool:
 
     def nbytes(self) -> int:
         ts = (self.u, self.k, self.g, self.h, self.arrive, self.rc, self.rc_scale, self.rc_valid, self.fresh,
-              self.ovf)
+              self.ovf, self.u_lo, self.k_lo)
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def ring(self, layer_idx: int) -> ringmod.Ring:
@@ -280,7 +290,8 @@ class ReplayPool:
         return ringmod.Ring(layout=self.layout, u=self.u[i], k=self.k[i], g=self.g[i], h=self.h[i],
                             arrive=self.arrive[i], rc=pick(self.rc), rc_scale=pick(self.rc_scale),
                             rc_valid=pick(self.rc_valid), kda_keys=self.kda_keys,
-                            ovf=pick(self.ovf) if self.kda_keys == "predecayed" else None)
+                            ovf=pick(self.ovf) if self.kda_keys == "predecayed" else None,
+                            u_lo=pick(self.u_lo), k_lo=pick(self.k_lo))
 
     # --- lifecycle -----------------------------------------------------------------------------
     def _rows_of(self, rows) -> torch.Tensor:
@@ -369,16 +380,22 @@ class ReplayPool:
         last = (n - 1).clamp(min=0)
         G_ref = torch.gather(G, 2, last.view(-1, 1, 1, 1).expand(-1, lay.HV, 1, lay.GK)).squeeze(2)
         G_ref = torch.where((n > 0).view(-1, 1, 1), G_ref, torch.zeros_like(G_ref))  # [m, HV, GK]
-        kk = self.k[li, r][:, grp].to(acc)  # [m, HV, cap, K]
+        kk = self._records(self.k, self.k_lo, li, r)[:, grp].to(acc)  # [m, HV, cap, K]
         if self.kda_keys == "predecayed":
             # the records hold k_j e^{-G_j}: decay them by e^{G_ref} alone, in two halves (decode_v3._pre_row)
             e_h = torch.exp(0.5 * G_ref)[:, :, None, :]
             kw = torch.where(valid[:, None, :, None], kk * e_h * e_h, torch.zeros((), dtype=acc, device=G.device))
         else:
             kw = kk * torch.where(valid[:, None, :, None], torch.exp(G_ref[:, :, None, :] - G), torch.zeros_like(G))
-        uu = torch.where(valid[:, None, :, None], self.u[li, r].to(acc), torch.zeros((), dtype=acc, device=G.device))
+        uu = torch.where(valid[:, None, :, None], self._records(self.u, self.u_lo, li, r).to(acc),
+                         torch.zeros((), dtype=acc, device=G.device))
         C = temporal[li, s].to(acc) * torch.exp(G_ref)[:, :, None, :]
         return C + torch.einsum("nhjv,nhjk->nhvk", uu, kw)
+
+    @staticmethod
+    def _records(hi: torch.Tensor, lo: torch.Tensor | None, li: int, r: torch.Tensor) -> torch.Tensor:
+        """Records of ring rows r in layer li as the recurrence reads them: split records joined (exact fp32)."""
+        return hi[li, r] if lo is None else ringmod.split_join(hi[li, r], lo[li, r])
 
     def fold_(self, temporal: torch.Tensor, slots, rows=None) -> None:
         """Fold every committed record of ring rows ``rows`` into the checkpoints of ``slots`` (pairwise:
@@ -494,6 +511,8 @@ class ReplayPool:
         from replayssm_sglang.kernels.verify import ring_materialize_
 
         self._check_raw_keys("materialize_")
+        if self.u_lo is not None:
+            raise RuntimeError("--enable-linear-replayssm: materialize_ (speculative decoding) on split records")
 
         ring_idx = self._ring_idx(ring_idx, "materialize_")
         T = self.spec_T
@@ -532,6 +551,25 @@ class ReplayPool:
         flat = torch.where(s[None, :] >= 0, s[None, :] + off, torch.full_like(s[None, :] + off, -1)).reshape(-1)
         acc = accepted.to(device=s.device, dtype=torch.int32).reshape(1, -1).expand(self.num_layers, -1).reshape(-1)
         ring_commit_(self.h.view(-1), flat.contiguous(), T, L, acc.contiguous())
+
+
+def split_records_for(state_dtype: torch.dtype, spec_T: int | None) -> bool:
+    """REPLAYSSM_SPLIT_RECORDS=1 (opt-in, session 51; unset or 0: whole records): the pool keeps its fp32 records
+    split in two 16-bit planes (ring.Ring.u_lo: a plain step reads the bf16 high plane, a fold joins the exact fp32
+    value), for the CUDA main and pre launches. Refused with the fix where it cannot run: a bf16 state (its records
+    are bf16 already) or speculative decoding (the verify kernels read whole records)."""
+    env = os.environ.get("REPLAYSSM_SPLIT_RECORDS", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_SPLIT_RECORDS must be 0 or 1, got {env!r}")
+    if env != "1":
+        return False
+    if state_dtype != torch.float32:
+        raise ValueError(f"REPLAYSSM_SPLIT_RECORDS=1 splits fp32 records; this state is {state_dtype} (its records "
+                         "are in its own type already): unset it")
+    if spec_T:
+        raise ValueError("REPLAYSSM_SPLIT_RECORDS=1 with speculative decoding: the verify kernels read whole records; "
+                         "unset it")
+    return True
 
 
 def kda_keys_for(kind: str, spec_T: int | None) -> str:
@@ -583,7 +621,8 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
         raise ValueError(f"req_rows must be >= 1 (the request pool's rows), got {req_rows}")
     pool = ReplayPool.allocate(lay, layers, int(req_rows), device=temporal.device,
                                record_dtype=record_dtype_for(temporal.dtype), track_interval=track_interval,
-                               read_dtype=read_dtype, kda_keys=kda_keys_for(lay.kind, spec_T))
+                               read_dtype=read_dtype, kda_keys=kda_keys_for(lay.kind, spec_T),
+                               split_records=split_records_for(temporal.dtype, spec_T))
     pool.keyed_by = "request"
     pool.covers_all_rows = True  # rows == the request pool's rows (padding row 0 included)
     pool.fresh = torch.zeros(int(req_rows), dtype=torch.int32, device=temporal.device)
@@ -594,7 +633,8 @@ def attach(mamba_pool: Any, cache_params: Any, L: int, *, req_rows: int, track_i
     if hasattr(mamba_pool, "mem_usage"):
         mamba_pool.mem_usage += pool.nbytes() / (1 << 30)
     _log.info("ReplaySSM ring: %s, %d linear layers x %d request rows, L=%d, records %s, read copy %s%s, %.2f GB",
-              lay.kind.upper(), layers, int(req_rows), lay.L, str(pool.k.dtype).replace("torch.", ""),
+              lay.kind.upper(), layers, int(req_rows), lay.L,
+              "float32 split (bf16 + low halves)" if pool.u_lo is not None else str(pool.k.dtype).replace("torch.", ""),
               pool.read_dtype, f", KDA keys {pool.kda_keys}" if lay.kind == "kda" else "", pool.nbytes() / 1e9)
     _log.info("ReplaySSM decode main launch (the buffered window): %s", main_launch_note(pool, temporal))
     return pool
