@@ -167,6 +167,10 @@ ARMS = {
     # the fp8 copy with PDL at every batch (its tuned launch takes PDL from 33 rows, session 48: the correctness
     # task's 16 rows would not), window 16 forced
     "ours_rc_fp8_pdl": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    # split records (session 51, REPLAYSSM_SPLIT_RECORDS=1): the fp32 records' dots read a bf16 high plane, folds join
+    # the low plane; beside the fp8 copy (window 16 and PDL forced, as ours_rc_fp8_pdl) and without a copy
+    "ours_rc_fp8_split": ["--enable-linear-replayssm", "--linear-replayssm-read-dtype", "fp8_e4m3"],
+    "ours_split": ["--enable-linear-replayssm"],
 }
 # The read-copy arms force window 16 too: at the policy's window 1 (fp32 states with a copy: B <= 8 with the CUDA
 # main launch since session 48, B <= 32 GDN / 64 KDA with Triton's) no copy is read,
@@ -215,7 +219,9 @@ ARM_ENV = {"ours_w16": {"REPLAYSSM_DECODE_WINDOW": "16"},
            "ours_rc_fp8_kmma": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m7_gp_lean_mma"},
            "ours_rc_fp8_klean": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m6_gp_lean"},
            "ours_rc_fp8_km4": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_CUDA_CONFIG_KDA": "x16w4c1_m4_gp"},
-           "ours_rc_fp8_pdl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_PDL": "1"}}
+           "ours_rc_fp8_pdl": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_PDL": "1"},
+           "ours_rc_fp8_split": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_PDL": "1", "REPLAYSSM_SPLIT_RECORDS": "1"},
+           "ours_split": {"REPLAYSSM_DECODE_WINDOW": "16", "REPLAYSSM_SPLIT_RECORDS": "1"}}
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]
 # What the GPU image needs (device-facts.md): no fa3 (its kernels are stripped from the bundle), no JIT of
