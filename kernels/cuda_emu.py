@@ -34,7 +34,7 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
                 "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*",
                 "const unsigned int*",  # (rc_lean 2's operand, qk_frag)
-                "unsigned short*", "const unsigned short*")  # (REC_SPLIT's low planes: ring_u_lo, ring_k_lo)
+                "unsigned short*", "SP_CONST unsigned short*")  # (REC_SPLIT's low planes: ring_u_lo, ring_k_lo)
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",

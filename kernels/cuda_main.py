@@ -905,9 +905,8 @@ def unavailable_reason(kind, state, ring, lower_bound, K, V, rpw, nwarps, load_r
                 "launch's operand, no self_pre)")
     elif rc_lean == 2 and (rpw != 16 or late_coef or K != 128):
         return "the copy's dots on the tensor cores (rc_lean 2, RC_MMA) take 16 rows per warp, no late_coef, K = 128"
-    if ring.split_records and (not xl or self_pre or state.dtype != torch.float32):
-        return ("split records (REC_SPLIT) are read by the eight-lanes-per-row layout (xl) with the CUDA pre launch "
-                "(no self_pre), beside an fp32 state")
+    if ring.split_records and (not xl or state.dtype != torch.float32):
+        return "split records (REC_SPLIT) are read by the eight-lanes-per-row layout (xl) beside an fp32 state"
     if self_pre and (kind != "gdn" or not xl or rpw != 16 or late_coef or cap > 16):
         return ("making the pre launch's coefficients itself (self_pre) is GDN's eight-lanes-per-row layout (xl), 16 "
                 "rows per warp, no late_coef, a ring capacity of at most 16")

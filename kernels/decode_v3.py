@@ -1221,9 +1221,6 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     cuda_sp = cuda_sp and self_pre  # (below: without a pre launch the CUDA main launch waits for nothing: no PDL)
     cuda_cfg = cuda_main.asked_config(cuda_config, state.dtype, kind, cuda_main.rc_dtype_of(ring), lay.cap,
                                        cuda_main.device_name_of(state))
-    if (ring.split_records and cuda_config is None and isinstance(cuda_cfg, tuple)
-            and 2 <= len(cuda_cfg) <= len(cuda_main.CONFIG_FIELDS) and cuda_main.full_config(cuda_cfg)[10]):
-        cuda_cfg = cuda_main.CUDA_DEFAULT  # (split records are written by the CUDA pre launch: SELF_PRE's shapes have none)
     if impl_main == "cuda" and main_impl is None and not self_pre and not cuda_main.usable(
             kind, state, ring, lower_bound, K, V, cuda_cfg):
         impl_main = "triton"  # (a preference, not a demand: this launch cannot take the CUDA path)
@@ -1277,7 +1274,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     env_pre = cuda_main.env_pre_impl() if pre_impl is None else ""
     if env_pre and env_pre not in cuda_main.PRE_IMPLS:
         raise ValueError(f"REPLAYSSM_PRE_IMPL must be one of {list(cuda_main.PRE_IMPLS)}, got {env_pre!r}")
-    if pre_impl is None and ring.split_records:
+    if pre_impl is None and ring.split_records and not self_pre:
         pre_impl = "cuda"  # (the pre launch that writes both planes of a split ring's key records)
     if pre_impl is None:
         pre_impl = "cuda" if env_pre == "cuda" or (env_pre == "auto" and main_defs is not None
@@ -1306,12 +1303,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                 cuda_main.pre_build_config(cuda_main.launch_default_config(state, ring, kind), kind, state.dtype), 0)
             if env_pre and main_defs is None and cuda_main.load_failure(pre_defs, state.device):
                 pre_impl, pre_defs = "triton", None  # (its kernel did not build or load here: warned once)
-    if ring.split_records and (main_defs is None or pre_defs is None or self_pre):
+    if ring.split_records and (main_defs is None or (pre_defs is None and not self_pre)):
         # (the CUDA launches read and write both planes; Triton's read the high plane as whole records)
-        raise ValueError("a ring of split records (split_records) runs the CUDA main launch with the CUDA pre launch: "
-                         "main_impl='cuda', pre_impl='cuda', a shape with a pre launch (REPLAYSSM_MAIN_IMPL / "
-                         f"REPLAYSSM_PRE_IMPL not 'triton'); this launch has main {impl_main}, pre {pre_impl}"
-                         f"{', self_pre' if self_pre else ''}")
+        raise ValueError("a ring of split records (split_records) runs the CUDA main launch with the CUDA pre launch "
+                         "or none (self_pre): main_impl='cuda', pre_impl='cuda' (REPLAYSSM_MAIN_IMPL / "
+                         f"REPLAYSSM_PRE_IMPL not 'triton'); this launch has main {impl_main}, pre {pre_impl}")
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = _gts_scratch(B, HV, K, dev) if impl_main == "cuda" and cuda_cfg[5] else None
     frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)

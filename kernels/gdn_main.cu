@@ -113,9 +113,10 @@
 #define REC_SPLIT 0  // 1: fp32 records kept as two 16-bit planes (session 51): U_T and KR_T are the high plane, each
 #endif               // element's bf16 rounded to nearest (what every dot and output reads: half an fp32 record's
                      // bytes), and ring_u_lo / ring_k_lo hold the low 16 bits of its fp32 bits, so that a fold reads
-                     // both and folds the exact fp32 record (rec_join); a record is written to both planes
-#if REC_SPLIT && (!XL || SELF_PRE)
-#error "REC_SPLIT: the XL layout with a pre launch (no SELF_PRE)"
+                     // both and folds the exact fp32 record (rec_join); a record is written to both planes (by the
+                     // pre launch, or under SELF_PRE by the main launch)
+#if REC_SPLIT && !XL
+#error "REC_SPLIT: the XL layout"
 #endif
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
@@ -403,6 +404,13 @@ __device__ __forceinline__ void rec_store(U_T* hi, unsigned short* lo, float x) 
     *reinterpret_cast<unsigned short*>(hi) = static_cast<unsigned short>((b + 0x8000u) >> 16);
     *lo = static_cast<unsigned short>(b & 0xffffu);
 }
+// the token's key record, this lane's 4 columns, into both planes
+__device__ __forceinline__ void store_key(KR_T* dst, unsigned short* lo, float4 k) {
+    rec_store(dst, lo, k.x);
+    rec_store(dst + 1, lo + 1, k.y);
+    rec_store(dst + 2, lo + 2, k.z);
+    rec_store(dst + 3, lo + 3, k.w);
+}
 // the exact fp32 of a record element from its high plane's value (hi, as read: a bf16's float) and its low half
 __device__ __forceinline__ float rec_join(float hi, unsigned short lo) {
     return __uint_as_float(__float_as_uint(hi) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<short>(lo))));
@@ -592,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, const unsigned short* __restrict__ ring_k_lo) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
 #if LOAD_REG
@@ -1331,7 +1339,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, const unsigned short* __restrict__ ring_k_lo) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -1651,8 +1659,12 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             if (hv % (HV_ / H_) == 0) {
                 KR_T* dst = ring_k + ((rrow * H_ + i_h) * CAP_ + h_eff) * K_ + 4 * lane;
                 const float* kr = qk_sm + QK_ROW + qk_at(4 * lane);
+#if REC_SPLIT
+                store_key(dst, ring_k_lo + (dst - ring_k), make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k));
+#else
 #pragma unroll
                 for (int c = 0; c < 4; ++c) from_f(dst + c, kr[c] * s_k);
+#endif
             }
             if (lane == 0) ring_g[(rrow * HV_ + hv) * CAP_ + h_eff] = G_t;
         }
@@ -2008,15 +2020,6 @@ __device__ __forceinline__ float rs_32(float (&v)[32], int lane) {
 
 // what a pre launch's (row, head) does this step (decode._decode_rule_rc): h, a pre-fold, a flush, an append of the
 // token's record at h_eff; with a read copy a row whose copy is stale (rc_valid[ring row] == 0) flushes as if forced
-#if REC_SPLIT
-// the token's key record, this lane's 4 columns, into both planes
-__device__ __forceinline__ void store_key(KR_T* dst, unsigned short* lo, float4 k) {
-    rec_store(dst, lo, k.x);
-    rec_store(dst + 1, lo + 1, k.y);
-    rec_store(dst + 2, lo + 2, k.z);
-    rec_store(dst + 3, lo + 3, k.w);
-}
-#endif
 
 struct PreRule {
     int h_old, h_eff;

@@ -204,7 +204,8 @@ class Ring:
         """Refuses a ring of split records for a kernel that reads records whole (``what`` names it)."""
         if self.split_records:
             raise ValueError(f"{what} reads whole records; this ring keeps them split (split_records: the CUDA main "
-                             f"launch with the CUDA pre launch only, decode_v3 main_impl='cuda', pre_impl='cuda')")
+                             f"launch with the CUDA pre launch or none only, decode_v3 main_impl='cuda', "
+                             f"pre_impl='cuda')")
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""

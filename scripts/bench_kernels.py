@@ -1314,26 +1314,21 @@ def main():
                 if v3 and "split" in variants and B >= 128 and sdt == "float32":
                     # split records (session 51, gdn_main.cu's REC_SPLIT): fp32 records whose plain steps read a bf16
                     # high plane and whose folds join the low plane to the exact fp32 value. The fp8 copy's default
-                    # shape, and without a copy the state's default with a pre launch (GDN's, SELF_PRE 2, has none:
-                    # CUDA_DEFAULT's x16w4c1_m5 there, beside the default itself), each with the server's fp32
-                    # records (_r32, the server's pre launch), split (_rsp, the CUDA pre launch: the one that writes
-                    # both planes) and bf16 records (_r16: not a valid two-precision decode, the fold reads rounded
-                    # records; the bound of halving the record reads); round-robin
+                    # shape and the plain state's (GDN's has no pre launch, SELF_PRE 2: its main launch writes both
+                    # planes), each with the server's fp32 records (_r32, the server's pre launch), split (_rsp, the
+                    # CUDA pre launch where there is one: it writes both planes) and bf16 records (_r16: not a valid
+                    # two-precision decode, the fold reads rounded records; the bound of halving the record reads);
+                    # round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm_s
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     s_arms = {}
                     for rd, tag in (("fp8_e4m3", "_fp8"), ("same", "")):
-                        dflt = _cm_s.config_name(_cm_s.default_config(
+                        name = _cm_s.config_name(_cm_s.default_config(
                             torch.float32, kind, torch.float8_e4m3fn if rd != "same" else None))
-                        name = dflt
-                        if _cm_s.full_config(_cm_s.CUDA_CONFIGS[dflt])[10]:  # (no pre launch: time the default too)
-                            s_arms[f"v3_spl{tag}_{dflt}_r32"] = arm_ours(
-                                c, torch.float32, impl="v3", read_dtype=rd, **srv,
-                                v3_opts=dict(main_impl="cuda", cuda_config=dflt))
-                            name = _cm_s.config_name(_cm_s.CUDA_DEFAULT)
+                        sp = _cm_s.full_config(_cm_s.CUDA_CONFIGS[name])[10]
                         for rec, rtag in ((torch.float32, "r32"), ("split", "rsp"), (torch.bfloat16, "r16")):
-                            pre = "cuda" if rec == "split" else server_pre_impl(kind, name)
+                            pre = None if sp else "cuda" if rec == "split" else server_pre_impl(kind, name)
                             s_arms[f"v3_spl{tag}_{name}_{rtag}"] = arm_ours(
                                 c, rec, impl="v3", read_dtype=rd, **srv,
                                 v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre))

@@ -656,6 +656,8 @@ def test_pre_early_changes_no_bit_emulated(kind, cfg, state_dtype, shape, level,
 # outputs read, and the low 16 bits of each fp32 value beside it, which a fold joins back: the fp32 states' shapes with
 # a pre launch, with and without the fp8 copy, both kinds
 SPLIT_CASES = [("gdn", "x16w4c1_m5", "slow", dict(H=2, HV=4)),
+               # (GDN's fp32 default, no pre launch: SELF_PRE 2's main launch appends the keys, both planes)
+               ("gdn", "x16w4c1_m4_sp2", "slow", dict(H=2, HV=4)), ("gdn", "x16w4c1_m4_sp2", "fast", {}),
                ("gdn", "x16w4c1_m7_lean", "fast", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
                ("gdn", "x16w4c1_m7_lean_mf", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
                ("kda", "x16w4c1_m4_gp", "fast", {}),
@@ -670,11 +672,12 @@ def test_split_records_emulated(kind, cfg, decay, shape, monkeypatch):
     (the dots read the high plane), the low planes of untouched rows unchanged (their never-written records start as
     noise, the high plane as NaN)."""
     builds = _spy_builds(monkeypatch)
-    hz, calls, pre_calls = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=41,
-                                        split_records=True, **shape)
+    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]  # (SELF_PRE: no pre launch)
+    hz, calls, pre_calls = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl=None if sp else "cuda",
+                                        seed=41, split_records=True, **shape)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
-    assert len(pre_calls) == 14 and len(calls) == 14
+    assert len(pre_calls) == (0 if sp else 14) and len(calls) == 14
     assert builds and all(d.get("REC_SPLIT") == 1 and d["U_T"] == d["KR_T"] == "__nv_bfloat16" for d in builds)
 
 
@@ -747,16 +750,18 @@ def _split_pair(kind, cfg, read_dtype, *, h_mode, bf16_exact, seed, H=None, HV=2
     x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, decay="slow")
     x = (x[0].to(torch.bfloat16),) + tuple(x[1:])
     runs = []
+    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]  # (SELF_PRE: no pre launch)
     for r in rings:
         st = state.clone()
         out = torch.full((B, 1, HV, V), float("nan"))
         replay_decode(kind, *x, st, r, slot_idx, out=out, forced=forced, L=L, impl="v3",
-                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl="cuda"))
+                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=None if sp else "cuda"))
         runs.append((st, r, out))
     return runs
 
 
-SPLIT_BIT_CASES = [("gdn", "x16w4c1_m5", None, {}), ("gdn", "x16w4c1_m7_lean", "fp8_e4m3", dict(H=2, HV=4, V=128)),
+SPLIT_BIT_CASES = [("gdn", "x16w4c1_m5", None, {}), ("gdn", "x16w4c1_m4_sp2", None, dict(H=2, HV=4)),
+                   ("gdn", "x16w4c1_m7_lean", "fp8_e4m3", dict(H=2, HV=4, V=128)),
                    ("gdn", "x16w4c1_m7_lean_mf", "fp8_e4m3", dict(H=2, HV=4, V=128)),
                    ("kda", "x16w4c1_m4_gp", None, {}), ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128)),
                    ("kda", "x16w4c1_m7_gp_lean_mma_mf", "fp8_e4m3", dict(V=128))]
@@ -819,8 +824,12 @@ def test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypa
      "            if (!flush) rec_store(base_u + h_eff * V_ + vrow, base_u_lo + h_eff * V_ + vrow, u_t);", "fold"),
     # records written without their low half
     ("gdn", "x16w4c1_m5", None, {}, "    *lo = static_cast<unsigned short>(b & 0xffffu);", "    *lo = 0;", "bits"),
-    ("kda", "x16w4c1_m4_gp", None, {}, "    *lo = static_cast<unsigned short>(b & 0xffffu);", "    *lo = 0;", "bits")],
-    ids=["gdn-hi-fold", "kda-hi-fold", "kda-early-u_t", "gdn-no-lo", "kda-no-lo"])
+    ("kda", "x16w4c1_m4_gp", None, {}, "    *lo = static_cast<unsigned short>(b & 0xffffu);", "    *lo = 0;", "bits"),
+    # SELF_PRE's main launch appending the key to the high plane alone
+    ("gdn", "x16w4c1_m4_sp2", None, dict(H=2, HV=4),
+     "                store_key(dst, ring_k_lo + (dst - ring_k), make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k));",
+     "                for (int c = 0; c < 4; ++c) from_f(dst + c, kr[c] * s_k);", "bits")],
+    ids=["gdn-hi-fold", "kda-hi-fold", "kda-early-u_t", "gdn-no-lo", "kda-no-lo", "sp2-key-hi"])
 def test_split_records_check_can_fail(kind, cfg, read_dtype, shape, old, new, test, monkeypatch, tmp_path):
     """The split records' bit checks fail on a kernel that folds the high plane alone, stores a pre-folding row's u_t
     over record 0 before its fold has read that record's low half, or writes records without their low half."""

@@ -2041,21 +2041,17 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
     assert all(d.get("PRE_EARLY") == 1 and d.get("PRE_PF") == 8 and d.get("PRE_EARLY_F32") == f32 for d in built)
 
 
-# split records (session 51, gdn_main.cu's REC_SPLIT): fp32 states' shapes with a pre launch, the fp8 copy's default
-# (each GPU's) and the plain one (GDN's default has no pre launch: CUDA_DEFAULT's x16w4c1_m5): (kind, read copy)
+# split records (session 51, gdn_main.cu's REC_SPLIT): the fp32 states' default shapes (each GPU's), with the fp8
+# copy and without (GDN's has no pre launch, SELF_PRE 2: its main launch writes both planes): (kind, read copy)
 SPLIT_GPU_CASES = [("gdn", "fp8_e4m3"), ("kda", "fp8_e4m3"), ("gdn", "same"), ("kda", "same")]
 
 
 def split_gpu_shape(kind: str, read_dtype: str, device_name=None) -> str:
-    """test_gpu_real_shapes_split's shape: the default for an fp32 state (and its read copy) where it has a pre
-    launch, else CUDA_DEFAULT's."""
+    """test_gpu_real_shapes_split's shape: the default for an fp32 state and this read copy."""
     from replayssm_sglang.kernels import cuda_main
 
     rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
-    cfg = cuda_main.default_config(torch.float32, kind, rc, 16, device_name)
-    if cuda_main.full_config(cfg)[10]:  # (SELF_PRE 2: no pre launch)
-        cfg = cuda_main.CUDA_DEFAULT
-    return cuda_main.config_name(cfg)
+    return cuda_main.config_name(cuda_main.default_config(torch.float32, kind, rc, 16, device_name))
 
 
 @pytest.mark.gpu
@@ -2064,17 +2060,19 @@ def split_gpu_shape(kind: str, read_dtype: str, device_name=None) -> str:
 def test_gpu_real_shapes_split(kind, read_dtype, monkeypatch):
     """A ring of split records at real shapes on the GPU, as PDL dependents with the trigger, against float64 over 26
     steps, slow decays: every main launch's build REC_SPLIT, every pre launch the CUDA one (the one that writes both
-    planes); the joined records and the checkpoints at bf16 records' tolerance."""
+    planes; GDN's plain default has none); the joined records and the checkpoints at bf16 records' tolerance."""
     from replayssm_sglang.kernels import cuda_main
 
     cfg = split_gpu_shape(kind, read_dtype, torch.cuda.get_device_name())
+    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]
     built = []
     real = cuda_main.launch
     monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
     extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
+    pre = {} if sp else dict(pre_impl="cuda")
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=37, kind=kind,
-                             decay="slow", pre_impl="cuda", pdl=True, post_trigger=True, split_records=True, **extra)
-    assert st["cuda_pre_launches"] == 26 and built and all(d.get("REC_SPLIT") == 1 for d in built)
+                             decay="slow", pdl=True, post_trigger=True, split_records=True, **pre, **extra)
+    assert st["cuda_pre_launches"] == (0 if sp else 26) and built and all(d.get("REC_SPLIT") == 1 for d in built)
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:
