@@ -29,6 +29,19 @@ def _decode_outputs(kind, rec, *, B=6, L=4, steps=6, **arm_kw):
     return torch.stack(outs)
 
 
+def _emulate_with_spy(monkeypatch, shapes: dict, what) -> list:
+    """The CUDA launches emulated on the CPU (REPLAYSSM_CUDA_EMULATE), the benchmark's head shapes replaced by
+    `shapes`, and a list that gets what(arguments) of every CUDA main launch."""
+    from replayssm_sglang.kernels import cuda_main
+
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    monkeypatch.setattr(bk, "KIND_SHAPES", shapes)
+    seen = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: seen.append(what(a)) or real(**a))
+    return seen
+
+
 @pytest.mark.parametrize("kind,read_dtype", [("gdn", "bf16"), ("kda", "fp8_e4m3"), ("kda", "same")])
 def test_server_like_arm_same_outputs(kind, read_dtype, monkeypatch):
     monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=2, HV=4, K=32, V=16), "kda": dict(H=2, HV=2, K=32, V=16)})
@@ -156,11 +169,8 @@ def test_rccu_arm_runs_the_cuda_read_copy_launch(kind, cfg, monkeypatch):
     the fp8 copy's own accuracy is tests/test_cuda_emu.py's float64 check)."""
     from replayssm_sglang.kernels import cuda_main
 
-    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
-    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=1, HV=2, K=128, V=64), "kda": dict(H=2, HV=2, K=128, V=64)})
-    calls = []
-    real = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: calls.append(a["config"]) or real(**a))
+    calls = _emulate_with_spy(monkeypatch, {"gdn": dict(H=1, HV=2, K=128, V=64), "kda": dict(H=2, HV=2, K=128, V=64)},
+                              lambda a: a["config"])
     kk = "predecayed" if kind == "kda" else "raw"
 
     def outputs(read_dtype, **kw):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
@@ -210,13 +220,8 @@ def test_split_arm_runs_split_records(kind, cfg, read_dtype, monkeypatch):
     the CUDA main and pre launches every step on a ring of split records, is counted at 2 bytes a record element, and
     decodes what the fp32-record arm decodes to within bf16 records' rounding (its dots read the high plane), closer
     than the bf16-record arm, whose folds take the rounded records too."""
-    from replayssm_sglang.kernels import cuda_main
-
-    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
-    monkeypatch.setattr(bk, "KIND_SHAPES", {"gdn": dict(H=1, HV=2, K=128, V=128), "kda": dict(H=2, HV=2, K=128, V=64)})
-    builds = []
-    real = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: builds.append(a["defs"]) or real(**a))
+    builds = _emulate_with_spy(monkeypatch, {"gdn": dict(H=1, HV=2, K=128, V=128),
+                                             "kda": dict(H=2, HV=2, K=128, V=64)}, lambda a: a["defs"])
     kk = "predecayed" if kind == "kda" else "raw"
 
     def outputs(rec, pre):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
