@@ -457,11 +457,14 @@ def env_lead_pdl() -> bool:
 # B = 256 and 67.4 -> 66.1 at 128 (the pre launch alone 8.0 -> 7.3, 5.9 -> 5.2); GDN's fp8 copy 126.4 -> 125.8 / 72.3
 # -> 71.7; KDA's CUDA pre launch alone 15.4 -> 14.5 at 256 (bf16 records) with the step unchanged (136.1 / 136.7), its
 # fp8 copy (fp32 records) unchanged. On wherever a build has a pre launch (defines: pre_early None)
-PRE_EARLY_DEFAULT = True
 # PRE_EARLY level 2 (session 50; pre_early=2, REPLAYSSM_PRE_EARLY=2): with fp32 key records, the first of them loaded
 # early too (gdn_main.cu's PRE_EARLY_F32; level 1 loads an fp32 record only at its dot, and KDA's only after the token's
 # record is stored). As many as fit the pre launch's registers without a spill (ptxas sm_90, the server's fp8-copy
 # and fp32 builds: KDA 8 at its 72 registers, GDN 4 at its 64; 8 spill there). Builds with bf16 records are level 1's.
+# The default since session 51: bench --variants early, H100, round-robin at B = 256 (kernels-20261206-1917-s2):
+# KDA's fp8 copy 143.9 -> 142.7 us (its pre launch 24.4 -> 24.0), GDN's 127.8 -> 127.5, KDA's fp32 state with the
+# CUDA pre launch 238.4 -> 238.1; its GPU float64 cases passed (run 1917), and it changes no bit (emulated)
+PRE_EARLY_DEFAULT = 2
 PRE_EARLY_F32_RECORDS = {"gdn": 4, "kda": 8}
 
 
