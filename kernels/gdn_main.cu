@@ -422,9 +422,18 @@ struct SplitRec {
     __device__ __forceinline__ SplitRec operator+(long long o) const { return {hi + o, lo + o}; }
     __device__ __forceinline__ SplitRec operator-(long long o) const { return {hi - o, lo - o}; }
 };
+// (element pair i of a 32-bit word of each plane: the fp32 bits (high << 16) + low, low taken as signed)
+__device__ __forceinline__ float rec_join_w(uint32_t hw, uint32_t lw, int i) {
+    const uint32_t h = i ? (hw & 0xffff0000u) : (hw << 16);
+    const int32_t l = i ? (static_cast<int32_t>(lw) >> 16) : (static_cast<int32_t>(lw << 16) >> 16);
+    return __uint_as_float(h + static_cast<uint32_t>(l));
+}
+// four elements (8-byte aligned in both planes: a record row starts at a multiple of K_ and a lane's columns at a
+// multiple of 4): one 8-byte load per plane
 __device__ __forceinline__ float4 load4(SplitRec p) {
-    const float4 h = load4(p.hi);
-    return make_float4(rec_join(h.x, p.lo[0]), rec_join(h.y, p.lo[1]), rec_join(h.z, p.lo[2]), rec_join(h.w, p.lo[3]));
+    const uint2 h = *reinterpret_cast<const uint2*>(p.hi), l = *reinterpret_cast<const uint2*>(p.lo);
+    return make_float4(rec_join_w(h.x, l.x, 0), rec_join_w(h.x, l.x, 1), rec_join_w(h.y, l.y, 0),
+                       rec_join_w(h.y, l.y, 1));
 }
 typedef SplitRec FoldKeys;
 #define FK_RESTRICT
@@ -1069,9 +1078,13 @@ template <typename P>
 __device__ __forceinline__ uint4 key_words(P p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 #if REC_SPLIT
 __device__ __forceinline__ uint4 key_words(SplitRec p) { return key_words(p.hi); }  // (not taken: BF16_K is 0)
-__device__ __forceinline__ void load8(SplitRec p, float (&f)[8]) {  // (the exact fp32 values)
-    const float4 x = load4(p), y = load4(p + 4);
-    f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+// eight elements, the exact fp32 values (16-byte aligned in both planes, as the bf16 keys' words): one 16-byte load
+// per plane
+__device__ __forceinline__ void load8(SplitRec p, float (&f)[8]) {
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(p.hi)), l = __ldg(reinterpret_cast<const uint4*>(p.lo));
+    const uint32_t hs[4] = {h.x, h.y, h.z, h.w}, ls[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[2 * i] = rec_join_w(hs[i], ls[i], 0), f[2 * i + 1] = rec_join_w(hs[i], ls[i], 1);
 }
 #endif
 // two floats as a bf16 pair rounded to nearest (from_f's rounding; x in the low half): one cvt.rn.bf16x2.f32

@@ -818,6 +818,11 @@ def test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypa
     ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128),
      "    return __uint_as_float(__float_as_uint(hi) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<short>(lo))));",
      "    return hi + 0.0f * lo;", "fold"),
+    # the fold's keys joined without their low halves (the vector loads' join)
+    ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128), "    return __uint_as_float(h + static_cast<uint32_t>(l));",
+     "    return __uint_as_float(h) + 0.0f * l;", "fold"),
+    ("gdn", "x16w4c1_m7_lean_mf", "fp8_e4m3", dict(H=2, HV=4, V=128),
+     "    return __uint_as_float(h + static_cast<uint32_t>(l));", "    return __uint_as_float(h) + 0.0f * l;", "fold"),
     # a pre-folding row's u_t stored before its fold, over the low half of the record 0 that the fold joins
     ("kda", "x16w4c1_m4_gp", None, {},
      "            if (!flush && !prefold) rec_store(base_u + h_eff * V_ + vrow, base_u_lo + h_eff * V_ + vrow, u_t);",
@@ -829,7 +834,8 @@ def test_split_records_same_bits_emulated(kind, cfg, read_dtype, shape, monkeypa
     ("gdn", "x16w4c1_m4_sp2", None, dict(H=2, HV=4),
      "                store_key(dst, ring_k_lo + (dst - ring_k), make_float4(kr[0] * s_k, kr[1] * s_k, kr[2] * s_k, kr[3] * s_k));",
      "                for (int c = 0; c < 4; ++c) from_f(dst + c, kr[c] * s_k);", "bits")],
-    ids=["gdn-hi-fold", "kda-hi-fold", "kda-early-u_t", "gdn-no-lo", "kda-no-lo", "sp2-key-hi"])
+    ids=["gdn-hi-fold", "kda-hi-fold", "kda-keys-hi", "gdn-mf-keys-hi", "kda-early-u_t", "gdn-no-lo", "kda-no-lo",
+         "sp2-key-hi"])
 def test_split_records_check_can_fail(kind, cfg, read_dtype, shape, old, new, test, monkeypatch, tmp_path):
     """The split records' bit checks fail on a kernel that folds the high plane alone, stores a pre-folding row's u_t
     over record 0 before its fold has read that record's low half, or writes records without their low half."""
