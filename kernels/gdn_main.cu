@@ -2033,7 +2033,6 @@ __device__ __forceinline__ float rs_32(float (&v)[32], int lane) {
 
 // what a pre launch's (row, head) does this step (decode._decode_rule_rc): h, a pre-fold, a flush, an append of the
 // token's record at h_eff; with a read copy a row whose copy is stale (rc_valid[ring row] == 0) flushes as if forced
-
 struct PreRule {
     int h_old, h_eff;
     bool prefold, flush, append;
