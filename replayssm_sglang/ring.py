@@ -117,10 +117,7 @@ class RingLayout:
         s = self.shapes(slots)
         u_lo = k_lo = None
         if split_records:
-            if record_dtype != torch.float32:
-                raise ValueError(f"split_records keeps fp32 records as two 16-bit planes: record_dtype must be "
-                                 f"torch.float32, got {record_dtype}")
-            record_dtype = torch.bfloat16  # (the high plane; the low one beside it)
+            record_dtype = split_high_dtype(record_dtype)
             u_lo = torch.zeros(s["u"], dtype=torch.int16, device=device)
             k_lo = torch.zeros(s["k"], dtype=torch.int16, device=device)
         rc = rc_scale = rc_valid = None
@@ -315,6 +312,15 @@ def check_draft_shape(topk: int | None, num_draft_tokens: int | None, L: int | N
 
 
 # --- split records (Ring.u_lo / k_lo): fp32 records as two 16-bit planes ---------------------------------------
+
+def split_high_dtype(record_dtype: torch.dtype) -> torch.dtype:
+    """The high plane's type of split records (bf16; the low plane is int16), for records of record_dtype: only fp32
+    records are split."""
+    if record_dtype != torch.float32:
+        raise ValueError(f"split_records keeps fp32 records as two 16-bit planes: record_dtype must be torch.float32, "
+                         f"got {record_dtype}")
+    return torch.bfloat16
+
 
 def split_planes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 values as (hi, lo): hi the bf16 of each, rounded to nearest with ties away from zero (its bits are

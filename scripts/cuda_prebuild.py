@@ -202,12 +202,12 @@ def combos():
     # split records (session 51, REC_SPLIT): test_gpu_real_shapes_split (the harness's arguments, TRIGGER_POST) and
     # bench --variants split (the server's: the fp8 copy's default and the plain fp32 default with a pre launch, with
     # fp32, split and bf16 records, the trigger the tuned launch's at B >= 128)
-    from test_decode_kernels import SPLIT_GPU_CASES, split_gpu_shape
+    from test_decode_kernels import SPLIT_GPU_CASES
 
-    out += [rc_build(kind, split_gpu_shape(kind, rd, g), RC.get(rd), F32, I32, rec=BF16, trig=True, split=True)
-            for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
-    out += [rc_build(kind, split_gpu_shape(kind, rd, g), RC.get(rd), BF16, I64, rec=rec, trig=True, split=sp)
-            for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)
+    split_shapes = [(kind, cm.config_name(cm.default_config(F32, kind, RC.get(rd), device_name=g)), rd)
+                    for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
+    out += [rc_build(kind, n, RC.get(rd), F32, I32, rec=BF16, trig=True, split=True) for kind, n, rd in split_shapes]
+    out += [rc_build(kind, n, RC.get(rd), BF16, I64, rec=rec, trig=True, split=sp) for kind, n, rd in split_shapes
             for rec, sp in ((F32, False), (BF16, True), (BF16, False))]
     from bench_kernels import SPLIT_SIBLINGS
 

@@ -2046,14 +2046,6 @@ def test_gpu_real_shapes_pre_early(kind, state_dtype, read_dtype, rec_dtype, mon
 SPLIT_GPU_CASES = [("gdn", "fp8_e4m3"), ("kda", "fp8_e4m3"), ("gdn", "same"), ("kda", "same")]
 
 
-def split_gpu_shape(kind: str, read_dtype: str, device_name=None) -> str:
-    """test_gpu_real_shapes_split's shape: the default for an fp32 state and this read copy."""
-    from replayssm_sglang.kernels import cuda_main
-
-    rc = {"same": None, "fp8_e4m3": torch.float8_e4m3fn}[read_dtype]
-    return cuda_main.config_name(cuda_main.default_config(torch.float32, kind, rc, 16, device_name))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,read_dtype", SPLIT_GPU_CASES, ids=str)
@@ -2063,14 +2055,10 @@ def test_gpu_real_shapes_split(kind, read_dtype, monkeypatch):
     planes; GDN's plain default has none); the joined records and the checkpoints at bf16 records' tolerance."""
     from replayssm_sglang.kernels import cuda_main
 
-    cfg = split_gpu_shape(kind, read_dtype, torch.cuda.get_device_name())
+    sdt, cfg, extra, built = _default_shape_case(kind, "float32", read_dtype, "launch", monkeypatch)
     sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]
-    built = []
-    real = cuda_main.launch
-    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
-    extra = {} if read_dtype == "same" else dict(read_dtype=read_dtype)
     pre = {} if sp else dict(pre_impl="cuda")
-    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=37, kind=kind,
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, sdt, seed=37, kind=kind,
                              decay="slow", pdl=True, post_trigger=True, split_records=True, **pre, **extra)
     assert st["cuda_pre_launches"] == (0 if sp else 26) and built and all(d.get("REC_SPLIT") == 1 for d in built)
 

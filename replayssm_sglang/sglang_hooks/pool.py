@@ -245,9 +245,7 @@ class ReplayPool:
         z = lambda shape, dt: torch.zeros((num_layers,) + tuple(shape), dtype=dt, device=device)  # noqa: E731
         lo = {}
         if split_records:
-            if record_dtype != torch.float32:
-                raise ValueError(f"split records keep fp32 records in two planes: record_dtype {record_dtype}")
-            record_dtype = torch.bfloat16  # (the high planes; the low ones beside them)
+            record_dtype = ringmod.split_high_dtype(record_dtype)  # (the high planes; the low ones beside them)
             lo = dict(u_lo=z(s["u"], torch.int16), k_lo=z(s["k"], torch.int16))
         rc = rc_scale = rc_valid = None
         if _check_read_dtype(read_dtype) != "same":
