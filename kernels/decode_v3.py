@@ -1307,7 +1307,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         # (the CUDA launches read and write both planes; Triton's read the high plane as whole records)
         raise ValueError("a ring of split records (split_records) runs the CUDA main launch with the CUDA pre launch "
                          "or none (self_pre): main_impl='cuda', pre_impl='cuda' (REPLAYSSM_MAIN_IMPL / "
-                         f"REPLAYSSM_PRE_IMPL not 'triton'); this launch has main {impl_main}, pre {pre_impl}")
+                         f"REPLAYSSM_PRE_IMPL not 'triton'; in the server, or unset REPLAYSSM_SPLIT_RECORDS); this "
+                         f"launch has main {impl_main}, pre {pre_impl}")
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = _gts_scratch(B, HV, K, dev) if impl_main == "cuda" and cuda_cfg[5] else None
     frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)

@@ -202,7 +202,7 @@ class Ring:
         if self.split_records:
             raise ValueError(f"{what} reads whole records; this ring keeps them split (split_records: the CUDA main "
                              f"launch with the CUDA pre launch or none only, decode_v3 main_impl='cuda', "
-                             f"pre_impl='cuda')")
+                             f"pre_impl='cuda'; in the server, unset REPLAYSSM_SPLIT_RECORDS)")
 
     def reset(self, slots: torch.Tensor) -> None:
         """Forget every record of these slots (their checkpoint is exact as it stands)."""
