@@ -483,6 +483,32 @@ def env_pre_pf() -> int:
     return int(v)
 
 
+# VEC_U (session 52): the main launch's value records read as one vector load per position (a lane's RPL rows, 16
+# bytes fp32 or 8 bf16 at 16 rows per warp) instead of RPL element loads; the XL layout. Session 51's bf16-record
+# bound found halving the records' bytes worth nothing to GDN, and a value record's elements were loaded one at a
+# time, as many loads for bf16 as for fp32. To be measured (bench --variants vu); off until then
+VEC_U_DEFAULT = 0
+
+
+def env_vec_u() -> int:
+    """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "0"
+    not; unset or empty: VEC_U_DEFAULT."""
+    v = os.environ.get("REPLAYSSM_VEC_U", "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_VEC_U must be 0 or 1, got {v!r}")
+    return int(VEC_U_DEFAULT) if v == "" else int(v)
+
+
+def vec_u_defines(vec_u, xl, rpw, u_dtype) -> dict:
+    """VEC_U's -D parameter (vec_u None: VEC_U_DEFAULT) where it applies: the XL layout at 8 or 16 rows per warp (2 or 4
+    rows per lane) with fp32 or bf16 value records (only where set, so that the other builds keep their cubin keys)."""
+    on = int(VEC_U_DEFAULT if vec_u is None else vec_u)
+    if on not in (0, 1):
+        raise ValueError(f"vec_u must be 0 or 1 (or None for VEC_U_DEFAULT), got {vec_u!r}")
+    applies = xl and rpw in (8, 16) and u_dtype in (torch.float32, torch.bfloat16)
+    return {"VEC_U": 1} if on and applies else {}
+
+
 def env_pre_early() -> int:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
     fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
@@ -568,7 +594,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None, pre_pf=0, rec_split=False) -> dict:
+            pre_early=None, pre_pf=0, rec_split=False, vec_u=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -586,7 +612,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     has no pre launch); 2: and with fp32 key records the first of them too (PRE_EARLY_F32, session 50). pre_pf:
     the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2 (PRE_PF, session 49; only
     where set, and only with a pre launch). rec_split: the records are split in two 16-bit planes (REC_SPLIT, session
-    51; u_dtype and k_dtype are then the bf16 high plane; only where set)."""
+    51; u_dtype and k_dtype are then the bf16 high plane; only where set). vec_u: the main launch reads a lane's value
+    records at one position as one vector load (VEC_U, session 52; None: VEC_U_DEFAULT; vec_u_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -602,6 +629,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= pre_early_defines(pre_early, kind, k_dtype, self_pre)
     rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
     rc |= {"REC_SPLIT": 1} if rec_split else {}
+    rc |= vec_u_defines(vec_u, xl, rpw, u_dtype)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -615,7 +643,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 
 def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
-                   rc_dtype=None, rec_split=False) -> dict:
+                   rc_dtype=None, rec_split=False, vec_u=None) -> dict:
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type (rec_split: fp32 records split in two planes, REC_SPLIT; rec_dtype is then
@@ -631,7 +659,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
-                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split)
+                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -1053,9 +1081,11 @@ def _obtainable() -> bool:
 
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
-                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0) -> dict:
+                   self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0,
+                   vec_u=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
-    pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE)."""
+    pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
+    VEC_U_DEFAULT) where vec_u_defines says."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -1068,7 +1098,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
-                   pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records)
+                   pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records, vec_u=vec_u)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1236,6 +1266,19 @@ def _pdl_attrs(on: bool):
     return attrs, 1
 
 
+def check_vec_u(defs: dict, ring) -> None:
+    """A VEC_U build reads a lane's RPW / 4 value records at one position as one vector: the ring's value records must
+    start on that vector's alignment, with each position's row of V a multiple of it and the last dimension dense."""
+    if not defs.get("VEC_U"):
+        return
+    run = defs["RPW"] // 4
+    vec_bytes = run * ring.u.element_size()
+    if ring.u.stride(-1) != 1 or ring.u.stride(-2) % run or ring.u.data_ptr() % vec_bytes:
+        raise ValueError(f"VEC_U's main launch reads {run} value records as one {vec_bytes}-byte load: the ring's u "
+                         f"must be {vec_bytes}-byte aligned with dense rows of a multiple of {run} elements "
+                         "(REPLAYSSM_VEC_U=0 for this ring)")
+
+
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None,
            defs=None, frag=None):
@@ -1264,6 +1307,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     check_split(defs, ring)
+    check_vec_u(defs, ring)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),

@@ -118,6 +118,12 @@
 #if REC_SPLIT && !XL
 #error "REC_SPLIT: the XL layout"
 #endif
+#ifndef VEC_U
+#define VEC_U 0  // 1 (the XL layout): a lane's RPL value records at one position, consecutive in the ring, read as one
+#endif           // vector load (16 bytes fp32, 8 bf16 at RPL 4) instead of RPL element loads (session 52)
+#if VEC_U && !XL
+#error "VEC_U: the XL layout"
+#endif
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
 #endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
@@ -387,6 +393,31 @@ __device__ __forceinline__ float4 load4<float>(const float* p) {
 template <typename T>
 __device__ __forceinline__ float4 load4_any(const T* p) {
     return make_float4(to_f(p[0]), to_f(p[1]), to_f(p[2]), to_f(p[3]));
+}
+// N consecutive records as fp32 from one vector load (VEC_U: a lane's RPL value records at one position; p is a
+// multiple of N elements, which cuda_main.launch checks for the ring's base and rows)
+template <int N>
+__device__ __forceinline__ void load_run(const float* p, float (&f)[N]) {
+    static_assert(N == 2 || N == 4, "VEC_U: 2 or 4 rows per lane");
+    if constexpr (N == 4) {
+        const float4 w = *reinterpret_cast<const float4*>(p);
+        f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;
+    } else {
+        const float2 w = *reinterpret_cast<const float2*>(p);
+        f[0] = w.x, f[1] = w.y;
+    }
+}
+template <int N>
+__device__ __forceinline__ void load_run(const __nv_bfloat16* p, float (&f)[N]) {
+    static_assert(N == 2 || N == 4, "VEC_U: 2 or 4 rows per lane");
+    if constexpr (N == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        f[0] = __uint_as_float(w.x << 16), f[1] = __uint_as_float(w.x & 0xffff0000u);
+        f[2] = __uint_as_float(w.y << 16), f[3] = __uint_as_float(w.y & 0xffff0000u);
+    } else {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+        f[0] = __uint_as_float(w << 16), f[1] = __uint_as_float(w & 0xffff0000u);
+    }
 }
 // four bf16 in two words, element 0 in the low half of w.x (PRE_EARLY's key records: a record's row starts at a
 // multiple of K_ elements and a lane's columns at a multiple of 4, so a bf16 lane's four are one aligned 8-byte load)
@@ -1566,10 +1597,24 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float x_v;
     auto load_rows = [&](int ch) {
         const int v0 = row0 + ch * VT + lrow;
+#if VEC_U
+#pragma unroll
+        for (int t = 0; t < JX; ++t) {
+            float f[RPL];
+            if (j0 + t < h_old)
+                load_run<RPL>(base_u + (j0 + t) * V_ + v0, f);
+            else
+#pragma unroll
+                for (int i = 0; i < RPL; ++i) f[i] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < RPL; ++i) ru[i][t] = f[i];
+        }
+#else
 #pragma unroll
         for (int i = 0; i < RPL; ++i)
 #pragma unroll
             for (int t = 0; t < JX; ++t) ru[i][t] = j0 + t < h_old ? to_f(base_u[(j0 + t) * V_ + v0 + i]) : 0.0f;
+#endif
         x_v = to_f(pv[row0 + ch * VT + frow]);
     };
     load_rows(0);

@@ -93,6 +93,9 @@ Arms (per layer kind, state dtype and batch size B):
               prefetching the first N batch rows' tiles into L2 for the main launch (gdn_main.cu's PRE_PF, session 49;
               N in cuda_main.PF_BENCH_ROWS, 0: none); fp32 states also with the fp8 copy (_fp8); where the server's
               pre launch is Triton's, v3_pf0t_ (Triton's) and v3_pf<N>c_ (the CUDA one); _rr
+  v3_vu0_<shape>, v3_vu1_<shape> (--variants vu) the server's step at this GPU's default shapes without and with the
+              main launch's value records read as vectors (gdn_main.cu's VEC_U, session 52); fp32 states also with
+              the fp8 copy (_fp8), there also with split records (_rsp) and bf16 records (_r16: a bound); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1511,6 +1514,33 @@ def main():
                         arms.update(f_arms)
                         round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} pf",
                                             meta, "pf_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "vu" in variants:
+                    # the main launch's value records read as vectors (session 52: gdn_main.cu's VEC_U; a lane's
+                    # RPL records at one position were RPL element loads, as many for bf16 as for fp32, and session
+                    # 51 found halving the records' bytes worth nothing to GDN): this GPU's default shapes without
+                    # (vu0) and with it (vu1), the server's records; fp32 states also with the fp8 copy, there also
+                    # with split records (_rsp, the CUDA pre launch) and bf16 records (_r16: the bound, not a valid
+                    # decode); round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_v
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    v_arms = {}
+                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
+                        rcd = None if rd == "same" else torch.float8_e4m3fn
+                        name = _cm_v.config_name(_cm_v.default_config(DT[sdt], kind, rcd,
+                                                                      device_name=torch.cuda.get_device_name()))
+                        sp = _cm_v.full_config(_cm_v.CUDA_CONFIGS[name])[10]
+                        tag = "" if rd == "same" else "_fp8"
+                        recs = [(DT[sdt], "")] + ([("split", "_rsp"), (torch.bfloat16, "_r16")] if rcd else [])
+                        for rec, rtag in recs:
+                            pre = None if sp else "cuda" if rec == "split" else server_pre_impl(kind, name)
+                            for vu in (0, 1):
+                                v_arms[f"v3_vu{vu}{tag}_{name}{rtag}"] = arm_ours(
+                                    c, rec, impl="v3", read_dtype=rd, **srv,
+                                    v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre, vec_u=vu))
+                    arms.update(v_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in v_arms.items()}, f"{kind} {sdt} vu", meta,
+                                        "vu_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

@@ -130,10 +130,10 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None, pf=0, split=False):
+                 lead=False, early=None, pf=0, split=False, vu=None):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
         # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
-        # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16)
+        # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16); vu: VEC_U (None: its default)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -142,7 +142,7 @@ def combos():
                           u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early, pre_pf=pf, rec_split=split)
+                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu)
 
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
@@ -191,6 +191,13 @@ def combos():
     # bench --variants pf (session 49): the same shapes with the trigger, PRE_PF at each of cuda_main.PF_BENCH_ROWS
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=True, pf=n_pf)
             for kind, name, rcd, sdt in server_defaults(with_pre=True) for n_pf in cm.PF_BENCH_ROWS if n_pf]
+    # bench --variants vu (session 52): every default shape without and with VEC_U, the server's records, with and
+    # without the trigger as --variants trig; the fp8 copy's also with split and bf16 records
+    out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=r, trig=trig, pdl=pdl, split=spl, vu=vu)
+            for kind, name, rcd, sdt in server_defaults()
+            for r, spl in [(sdt, False)] + ([(BF16, True), (BF16, False)] if rcd else [])
+            for trig, pdl in ((False, None), (True, None)) + (((False, False),) if rcd else ())
+            for vu in (0, 1)]
     # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre
     # launch, PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
     from test_decode_kernels import PRE_EARLY_CASES as PE_CASES, pe_level
@@ -213,6 +220,13 @@ def combos():
 
     out += [rc_build(kind, n, RC["fp8_e4m3"], BF16, I64, rec=rec, trig=True, split=sp)
             for kind, n in SPLIT_SIBLINGS.items() for rec, sp in ((F32, False), (BF16, True))]
+    # test_gpu_real_shapes_vec_u (session 52): the harness's arguments, each GPU's default shape, TRIGGER_POST, VEC_U
+    from test_decode_kernels import VEC_U_GPU_CASES
+
+    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+                     RC.get(rd), F32, I32, getattr(torch, sdt), rec=BF16 if spl else getattr(torch, sdt), trig=True,
+                     split=spl, vu=1)
+            for kind, sdt, rd, spl in VEC_U_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES

@@ -241,6 +241,24 @@ def test_split_arm_runs_split_records(kind, cfg, read_dtype, monkeypatch):
     assert rel(sp, r32) <= rel(r16, r32), (rel(sp, r32), rel(r16, r32))
 
 
+def test_vu_arm_runs_vec_u_builds(monkeypatch):
+    """The `--variants vu` arms (v3_opts vec_u, gdn_main.cu's VEC_U; here its CPU emulation): vu1's builds carry VEC_U
+    and vu0's do not, and the two decode the same bits (the same records, loaded as vectors or one by one)."""
+    builds = _emulate_with_spy(monkeypatch, {"gdn": dict(H=1, HV=2, K=128, V=64)}, lambda a: a["defs"])
+
+    def outputs(vu):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
+        return _decode_outputs("gdn", torch.float32, B=16, L=16, steps=3, server_like=True,
+                               v3_opts=dict(main_impl="cuda", cuda_config="x16w4c1_m5", pre_impl="cuda", vec_u=vu))
+
+    v0 = outputs(0)
+    assert builds and not any(d.get("VEC_U") for d in builds)
+    builds.clear()
+    v1 = outputs(1)
+    assert builds and all(d.get("VEC_U") == 1 for d in builds)
+    assert torch.isfinite(v1).all() and v1.abs().max() > 0
+    assert torch.equal(v0.view(torch.int32), v1.view(torch.int32))
+
+
 def test_round_robin_medians_keeps_rounds_and_medians(monkeypatch):
     """The round-robin variants' common end (round_robin_medians / keep_rounds): every round in us under
     meta[key]["<prefix>/<name>"] beside what the key held, and each arm's median round (seconds) as its result."""

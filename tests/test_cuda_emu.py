@@ -879,3 +879,127 @@ def test_kda_gts_only_where_read_can_fail(monkeypatch, tmp_path):
                      "if (gts != nullptr && (!rule.append))")
     with pytest.raises(AssertionError, match="rms ratio|non-finite"):
         test_kda_gts_only_where_read_emulated("x16w4c1_m7_gp_lean_mma", "fp8_e4m3", dict(V=128), monkeypatch)
+
+
+# VEC_U (session 52): the main launch reads a lane's RPL value records at one position as one vector load (16 bytes
+# fp32, 8 bf16 at RPL 4; 8 and 4 at RPL 2) instead of RPL element loads. The XL shapes of both kinds: fp32 and bf16
+# records, 16 and 8 rows per warp, the fp8 copy, SELF_PRE 2 and split records (whose plain rows read the bf16 high plane)
+VEC_U_CASES = [("gdn", "x16w4c1_m7_lean", "float32", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+               ("gdn", "x16w4c1_m7_mma_mf", "bfloat16", "fast", dict(H=2, HV=4, V=128, rec_dtype=torch.bfloat16)),
+               ("gdn", "x8w4c1", "float32", "slow", {}),
+               ("gdn", "x8w4c1", "bfloat16", "fast", dict(rec_dtype=torch.bfloat16)),
+               ("gdn", "x16w4c1_m4_sp2", "float32", "fast", dict(H=2, HV=4, self_pre=2)),
+               ("gdn", "x16w4c1_m5", "float32", "slow", dict(split_records=True)),
+               ("kda", "x16w4c1_m7_gp_lean_mma", "float32", "slow", dict(read_dtype="fp8_e4m3", V=128)),
+               ("kda", "x16w4c1_m6_gp_mf", "bfloat16", "fast", dict(rec_dtype=torch.bfloat16))]
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape", VEC_U_CASES, ids=str)
+def test_vec_u_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
+    """REPLAYSSM_VEC_U=1: every build is a VEC_U build and the step matches float64 over 14 steps (window switching,
+    forced flushes, pre-folds, padded rows, staggered cursors: rows whose records end inside a lane's positions)."""
+    builds = _spy_builds(monkeypatch)
+    monkeypatch.setenv("REPLAYSSM_VEC_U", "1")
+    sp = shape.get("self_pre")
+    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl=None if sp else "cuda", seed=29,
+                                **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(calls) == 14
+    assert builds and all(d.get("VEC_U") == 1 for d in builds)
+
+
+def test_vec_u_check_can_fail(monkeypatch, tmp_path):
+    """The VEC_U cases fail on a kernel whose vector load hands a lane's rows their records in the wrong order (rows 1
+    and 2 swapped)."""
+    _emulate_mutated(monkeypatch, tmp_path, "f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;",
+                     "f[0] = w.x, f[1] = w.z, f[2] = w.y, f[3] = w.w;")
+    monkeypatch.setenv("REPLAYSSM_VEC_U", "1")
+    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch, pre_impl="cuda", seed=29)
+    with pytest.raises(AssertionError, match="rms ratio|non-finite"):
+        hz.run(6)
+
+
+def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64, B=5, monkeypatch):
+    """One emulated decode step without and with VEC_U on copies of one ring (random records, cursors 0 .. L: appends,
+    flushes, pre-folds; forced flushes, stale copies, a padded row), checkpoint and inputs. Returns both (state, ring,
+    out)."""
+    monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
+    g = torch.Generator().manual_seed(seed)
+    H = H or (1 if kind == "gdn" else HV)
+    L, K = 16, 128
+    sdt = getattr(torch, state_dtype)
+    lay = ringmod.RingLayout.for_layer(kind, L=L, H=H, HV=HV, K=K, V=V)
+    slots = B + 2
+    keys = "predecayed" if kind == "kda" else "raw"
+    r0 = lay.allocate(slots, record_dtype=sdt, read_dtype=read_dtype, kda_keys=keys)
+    r0.u.copy_(torch.randn(r0.u.shape, generator=g))
+    r0.k.copy_(torch.randn(r0.k.shape, generator=g) * 0.1)
+    r0.g.copy_(-torch.cumsum(torch.rand(r0.g.shape, generator=g) * 0.2, dim=2))
+    h = torch.randint(0, L + 1, (slots,), generator=g, dtype=torch.int32)
+    h[:3] = torch.tensor([L, L - 1, 0], dtype=torch.int32)
+    r0.h.copy_(h)
+    if r0.rc is not None:
+        r0.rc_valid.copy_((torch.rand(slots, generator=g) < 0.7).to(torch.int32))
+        r0.rc.copy_((torch.randn(r0.rc.shape, generator=g) * 100).to(r0.rc.dtype))
+        if r0.rc_scale is not None:
+            r0.rc_scale.copy_(torch.rand(r0.rc_scale.shape, generator=g) * 1e-3 + 1e-4)
+    r1 = lay.allocate(slots, record_dtype=sdt, read_dtype=read_dtype, kda_keys=keys)
+    for f in ("u", "k", "g", "h", "rc", "rc_scale", "rc_valid", "ovf"):
+        if getattr(r0, f) is not None:
+            getattr(r1, f).copy_(getattr(r0, f))
+    forced = (torch.rand(B, generator=g) < 0.25).to(torch.int32)
+    state = (torch.randn(slots, HV, V, K, generator=g) * 0.1).to(sdt)
+    slot_idx = torch.randperm(slots, generator=g)[:B].to(torch.int32)
+    slot_idx[-1] = -1  # (a padded row)
+    x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, decay="slow")
+    x = (x[0].to(torch.bfloat16),) + tuple(x[1:])
+    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]  # (SELF_PRE: no pre launch)
+    runs = []
+    for vu, r in ((0, r0), (1, r1)):
+        st = state.clone()
+        out = torch.full((B, 1, HV, V), float("nan"))
+        replay_decode(kind, *x, st, r, slot_idx, out=out, forced=forced, L=L, impl="v3",
+                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=None if sp else "cuda", vec_u=vu))
+        runs.append((st, r, out))
+    return runs
+
+
+VEC_U_BIT_CASES = [("gdn", "x16w4c1_m7_lean", "fp8_e4m3", "float32", dict(H=2, HV=4, V=128)),
+                   ("gdn", "x16w4c1_m7_mma_mf", "same", "bfloat16", dict(H=2, HV=4, V=128)),
+                   ("gdn", "x8w4c1", "same", "float32", {}), ("gdn", "x8w4c1", "same", "bfloat16", {}),
+                   ("kda", "x16w4c1_m4_gp", "same", "float32", {}),
+                   ("kda", "x16w4c1_m6_gp_mf", "same", "bfloat16", {})]
+
+
+@pytest.mark.parametrize("kind,cfg,read_dtype,state_dtype,shape", VEC_U_BIT_CASES, ids=str)
+def test_vec_u_same_bits_emulated(kind, cfg, read_dtype, state_dtype, shape, monkeypatch):
+    """VEC_U changes how the value records are loaded, not what: one step over every kind of row leaves outputs,
+    checkpoints, read copies and records the same bit for bit without and with it."""
+    builds = _spy_builds(monkeypatch)
+    (s0, r0, o0), (s1, r1, o1) = _vec_u_pair(kind, cfg, read_dtype, state_dtype, seed=6, monkeypatch=monkeypatch,
+                                             **shape)
+    assert {d.get("VEC_U", 0) for d in builds} == {0, 1}
+    assert bool(torch.isfinite(o0[:-1]).all()), "a real row's output is not finite"
+    assert torch.equal(o0.float().view(torch.int32), o1.float().view(torch.int32)), "outputs differ"
+    assert torch.equal(s0.float().view(torch.int32), s1.float().view(torch.int32)), "checkpoints differ"
+    if r0.rc is not None:
+        assert torch.equal(r0.rc.view(torch.uint8), r1.rc.view(torch.uint8)), "read copies differ"
+    assert torch.equal(r0.u.float().view(torch.int32), r1.u.float().view(torch.int32)), "value records differ"
+    assert torch.equal(r0.k.float().view(torch.int32), r1.k.float().view(torch.int32)), "key records differ"
+    assert torch.equal(r0.h, r1.h)
+
+
+def test_vec_u_refuses_a_misaligned_ring():
+    """A VEC_U build refuses value records off its vector's alignment, and names the fix."""
+    lay = ringmod.RingLayout.for_layer("gdn", L=16, H=1, HV=2, K=128, V=64)
+    ring = lay.allocate(2)
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x16w4c1_m5"], vec_u=1)
+    assert d.get("VEC_U") == 1
+    cuda_main.check_vec_u(d, ring)
+    flat = torch.zeros(ring.u.numel() + 1)
+    ring.u = flat[1:].view(ring.u.shape)  # (4 bytes past a 16-byte boundary)
+    with pytest.raises(ValueError, match="REPLAYSSM_VEC_U=0"):
+        cuda_main.check_vec_u(d, ring)
+    assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x16w4c1_m5"], vec_u=0)
+    assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["g8w4"], vec_u=1)  # (not the XL layout)

@@ -1532,7 +1532,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
     pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early",
-                                          "pre_pf")
+                                          "pre_pf", "vec_u")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -2061,6 +2061,32 @@ def test_gpu_real_shapes_split(kind, read_dtype, monkeypatch):
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, sdt, seed=37, kind=kind,
                              decay="slow", pdl=True, post_trigger=True, split_records=True, **pre, **extra)
     assert st["cuda_pre_launches"] == (0 if sp else 26) and built and all(d.get("REC_SPLIT") == 1 for d in built)
+
+
+# VEC_U (session 52): each GPU's default shapes with the main launch's value records read as vectors, both states,
+# the fp8 copy, and split records (whose plain rows read the bf16 high plane): (kind, state type, read copy, split)
+VEC_U_GPU_CASES = [("gdn", "float32", "same", False), ("gdn", "bfloat16", "same", False),
+                   ("kda", "float32", "same", False), ("kda", "bfloat16", "same", False),
+                   ("gdn", "float32", "fp8_e4m3", False), ("kda", "float32", "fp8_e4m3", False),
+                   ("kda", "float32", "fp8_e4m3", True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype,read_dtype,split", VEC_U_GPU_CASES, ids=str)
+def test_gpu_real_shapes_vec_u(kind, state_dtype, read_dtype, split, monkeypatch):
+    """The default shapes with VEC_U, as PDL dependents with the trigger, against float64 over 26 steps, slow decays:
+    every main launch's build VEC_U."""
+    from replayssm_sglang.kernels import cuda_main
+
+    sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "launch", monkeypatch)
+    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]
+    pre = dict(pre_impl="cuda") if split and not sp else {}
+    rec = "float32" if split else state_dtype
+    _run_cuda_main_case(monkeypatch, cfg, rec, "bfloat16", True, False, sdt, seed=41, kind=kind, decay="slow",
+                        pdl=True, post_trigger=True, vec_u=1, **({"split_records": True} if split else {}), **pre,
+                        **extra)
+    assert built and all(d.get("VEC_U") == 1 for d in built)
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:
