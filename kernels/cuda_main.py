@@ -1266,17 +1266,24 @@ def _pdl_attrs(on: bool):
     return attrs, 1
 
 
-def check_vec_u(defs: dict, ring) -> None:
+def check_vec_u(defs: dict, ring, coef=None) -> None:
     """A VEC_U build reads a lane's RPW / 4 value records at one position as one vector: the ring's value records must
-    start on that vector's alignment, with each position's row of V a multiple of it and the last dimension dense."""
+    start on that vector's alignment, with each position's row of V a multiple of it and the last dimension dense;
+    likewise the fp8 copy's row scales, and the pre launch's coefficients (coef) in pairs."""
     if not defs.get("VEC_U"):
         return
+    if coef is not None and coef.data_ptr() % 8:
+        raise ValueError("VEC_U's main launch reads the pre launch's coefficients in pairs: coef must be 8-byte aligned "
+                         "(REPLAYSSM_VEC_U=0 for this scratch)")
     run = defs["RPW"] // 4
     vec_bytes = run * ring.u.element_size()
     if ring.u.stride(-1) != 1 or ring.u.stride(-2) % run or ring.u.data_ptr() % vec_bytes:
         raise ValueError(f"VEC_U's main launch reads {run} value records as one {vec_bytes}-byte load: the ring's u "
                          f"must be {vec_bytes}-byte aligned with dense rows of a multiple of {run} elements "
                          "(REPLAYSSM_VEC_U=0 for this ring)")
+    if ring.rc_scale is not None and (not ring.rc_scale.is_contiguous() or ring.rc_scale.data_ptr() % (4 * run)):
+        raise ValueError(f"VEC_U's main launch reads {run} fp8 row scales as one load: the ring's rc_scale must be "
+                         f"contiguous and {4 * run}-byte aligned (REPLAYSSM_VEC_U=0 for this ring)")
 
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
@@ -1307,7 +1314,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     if kind == "kda" and (ring.ovf is None or ring.ovf.dtype != torch.int32):
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     check_split(defs, ring)
-    check_vec_u(defs, ring)
+    check_vec_u(defs, ring, coef)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),

@@ -120,7 +120,8 @@
 #endif
 #ifndef VEC_U
 #define VEC_U 0  // 1 (the XL layout): a lane's RPL value records at one position, consecutive in the ring, read as one
-#endif           // vector load (16 bytes fp32, 8 bf16 at RPL 4) instead of RPL element loads (session 52)
+#endif           // vector load (16 bytes fp32, 8 bf16 at RPL 4) instead of RPL element loads; likewise its rows'
+                 // fp8 scales, and its positions' coefficients from the pre launch in pairs (session 52)
 #if VEC_U && !XL
 #error "VEC_U: the XL layout"
 #endif
@@ -1455,10 +1456,14 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 for (int t = 0; t < RC_NACC; ++t)
                     c[i][cc * RC_NACC + t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
 #endif
-#if RC_FP8
+#if RC_FP8 && !VEC_U
                 rsc[cc][i] = rc_scale[(rrow * HV_ + hv) * V_ + v];
 #endif
             }
+#if RC_FP8 && VEC_U
+            // (the lane's RPL V-rows' scales, consecutive: one vector load)
+            load_run<RPL>(rc_scale + (rrow * HV_ + hv) * V_ + row0 + (ch0 + cc) * VT + lrow, rsc[cc]);
+#endif
         }
     };
     load_rc(0);
@@ -1733,11 +1738,21 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
         const float* pc = coef + nh * 2 * BC_;
+#if VEC_U && JX % 2 == 0
+        // (the lane's JX positions' coefficients, consecutive and 8-byte aligned: a vector load per pair)
+#pragma unroll
+        for (int t = 0; t < JX; t += 2) {
+            const float2 wq = *reinterpret_cast<const float2*>(pc + j0 + t);
+            const float2 wk = *reinterpret_cast<const float2*>(pc + BC_ + j0 + t);
+            cq[t] = wq.x, cq[t + 1] = wq.y, ck[t] = wk.x, ck[t + 1] = wk.y;
+        }
+#else
 #pragma unroll
         for (int t = 0; t < JX; ++t) {
             cq[t] = pc[j0 + t];
             ck[t] = pc[BC_ + j0 + t];
         }
+#endif
 #if IS_KDA
         kq = scal[nh * 2 + 1];  // (e^{G_t} is per column, on q and k: e_t stays 1)
         // a pre-folding row one of whose heads would pass the predecayed keys' floor flushes whole; on a row that

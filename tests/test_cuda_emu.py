@@ -909,13 +909,22 @@ def test_vec_u_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
     assert builds and all(d.get("VEC_U") == 1 for d in builds)
 
 
-def test_vec_u_check_can_fail(monkeypatch, tmp_path):
-    """The VEC_U cases fail on a kernel whose vector load hands a lane's rows their records in the wrong order (rows 1
-    and 2 swapped)."""
-    _emulate_mutated(monkeypatch, tmp_path, "f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;",
-                     "f[0] = w.x, f[1] = w.z, f[2] = w.y, f[3] = w.w;")
+@pytest.mark.parametrize("old,new,cfg,shape", [
+    # the vector load hands a lane's rows their records (or fp8 scales) in the wrong order (rows 1 and 2 swapped)
+    ("f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;", "f[0] = w.x, f[1] = w.z, f[2] = w.y, f[3] = w.w;",
+     "x16w4c1_m5", {}),
+    # the fp8 copy's row scales one row off (records as they were: only the scales' vector load is wrong)
+    ("            load_run<RPL>(rc_scale + (rrow * HV_ + hv) * V_ + row0 + (ch0 + cc) * VT + lrow, rsc[cc]);",
+     "            load_run<RPL>(rc_scale + (rrow * HV_ + hv) * V_ + row0 + (ch0 + cc) * VT + (lrow ^ 4), rsc[cc]);",
+     "x16w4c1_m7_lean", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+    # a pair of positions' coefficients swapped
+    ("            cq[t] = wq.x, cq[t + 1] = wq.y, ck[t] = wk.x, ck[t + 1] = wk.y;",
+     "            cq[t] = wq.y, cq[t + 1] = wq.x, ck[t] = wk.x, ck[t + 1] = wk.y;", "x16w4c1_m5", {})], ids=str)
+def test_vec_u_check_can_fail(old, new, cfg, shape, monkeypatch, tmp_path):
+    """The VEC_U cases fail on a kernel whose vector loads put a value in the wrong place."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
     monkeypatch.setenv("REPLAYSSM_VEC_U", "1")
-    hz, _, _ = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch, pre_impl="cuda", seed=29)
+    hz, _, _ = _emu_harness("gdn", cfg, "float32", "slow", monkeypatch, pre_impl="cuda", seed=29, **shape)
     with pytest.raises(AssertionError, match="rms ratio|non-finite"):
         hz.run(6)
 
