@@ -486,7 +486,10 @@ def env_pre_pf() -> int:
 # VEC_U (session 52): the main launch's value records read as one vector load per position (a lane's RPL rows, 16
 # bytes fp32 or 8 bf16 at 16 rows per warp) instead of RPL element loads; the XL layout. Session 51's bf16-record
 # bound found halving the records' bytes worth nothing to GDN, and a value record's elements were loaded one at a
-# time, as many loads for bf16 as for fp32. To be measured (bench --variants vu); off until then
+# time, as many loads for bf16 as for fp32. bench --variants vu, H100, round-robin, fp32 states at B = 256
+# (kernels-20261206-2316): slower with fp32 records (GDN fp32 216.3 -> 232.5 us, KDA fp32 235.5 -> 245.3, GDN's fp8
+# copy 125.8 -> 128.2), faster with bf16 ones (GDN's bf16-record bound 130.8 -> 128.1), KDA's fp8 copy 140.9 ->
+# 139.7. Off: the bf16 states (bf16 records) not yet timed
 VEC_U_DEFAULT = 0
 
 
