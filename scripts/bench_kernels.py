@@ -321,17 +321,24 @@ def server_pre_impl(kind: str, name: str) -> str:
     return "cuda" if cm.tensor_core_shape(cm.CUDA_CONFIGS[name]) or kind in cm.PRE_AUTO_KINDS else "triton"
 
 
+def device_defaults(kind: str, sdt: str):
+    """(read copy, its element type, shape name) for this GPU's default shapes: the state's own and, for an fp32
+    state, its fp8 copy's; for --variants trig, vu and (with a pre launch) early and pf."""
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
+        rcd = None if rd == "same" else torch.float8_e4m3fn
+        yield rd, rcd, cm.config_name(cm.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name()))
+
+
 def defaults_with_a_pre_launch(kind: str, sdt: str):
     """(read copy, shape name, the server's pre launch, arm tag) for this GPU's default shapes that have a pre launch:
     the state's own and, for an fp32 state, its fp8 copy's (a SELF_PRE 2 default, without one, left out); for
     --variants early and pf."""
     from replayssm_sglang.kernels import cuda_main as cm
 
-    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
-        rcd = None if rd == "same" else torch.float8_e4m3fn
-        dcfg = cm.default_config(DT[sdt], kind, rcd, device_name=torch.cuda.get_device_name())
-        if not cm.full_config(dcfg)[10]:
-            name = cm.config_name(dcfg)
+    for rd, _, name in device_defaults(kind, sdt):
+        if not cm.full_config(cm.CUDA_CONFIGS[name])[10]:
             yield rd, name, server_pre_impl(kind, name), "" if rd == "same" else "_fp8"
 
 
@@ -1443,14 +1450,9 @@ def main():
                     # dependent that waits for the whole main launch anyway, starts only as the main launch's blocks
                     # exit. This GPU's default shape with and without it, round-robin; fp32 states also with the fp8
                     # read copy (issue 7), in its default shape
-                    from replayssm_sglang.kernels import cuda_main as _cm_t
-
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     t_arms = {}
-                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
-                        rcd = None if rd == "same" else torch.float8_e4m3fn
-                        name = _cm_t.config_name(_cm_t.default_config(DT[sdt], kind, rcd,
-                                                                      device_name=torch.cuda.get_device_name()))
+                    for rd, rcd, name in device_defaults(kind, sdt):
                         t_opts = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
                         # (the fp8 copy's tuned launch has no PDL, V3_TUNED's _RC_FP8: also with PDL, and the
                         # trigger beside it, _pdl)
@@ -1525,10 +1527,7 @@ def main():
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
                     v_arms = {}
-                    for rd in ("same", "fp8_e4m3") if sdt == "float32" else ("same",):
-                        rcd = None if rd == "same" else torch.float8_e4m3fn
-                        name = _cm_v.config_name(_cm_v.default_config(DT[sdt], kind, rcd,
-                                                                      device_name=torch.cuda.get_device_name()))
+                    for rd, rcd, name in device_defaults(kind, sdt):
                         sp = _cm_v.full_config(_cm_v.CUDA_CONFIGS[name])[10]
                         tag = "" if rd == "same" else "_fp8"
                         recs = [(DT[sdt], "")] + ([("split", "_rsp"), (torch.bfloat16, "_r16")] if rcd else [])
