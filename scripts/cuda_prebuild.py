@@ -144,6 +144,9 @@ def combos():
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
                           pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu)
 
+    def gpu_default(kind, sdt, rd, g):  # the default shape's name on GPU g (a DEVICE_DEFAULTS name; None: the rest)
+        return cm.config_name(cm.default_config(sdt, kind, RC.get(rd), device_name=g))
+
     out += [rc_build(kind, c, RC[rd], F32, I32) for kind, c, rd, _ in CUDA_MAIN_RC_CASES]
     out += [rc_build(kind, n, rcd, BF16, I64) for kind, names in cm.XL_RC_CONFIGS.items()
             for n in names for rcd in RC.values()]
@@ -202,7 +205,7 @@ def combos():
     # launch, PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
     from test_decode_kernels import PRE_EARLY_CASES as PE_CASES, pe_level
 
-    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+    out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), rd, g),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, rec), trig=True,
                      early=pe_level(getattr(torch, rec)), pf=8)
             for kind, sdt, rd, rec in PE_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
@@ -211,7 +214,7 @@ def combos():
     # fp32, split and bf16 records, the trigger the tuned launch's at B >= 128)
     from test_decode_kernels import SPLIT_GPU_CASES
 
-    split_shapes = [(kind, cm.config_name(cm.default_config(F32, kind, RC.get(rd), device_name=g)), rd)
+    split_shapes = [(kind, gpu_default(kind, F32, rd, g), rd)
                     for kind, rd in SPLIT_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     out += [rc_build(kind, n, RC.get(rd), F32, I32, rec=BF16, trig=True, split=True) for kind, n, rd in split_shapes]
     out += [rc_build(kind, n, RC.get(rd), BF16, I64, rec=rec, trig=True, split=sp) for kind, n, rd in split_shapes
@@ -223,7 +226,7 @@ def combos():
     # test_gpu_real_shapes_vec_u (session 52): the harness's arguments, each GPU's default shape, TRIGGER_POST, VEC_U
     from test_decode_kernels import VEC_U_GPU_CASES
 
-    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+    out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), rd, g),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=BF16 if spl else getattr(torch, sdt), trig=True,
                      split=spl, vu=1)
             for kind, sdt, rd, spl in VEC_U_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
@@ -231,7 +234,7 @@ def combos():
     # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES
 
-    out += [rc_build(kind, cm.config_name(cm.default_config(getattr(torch, sdt), kind, RC.get(rd), device_name=g)),
+    out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), rd, g),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True, lead=True)
             for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
