@@ -743,19 +743,29 @@ def _split_pair(kind, cfg, read_dtype, *, h_mode, bf16_exact, seed, H=None, HV=2
         rs.rc.copy_(r32.rc)
         if rs.rc_scale is not None:
             rs.rc_scale.copy_(r32.rc_scale)
-    state = torch.randn(slots, HV, V, K, generator=g) * 0.1
+    return _step_each(kind, cfg, [(r, {}) for r in rings], g, forced=forced, padded=h_mode == "mixed", H=H, HV=HV,
+                      V=V, L=L)
+
+
+def _step_each(kind, cfg, arms, g, *, forced, padded, H, HV, V, L, K=128, state_dtype=torch.float32):
+    """The step shared by the emulated pair checks: draws a checkpoint (slots = the rings' slots), the rows' slots (the
+    last one padded if `padded`) and one token's inputs from `g`, then runs one CUDA-main decode step of `cfg` on each
+    arm, (ring, extra v3 options), from its own clone of that checkpoint. Returns each arm's (state, ring, out)."""
+    B = forced.shape[0]
+    slots = arms[0][0].h.shape[0]
+    state = (torch.randn(slots, HV, V, K, generator=g) * 0.1).to(state_dtype)
     slot_idx = torch.randperm(slots, generator=g)[:B].to(torch.int32)
-    if h_mode == "mixed":
+    if padded:
         slot_idx[-1] = -1  # (a padded row)
     x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, decay="slow")
     x = (x[0].to(torch.bfloat16),) + tuple(x[1:])
-    runs = []
     sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]  # (SELF_PRE: no pre launch)
-    for r in rings:
+    runs = []
+    for r, opts in arms:
         st = state.clone()
         out = torch.full((B, 1, HV, V), float("nan"))
         replay_decode(kind, *x, st, r, slot_idx, out=out, forced=forced, L=L, impl="v3",
-                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=None if sp else "cuda"))
+                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=None if sp else "cuda", **opts))
         runs.append((st, r, out))
     return runs
 
@@ -958,20 +968,8 @@ def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64,
         if getattr(r0, f) is not None:
             getattr(r1, f).copy_(getattr(r0, f))
     forced = (torch.rand(B, generator=g) < 0.25).to(torch.int32)
-    state = (torch.randn(slots, HV, V, K, generator=g) * 0.1).to(sdt)
-    slot_idx = torch.randperm(slots, generator=g)[:B].to(torch.int32)
-    slot_idx[-1] = -1  # (a padded row)
-    x = R.random_decode_inputs(kind, B, H, HV, K, V, generator=g, decay="slow")
-    x = (x[0].to(torch.bfloat16),) + tuple(x[1:])
-    sp = cuda_main.full_config(cuda_main.CUDA_CONFIGS[cfg])[10]  # (SELF_PRE: no pre launch)
-    runs = []
-    for vu, r in ((0, r0), (1, r1)):
-        st = state.clone()
-        out = torch.full((B, 1, HV, V), float("nan"))
-        replay_decode(kind, *x, st, r, slot_idx, out=out, forced=forced, L=L, impl="v3",
-                      v3_opts=dict(main_impl="cuda", cuda_config=cfg, pre_impl=None if sp else "cuda", vec_u=vu))
-        runs.append((st, r, out))
-    return runs
+    return _step_each(kind, cfg, [(r0, dict(vec_u=0)), (r1, dict(vec_u=1))], g, forced=forced, padded=True, H=H, HV=HV,
+                      V=V, L=L, K=K, state_dtype=sdt)
 
 
 VEC_U_BIT_CASES = [("gdn", "x16w4c1_m7_lean", "fp8_e4m3", "float32", dict(H=2, HV=4, V=128)),
