@@ -40,6 +40,19 @@ launch is; session 40):
   (``cp.async.bulk``, completion counted on an mbarrier per stage); the consumers compute from the stages and free
   them. The bytes in flight per SM are then set by the stages (M x S x ~13 KB for fp8 at N = 64), not by registers.
 
+Session 54 adds the question the decode step's pre launch leaves (it is wholly exposed: ~8 us for GDN's bf16 state
+at B = 256 on an H100, ~15 for KDA's): can the coefficients be made inside a persistent main launch, beside its tile
+copies? The coefficients cq, ck then come from the records (a stand-in for the pre launch's, with its reads):
+``cq_j = e^{gt[n, hv] - G[rrow, hv, j]} <kr[rrow, hv / (HV / H), j], q>`` (ck likewise with k; 0 for j >= h), kr the
+bf16 key records, G their decays, gt the row's.
+- ``cutile_bvN_pre[_pdl]``: a pre launch of one warp per (row, key head) writes them, then ``cutile_bvN`` reads them
+  (``_pdl``: the per-item blocks start early and issue their tile loads before they wait; the real step's structure);
+- ``cugroup_pM_sS[_nN][_given]``: M persistent blocks per SM walk (row, key head) groups, each the key head's two
+  value heads' whole tiles: one producer warp copies a group's tiles, records, key records, q, k, v and decays into a
+  ring of S stages, one coefficient warp makes the group's coefficients from the stage, N consumer warps (8 unless
+  given) compute. ``_given``: no coefficient warp, the producer copies the given coefficients (the same walk without
+  the coefficients' work). No pre launch.
+
 Each kernel's output is checked against float64 (fresh random inputs, NaN-poisoned outputs, padded rows that must
 come back zero); then the median time over CUDA-graph replays at B = 256, HV = 32, K = V = 128 (GDN's state:
 256 MiB bf16, 128 MiB fp8), the tiles' bytes per second and their fraction of the copy peak. ``--offline`` compiles for sm_90 without a
@@ -266,7 +279,7 @@ def parse_arm(name: str) -> dict:
     ``_bv64``)."""
     parts = name.split("_")
     kind = "persist_tl" if name.startswith("persist_tl") else parts[0]
-    if kind in ("cutile", "cupersist"):
+    if kind in CU_KINDS:
         return _parse_cu_arm(name, kind, parts)
     if kind not in ("tile", "stream", "persist", "persist_tl"):
         raise ValueError(f"unknown arm kind in {name!r}")
@@ -297,35 +310,69 @@ def parse_arm(name: str) -> dict:
 CU_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_persist.cu")
 
 
+CU_KINDS = ("cutile", "cupersist", "cugroup")
+
+
 def _parse_cu_arm(name: str, kind: str, parts: list) -> dict:
-    """``cutile_bvN[_oO]`` / ``cupersist_pM_sS_bvN`` (BV 64 unless given; warps: BV / 16 consumers, + 1 producer).
-    ``_oO``: at most O blocks per SM (shared memory the kernel does not use, requested so that no more fit: what a
-    register budget of 65536 / (O x threads) would allow, without changing the code)."""
-    arm = dict(kind=kind, hgate=False, per_sm=None, stages=None, warps=None, BV=64, chunk_bytes=None)
+    """``cutile_bvN[_oO][_pre[_pdl]]`` / ``cupersist_pM_sS_bvN`` / ``cugroup_pM_sS[_nN][_given]`` (BV 64 unless
+    given; warps: BV / 16 consumers, + 1 producer; cugroup: N consumers, a producer and a coefficient warp, BV the
+    value heads' whole V). ``_oO``: at most O blocks per SM (shared memory the kernel does not use, requested so that
+    no more fit: what a register budget of 65536 / (O x threads) would allow, without changing the code). ``_pre``:
+    the coefficients from a pre launch (``_pdl``: the per-item launch its programmatic dependent). ``derived``: the
+    arm makes the coefficients from the records (the reference then does too)."""
+    arm = dict(kind=kind, hgate=False, per_sm=None, stages=None, warps=None, BV=V_DIM if kind == "cugroup" else 64,
+               chunk_bytes=None, pre=False, pdl=False, ncg=None, derived=kind == "cugroup")
     for p in parts[1:]:
-        if p.startswith("p") and p[1:].isdigit() and kind == "cupersist":
+        if p.startswith("p") and p[1:].isdigit() and kind in ("cupersist", "cugroup"):
             arm["per_sm"] = int(p[1:])
-        elif p.startswith("s") and p[1:].isdigit() and kind == "cupersist":
+        elif p.startswith("s") and p[1:].isdigit() and kind in ("cupersist", "cugroup"):
             arm["stages"] = int(p[1:])
-        elif p.startswith("bv") and p[2:].isdigit():
+        elif p.startswith("bv") and p[2:].isdigit() and kind != "cugroup":
             arm["BV"] = int(p[2:])
         elif p.startswith("o") and p[1:].isdigit() and kind == "cutile":
             arm["occupancy"] = int(p[1:])
+        elif p == "pre" and kind == "cutile":
+            arm["pre"] = arm["derived"] = True
+        elif p == "pdl" and kind == "cutile":
+            arm["pdl"] = True
+        elif p.startswith("n") and p[1:].isdigit() and kind == "cugroup":
+            arm["ncg"] = int(p[1:])
+        elif p == "given" and kind == "cugroup":
+            arm["derived"] = False
         else:
-            raise ValueError(f"{name!r}: unknown part {p!r} (cutile_bvN[_oO], cupersist_pM_sS_bvN)")
+            raise ValueError(f"{name!r}: unknown part {p!r} (cutile_bvN[_oO][_pre[_pdl]], cupersist_pM_sS_bvN, "
+                             "cugroup_pM_sS[_nN][_given])")
     if arm["BV"] not in (32, 64, 128):
         raise ValueError(f"{name!r}: BV must be 32, 64 or 128")
     if arm.get("occupancy") is not None and not 1 <= arm["occupancy"] <= 16:
         raise ValueError(f"{name!r}: oO takes 1 .. 16 blocks per SM")
-    if kind == "cupersist" and (arm["per_sm"] is None or arm["stages"] is None):
+    if kind in ("cupersist", "cugroup") and (arm["per_sm"] is None or arm["stages"] is None):
         raise ValueError(f"{name!r}: a persistent CUDA arm needs pM (blocks per SM) and sS (stages)")
-    arm["warps"] = arm["BV"] // 16 + (kind == "cupersist")
+    if arm["pdl"] and not arm["pre"]:
+        raise ValueError(f"{name!r}: _pdl makes the per-item launch the pre launch's dependent: it needs _pre")
+    if kind == "cugroup":
+        arm["ncg"] = 8 if arm["ncg"] is None else arm["ncg"]
+        if not 1 <= arm["ncg"] <= 16:
+            raise ValueError(f"{name!r}: nN takes 1 .. 16 consumer warps")
+        arm["warps"] = arm["ncg"] + 1 + arm["derived"]
+    else:
+        arm["warps"] = arm["BV"] // 16 + (kind == "cupersist")
     return arm
 
 
 def cu_defines(arm: dict, tile_dtype: torch.dtype) -> dict:
-    return {"TILE_FP8": int(tile_dtype == torch.float8_e4m3fn), "BV": arm["BV"],
+    defs = {"TILE_FP8": int(tile_dtype == torch.float8_e4m3fn), "BV": arm["BV"],
             "STAGES": arm["stages"] or 1, "PERSIST": int(arm["kind"] == "cupersist")}
+    if arm["kind"] == "cugroup":  # (the other forms' builds keep their defines, and so their cached cubins)
+        defs.update(GROUP=1, COEF_WARP=int(arm["derived"]), NCG=arm["ncg"], PERSIST=1)
+    if arm.get("pdl"):
+        defs["PDL"] = 1
+    return defs
+
+
+def cu_kernels(defs: dict) -> tuple:
+    """The entry functions a build of stream_persist.cu holds."""
+    return ("stream_group",) if defs.get("GROUP") else ("stream_persist", "stream_pre")
 
 
 SM_SMEM = 233472  # shared memory per SM on sm_90 (228 KiB), of which the driver reserves 1 KiB per block
@@ -341,9 +388,14 @@ def cu_occupancy_smem(occupancy: int | None) -> int:
 
 def cu_smem_bytes(defs: dict) -> int:
     """Dynamic shared memory of a persistent block: STAGES stages (stream_persist.cu's STAGE_BYTES) and 2 mbarriers
-    per stage."""
+    per stage; a group block (GROUP): STAGES stages of GSTAGE_BYTES and 3 mbarriers per stage."""
     if not defs["PERSIST"]:
         return 0
+    if defs.get("GROUP"):
+        r = HV_DIM // H_DIM
+        stage = r * V_DIM * K_DIM * (1 if defs["TILE_FP8"] else 2) + r * CAP * V_DIM * 4 + CAP * K_DIM * 2
+        stage += 2 * K_DIM * 2 + r * V_DIM * 2 + r * CAP * 4 + r * 2 * CAP * 4 + 16
+        return defs["STAGES"] * (stage + 24)
     bv = defs["BV"]
     stage = bv * K_DIM * (1 if defs["TILE_FP8"] else 2) + CAP * bv * 4 + 2 * K_DIM * 2 + 2 * CAP * 4
     stage += (bv * 2 + 15) // 16 * 16 + 16
@@ -361,11 +413,11 @@ def _cm():
 _CU_FUNCS: dict = {}
 
 
-def _cu_function(defs: dict):
+def _cu_function(defs: dict, name: str = "stream_persist"):
     import ctypes
 
     cm = _cm()
-    key = tuple(sorted(defs.items()))
+    key = tuple(sorted(defs.items())) + (name,)
     if key not in _CU_FUNCS:
         data = cm.build(defs, src=Path(CU_SRC)).read_bytes()  # (cached as stream_persist-<key>.cubin)
         torch.cuda.init()
@@ -376,7 +428,7 @@ def _cu_function(defs: dict):
             torch.cuda.synchronize()  # (makes PyTorch's primary context current on this thread)
         mod, f = ctypes.c_void_p(), ctypes.c_void_p()
         cm._check(lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data)), "cuModuleLoadData")
-        cm._check(lib.cuModuleGetFunction(ctypes.byref(f), mod, b"stream_persist"), "cuModuleGetFunction")
+        cm._check(lib.cuModuleGetFunction(ctypes.byref(f), mod, name.encode()), "cuModuleGetFunction")
         # (the most a block may take: the stages of a persistent block, or an occupancy limit's unused bytes)
         cm._check(lib.cuFuncSetAttribute(f, cm._FUNC_ATTR_MAX_DYNAMIC_SHARED, MAX_BLOCK_SMEM),
                   "cuFuncSetAttribute (dynamic shared memory)")
@@ -391,29 +443,48 @@ def cu_launch(arm: dict, d: dict, out: torch.Tensor, n_sm: int) -> None:
     if d["state"].device.type != "cuda":
         raise RuntimeError("the CUDA arms run on a GPU only (scripts/stream_persist.cu)")
     defs = cu_defines(arm, d["state"].dtype)
-    f = _cu_function(defs)
-    T = d["B"] * HV_DIM * (V_DIM // arm["BV"])
-    grid = T if arm["kind"] == "cutile" else min(T, n_sm * arm["per_sm"])
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
-    args = [ptr(d["state"]), ptr(d["x"]), ptr(d["coef"]), ptr(d["ring_u"]), ptr(d["ring_h"]), ptr(d["slot_idx"]),
-            ptr(d["ring_idx"]), ptr(out), ctypes.c_int(T), ctypes.c_int(d["x"].stride(0))]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     stream = ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)
+
+    def go(name, grid, threads, smem, args, pdl=False):
+        f = _cu_function(defs, name)
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
+        attrs, n_attrs = cm._pdl_attrs(pdl)
+        cfg = cm._LaunchConfig(grid, 1, 1, threads, 1, 1, smem, stream, attrs, n_attrs)
+        cm._check(cm._cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx ({name})")
+
+    coef = d["coef"]
+    if arm["pre"]:  # the pre launch: one warp per (row, key head), into coef_buf
+        coef = d["coef_buf"]
+        go("stream_pre", d["B"] * H_DIM, 32, 0,
+           [ptr(d["x"]), ptr(d["ring_k"]), ptr(d["ring_g"]), ptr(d["gt"]), ptr(d["ring_h"]), ptr(d["slot_idx"]),
+            ptr(d["ring_idx"]), ptr(coef), ctypes.c_int(d["x"].stride(0))])
+    T = d["B"] * (H_DIM if arm["kind"] == "cugroup" else HV_DIM * (V_DIM // arm["BV"]))
+    grid = T if arm["kind"] == "cutile" else min(T, n_sm * arm["per_sm"])
+    args = [ptr(d["state"]), ptr(d["x"]), ptr(coef), ptr(d["ring_u"]), ptr(d["ring_h"]), ptr(d["slot_idx"]),
+            ptr(d["ring_idx"]), ptr(out), ctypes.c_int(T), ctypes.c_int(d["x"].stride(0))]
+    if arm["kind"] == "cugroup":
+        args += [ptr(d["ring_k"]), ptr(d["ring_g"]), ptr(d["gt"])]
     smem = max(cu_smem_bytes(defs), cu_occupancy_smem(arm.get("occupancy")))
     if smem > MAX_BLOCK_SMEM:
         raise ValueError(f"{arm}: {smem} bytes of shared memory per block, more than sm_90's {MAX_BLOCK_SMEM}")
-    cfg = cm._LaunchConfig(grid, 1, 1, 32 * arm["warps"], 1, 1, smem, stream, None, 0)
-    cm._check(cm._cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), "cuLaunchKernelEx (stream_persist)")
+    go(cu_kernels(defs)[0], grid, 32 * arm["warps"], smem, args, pdl=arm["pdl"])
 
 
 def cu_offline(name: str, tile_dtype: torch.dtype) -> dict:
-    """ptxas's registers and spills for a CUDA arm (and its cubin, into the cache a GPU call can carry)."""
+    """ptxas's registers and spills for a CUDA arm (and its cubin, into the cache a GPU call can carry); an arm with a
+    pre launch reports the pre launch's beside (pre_registers, pre_spill_bytes)."""
     cm = _cm()
-    defs = cu_defines(parse_arm(name), tile_dtype)
+    arm = parse_arm(name)
+    defs = cu_defines(arm, tile_dtype)
     cm.build(defs, src=Path(CU_SRC))
-    res = cm.resources(defs, name="stream_persist", src=Path(CU_SRC))
-    return dict(arm=name, registers=res["registers"], spill_bytes=res["spill_stores"], sass=None,
-                smem=cu_smem_bytes(defs))
+    res = cm.resources(defs, name=cu_kernels(defs)[0], src=Path(CU_SRC))
+    row = dict(arm=name, registers=res["registers"], spill_bytes=res["spill_stores"], sass=None,
+               smem=cu_smem_bytes(defs))
+    if arm["pre"]:
+        pre = cm.resources(defs, name="stream_pre", src=Path(CU_SRC))
+        row.update(pre_registers=pre["registers"], pre_spill_bytes=pre["spill_stores"])
+    return row
 
 
 def _bkt(arm: dict, element_size: int) -> int:
@@ -424,7 +495,7 @@ def _bkt(arm: dict, element_size: int) -> int:
 def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
     """Run arm ``name`` over every item of the problem d (make_problem)."""
     arm = parse_arm(name)
-    if arm["kind"] in ("cutile", "cupersist"):
+    if arm["kind"] in CU_KINDS:
         return cu_launch(arm, d, out, n_sm)
     B, HV, V, K = d["B"], HV_DIM, V_DIM, K_DIM
     T = B * HV * (V // arm["BV"])
@@ -445,7 +516,9 @@ def launch(name: str, d: dict, out: torch.Tensor, n_sm: int) -> None:
 
 def make_problem(B: int, tile_dtype: torch.dtype, device, gen: torch.Generator, pad_rows: int = 0) -> dict:
     """Random inputs: a pool of B + 3 slots (rows take a random permutation of them; pad_rows rows padded with
-    slot -1), ring rows permuted, h in [0, CAP), bf16 q | k | v."""
+    slot -1), ring rows permuted, h in [0, CAP), bf16 q | k | v; for the arms that make the coefficients (drawn
+    last, so the others' inputs are those of a given seed before them): bf16 key records, their decays G in
+    [-2, 0] and the rows' gt in [-2.5, -2], and coef_buf (NaN) for a pre launch to write."""
     n_slots = B + 3
     state = (torch.randn(n_slots, HV_DIM, V_DIM, K_DIM, generator=gen) * 0.05).to(tile_dtype)
     x = torch.randn(B, 2 * H_DIM * K_DIM + HV_DIM * V_DIM, generator=gen).to(torch.bfloat16)
@@ -456,15 +529,42 @@ def make_problem(B: int, tile_dtype: torch.dtype, device, gen: torch.Generator, 
     if pad_rows:
         slot_idx[torch.randperm(B, generator=gen)[:pad_rows]] = -1
     ring_idx = torch.randperm(B, generator=gen).to(torch.int32)
-    d = dict(state=state, x=x, coef=coef, ring_u=ring_u, ring_h=ring_h, slot_idx=slot_idx, ring_idx=ring_idx)
+    ring_k = (torch.randn(B, H_DIM, CAP, K_DIM, generator=gen) * 0.1).to(torch.bfloat16)
+    ring_g = -2.0 * torch.rand(B, HV_DIM, CAP, generator=gen)
+    gt = -2.0 - 0.5 * torch.rand(B, HV_DIM, generator=gen)
+    coef_buf = torch.full_like(coef, float("nan"))
+    d = dict(state=state, x=x, coef=coef, ring_u=ring_u, ring_h=ring_h, slot_idx=slot_idx, ring_idx=ring_idx,
+             ring_k=ring_k, ring_g=ring_g, gt=gt, coef_buf=coef_buf)
     d = {k: t.to(device) for k, t in d.items()}
     d["B"] = B
     return d
 
 
-def reference(d: dict, chain: bool = True) -> torch.Tensor:
-    """float64 [B, HV, V] from the problem's inputs, written from the item maths in the module docstring."""
+def derived_coef(d: dict) -> torch.Tensor:
+    """float64 [B, HV, 2, CAP]: the coefficients the pre launch and the coefficient warp make (module docstring),
+    from the key records of each row's ring row, its h, q and k and the decays; 0 for j >= h."""
     B = d["B"]
+    x = d["x"].double().cpu()
+    q = x[:, :H_DIM * K_DIM].view(B, H_DIM, K_DIM)
+    k = x[:, H_DIM * K_DIM:2 * H_DIM * K_DIM].view(B, H_DIM, K_DIM)
+    kr, G, gt = d["ring_k"].cpu().double(), d["ring_g"].cpu().double(), d["gt"].cpu().double()
+    c = torch.zeros(B, HV_DIM, 2, CAP, dtype=torch.float64)
+    for n in range(B):
+        rrow = int(d["ring_idx"][n])
+        h = min(int(d["ring_h"][rrow]), CAP)
+        for hv in range(HV_DIM):
+            i_h = hv // (HV_DIM // H_DIM)
+            e = torch.exp(gt[n, hv] - G[rrow, hv, :h])
+            c[n, hv, 0, :h] = e * (kr[rrow, i_h, :h] @ q[n, i_h])
+            c[n, hv, 1, :h] = e * (kr[rrow, i_h, :h] @ k[n, i_h])
+    return c
+
+
+def reference(d: dict, chain: bool = True, coef: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 [B, HV, V] from the problem's inputs, written from the item maths in the module docstring (coef: the
+    coefficients, None: the given d["coef"])."""
+    B = d["B"]
+    coef = d["coef"].cpu().double() if coef is None else coef
     x = d["x"].double().cpu()
     q = x[:, :H_DIM * K_DIM].view(B, H_DIM, K_DIM).repeat_interleave(HV_DIM // H_DIM, 1)
     k = x[:, H_DIM * K_DIM:2 * H_DIM * K_DIM].view(B, H_DIM, K_DIM).repeat_interleave(HV_DIM // H_DIM, 1)
@@ -481,8 +581,8 @@ def reference(d: dict, chain: bool = True) -> torch.Tensor:
         Cq = torch.einsum("hvk,hk->hv", C, q[n])
         Ck = torch.einsum("hvk,hk->hv", C, k[n])
         U = d["ring_u"][rrow, :, :h].cpu().double()  # [HV, h, V]
-        cq = d["coef"][n, :, 0, :h].cpu().double()
-        ck = d["coef"][n, :, 1, :h].cpu().double()
+        cq = coef[n, :, 0, :h]
+        ck = coef[n, :, 1, :h]
         u = v[n] - Ck - torch.einsum("hjv,hj->hv", U, ck)
         out[n] = Cq + torch.einsum("hjv,hj->hv", U, cq) + 0.5 * u
     return out
@@ -495,13 +595,17 @@ def check(arms: list[str], tile_dtype: torch.dtype, device, seed: int, B: int = 
     gen = torch.Generator().manual_seed(seed)
     d = make_problem(B, tile_dtype, device, gen, pad_rows=pad_rows)
     refs = {c: reference(d, c) for c in (True, False)}
+    if any(parse_arm(a).get("derived") for a in arms):
+        refs["derived"] = reference(d, True, derived_coef(d))
     errs = {}
     for name in arms:
         out = torch.full((B, HV_DIM, V_DIM), float("nan"), device=device)
+        d["coef_buf"].fill_(float("nan"))  # (poisoned again for each arm: a pre launch must write what is read)
         launch(name, d, out, n_sm)
         o = out.cpu().double()
-        chain = parse_arm(name)["kind"] != "stream"
-        ref = refs[chain]
+        arm = parse_arm(name)
+        chain = arm["kind"] != "stream"
+        ref = refs["derived"] if arm.get("derived") else refs[chain]
         ok = bool(torch.isfinite(o).all())
         if chain:  # padded rows (slot -1) must come back exactly zero
             ok = ok and bool((o[d["slot_idx"].cpu() < 0] == 0).all())
@@ -547,10 +651,12 @@ def offline(arms: list[str], tile_dtype: str) -> list[dict]:
     rows = []
     for name in arms:
         arm = parse_arm(name)
-        if arm["kind"] in ("cutile", "cupersist"):
+        if arm["kind"] in CU_KINDS:
             rows.append(cu_offline(name, TILE_DTYPES[tile_dtype]))
+            pre = (f"  pre launch: regs {rows[-1]['pre_registers']} spill {rows[-1]['pre_spill_bytes']} B"
+                   if arm["pre"] else "")
             print(f"{name:26s} regs {rows[-1]['registers']:4d} spill {rows[-1]['spill_bytes']:4d} B  "
-                  f"smem {rows[-1]['smem']} B", flush=True)
+                  f"smem {rows[-1]['smem']} B{pre}", flush=True)
             continue
         fn = {"tile": tile_kernel, "stream": tile_kernel, "persist": persist_kernel,
               "persist_tl": persist_tl_kernel}[arm["kind"]]
@@ -588,7 +694,7 @@ def plot(paths: list[str], png: str) -> None:
         commits += [meta["commit"]] if meta["commit"] not in commits else []
         by_dtype.setdefault(d["meta"]["tile_dtype"], {}).update({r["arm"]: r for r in d["rows"]})
     colors = {"stream": "tab:gray", "tile": "tab:blue", "persist": "tab:red", "persist_tl": "tab:orange",
-              "cutile": "tab:cyan", "cupersist": "tab:green"}
+              "cutile": "tab:cyan", "cupersist": "tab:green", "cugroup": "tab:purple"}
     fig, axes = plt.subplots(1, len(by_dtype), figsize=(6.5 * len(by_dtype), 0.28 * max(map(len, by_dtype.values()))
                                                           + 1.6), squeeze=False)
     for ax, (td, rows) in zip(axes[0], sorted(by_dtype.items())):

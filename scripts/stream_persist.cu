@@ -11,7 +11,20 @@
 //     P = C q + U^T cq,  Q = C k + U^T ck,  out = P + (v - Q) / 2
 //   with q, k the raw bf16 rows of x for the key head hv / (HV / H), cq, ck = coef[n, hv, 0 / 1, :], U = the h records
 //   ring_u[rrow, hv, :h, iv BV ..] (fp32), v = x[n, 2 H K + hv V + iv BV ..] (bf16); out fp32 [B, HV, V].
-// Layout of a consumer warp (both forms): 16 consecutive rows of the tile, 4 at a time; lane l takes row (l / 8) of
+// Two more forms (session 54), for the question the decode step's pre launch leaves: can the coefficients cq, ck be
+// made inside a persistent main launch, beside its tile copies, instead of in a launch of their own before it?
+//   (c) stream_pre + the per-item form (arms cutile_*_pre[_pdl]): a pre launch of one warp per (row, key head) makes
+//       the coefficients of the key head's R_ = HV / H value heads from q, k and the h key records (below), then the
+//       per-item form reads them (with PDL: its tile loads are issued before it waits for the pre launch);
+//   (d) stream_group (arms cugroup_*): a persistent, warp-specialized walk over (row, key head) groups, each the R_
+//       value heads' whole [V, K] tiles; the producer copies a group's tiles, records, key records, q, k, v and
+//       decays into a stage, a coefficient warp makes the group's coefficients from the stage (COEF_WARP; without
+//       it the producer copies the given ones), NCG consumer warps compute as above. No pre launch.
+//   The coefficients (a stand-in for the real pre launch's, with its reads: the h key records of the key head, q, k
+//   and the decays): for value head hv of key head i_h, j < h,
+//       cq_j = e^{gt[n, hv] - G[rrow, hv, j]} <kr[rrow, i_h, j], q>,  ck_j = e^{gt[n, hv] - G[rrow, hv, j]} <kr[...], k>
+//   with kr the bf16 key records, G their cumulative log decays (fp32) and gt the row's (fp32); 0 for j >= h.
+// Layout of a consumer warp (every form): 16 consecutive rows of the tile, 4 at a time; lane l takes row (l / 8) of
 // the four and columns [16 (l % 8), + 16); record positions 2 (l % 8) and + 1. The 8 lanes of a row reduce-scatter
 // the 8 partial sums of their 4 rows (P and Q each), the even lane of each pair then finishes a row.
 #include <cuda_bf16.h>
@@ -30,6 +43,18 @@
 #ifndef PERSIST
 #define PERSIST 1  // 0: one block per item (cutile), no producer, loads straight from global memory
 #endif
+#ifndef GROUP
+#define GROUP 0  // 1: this build holds stream_group (form d); 0: stream_persist and stream_pre (forms a-c)
+#endif
+#ifndef COEF_WARP
+#define COEF_WARP 1  // (GROUP) 1: a coefficient warp makes the coefficients; 0: the producer copies the given ones
+#endif
+#ifndef NCG
+#define NCG 8  // (GROUP) consumer warps; each takes 16-row blocks of the group's R_ x V rows in turn
+#endif
+#ifndef PDL
+#define PDL 0  // (forms a, c) 1: stream_pre lets the per-item form start early, which waits before the coefficients
+#endif
 #define H_ 16
 #define HV_ 32
 #define K_ 128
@@ -46,6 +71,19 @@
 #define OFF_V (OFF_C + 2 * CAP * 4)
 #define OFF_META (OFF_V + ((BV * 2 + 15) / 16) * 16)
 #define STAGE_BYTES (OFF_META + 16)
+// form (d)'s stage: the R_ value heads' tiles, records [R_, CAP, V] fp32, the key records [CAP, K] bf16, q and k,
+// v of the R_ heads (bf16), the decays G [R_, CAP], the coefficients [R_, 2, CAP], then (pad, h)
+#define R_ (HV_ / H_)
+#define GT_BYTES (R_ * V_ * K_ * ESZ)
+#define G_OFF_U GT_BYTES
+#define G_OFF_KEYS (G_OFF_U + R_ * CAP * V_ * 4)
+#define G_OFF_QK (G_OFF_KEYS + CAP * K_ * 2)
+#define G_OFF_V (G_OFF_QK + 2 * K_ * 2)
+#define G_OFF_G (G_OFF_V + R_ * V_ * 2)
+#define G_OFF_C (G_OFF_G + R_ * CAP * 4)
+#define G_OFF_META (G_OFF_C + R_ * 2 * CAP * 4)
+#define GSTAGE_BYTES (G_OFF_META + 16)
+static_assert(GSTAGE_BYTES % 16 == 0 && (R_ * V_ * 2) % 16 == 0 && (R_ * CAP * 4) % 16 == 0, "16-byte copies");
 static_assert(BV % 16 == 0 && BV <= V_, "BV: a multiple of 16 rows");
 static_assert((BV * 4) % 16 == 0 && (BV * 2) % 16 == 0, "bulk copies move multiples of 16 bytes");
 
@@ -80,12 +118,39 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned by
                  : "memory");
 }
 
-// the lane's 16 tile elements of one row (columns COL0 / COL1 below) as fp32: fp8 codes decoded two at a time
-__device__ __forceinline__ void load16_bf16(const __nv_bfloat16* p0, const __nv_bfloat16* p1, float* f);
-__device__ __forceinline__ void load16_tile(const unsigned char* row, int s, float* f) {
+// the lane's share of one tile row as loaded (columns COL0 / COL1 below): fp8 codes in one 16-byte word, bf16 in two.
+// Loaded for all of a warp's rows before anything else (with PDL the per-item form then waits for the pre launch),
+// decoded to fp32 where the dots need them.
+// Under PDL the words are loaded with a plain ld.global: ptxas hoists griddepcontrol.wait above read-only (.nc)
+// loads, which a __restrict__ const pointer gets, so the tile would only be loaded after the wait (ld16).
+struct TileRaw {
+    uint4 w[TILE_FP8 ? 1 : 2];
+};
+__device__ __forceinline__ uint4 ld16(const void* p) {
+#if PDL
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+#else
+    return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+__device__ __forceinline__ TileRaw load_raw(const unsigned char* row, int s) {
+    TileRaw t;
 #if TILE_FP8
-    const uint4 r = *reinterpret_cast<const uint4*>(row + 16 * s);
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    t.w[0] = ld16(row + 16 * s);
+#else
+    const __nv_bfloat16* r = reinterpret_cast<const __nv_bfloat16*>(row);
+    t.w[0] = ld16(r + 8 * s);
+    t.w[1] = ld16(r + 64 + 8 * s);
+#endif
+    return t;
+}
+__device__ __forceinline__ void decode16(const TileRaw& t, float* f) {
+#if TILE_FP8
+    const uint32_t w[4] = {t.w[0].x, t.w[0].y, t.w[0].z, t.w[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -98,8 +163,12 @@ __device__ __forceinline__ void load16_tile(const unsigned char* row, int s, flo
         }
     }
 #else
-    const __nv_bfloat16* r = reinterpret_cast<const __nv_bfloat16*>(row);
-    load16_bf16(r + 8 * s, r + 64 + 8 * s, f);
+    const uint32_t w[8] = {t.w[0].x, t.w[0].y, t.w[0].z, t.w[0].w, t.w[1].x, t.w[1].y, t.w[1].z, t.w[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
 #endif
 }
 // 16 bf16 values as fp32: 8 at p0, 8 at p1 (16 bytes each)
@@ -108,6 +177,16 @@ __device__ __forceinline__ void load16_bf16(const __nv_bfloat16* p0, const __nv_
     const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+// 8 bf16 values at p (one 16-byte load) as fp32
+__device__ __forceinline__ void load8_bf16(const __nv_bfloat16* p, float* f) {
+    const uint4 r = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
         f[2 * i] = __uint_as_float(w[i] << 16);
         f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
@@ -124,6 +203,12 @@ __device__ __forceinline__ void consume(const unsigned char* tile, const float* 
                                         const __nv_bfloat16* q, const __nv_bfloat16* k, const float* coef,
                                         const __nv_bfloat16* v, int h, float* out, int r0, int lane) {
     const int s = lane & 7, g = lane >> 3;
+    TileRaw raw[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) raw[i] = load_raw(tile + static_cast<long long>(r0 + 4 * i + g) * K_ * ESZ, s);
+#if PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the pre launch's coefficients are visible from here on
+#endif
     float fq[16], fk[16];
     load16_bf16(q + COL0(s), q + COL1(s), fq);
     load16_bf16(k + COL0(s), k + COL1(s), fk);
@@ -135,7 +220,7 @@ __device__ __forceinline__ void consume(const unsigned char* tile, const float* 
     for (int i = 0; i < 4; ++i) {
         const int row = r0 + 4 * i + g;
         float f[16];
-        load16_tile(tile + static_cast<long long>(row) * K_ * ESZ, s, f);
+        decode16(raw[i], f);
         float aq = 0.0f, ak = 0.0f;
 #pragma unroll
         for (int e = 0; e < 16; ++e) {
@@ -165,9 +250,82 @@ __device__ __forceinline__ void consume(const unsigned char* tile, const float* 
     }
 }
 
+// the coefficients' pointer: under PDL not __restrict__, so that their loads are not compiled as invariant and
+// scheduled above griddepcontrol.wait (gdn_main.cu's load_pre says why)
+#if PDL
+#define COEF_RESTRICT
+#else
+#define COEF_RESTRICT __restrict__
+#endif
+
+// the coefficients' dots for key record j of a (row, key head): lanes j and j + 16 take its columns [0, 64) and
+// [64, 128) (half = lane >> 4), 8 bf16 a 16-byte load from q, k and the record (global or shared memory); the
+// record only where valid (j < h), zeros otherwise; the two halves summed, every lane ends with its j's dots
+__device__ __forceinline__ void coef_dots(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* kr,
+                                          bool valid, int half, float& dq, float& dk) {
+    dq = 0.0f;
+    dk = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const int col = 64 * half + 8 * c;
+        float fq[8], fk[8], fr[8];
+        load8_bf16(q + col, fq);
+        load8_bf16(k + col, fk);
+        if (valid) {
+            load8_bf16(kr + col, fr);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) fr[e] = 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            dq = fmaf(fr[e], fq[e], dq);
+            dk = fmaf(fr[e], fk[e], dk);
+        }
+    }
+    dq += __shfl_xor_sync(0xffffffffu, dq, 16);
+    dk += __shfl_xor_sync(0xffffffffu, dk, 16);
+}
+
+#if !GROUP
+// (c) the pre launch: one warp per (row n, key head i_h) = blockIdx.x / H_, % H_; coef [B, HV, 2, CAP] of the key
+// head's R_ value heads (nothing for a padded row, whose coefficients nobody reads)
+extern "C" __global__ void __launch_bounds__(32)
+    stream_pre(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ ring_k,
+               const float* __restrict__ ring_g, const float* __restrict__ gt, const int* __restrict__ ring_h,
+               const int* __restrict__ slot_idx, const int* __restrict__ ring_idx, float* __restrict__ coef,
+               int stride_x) {
+#if PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the main launch may start its tile loads
+#endif
+    const int lane = threadIdx.x;
+    const int n = blockIdx.x / H_, i_h = blockIdx.x % H_;
+    if (slot_idx[n] < 0) return;
+    const int rrow = ring_idx[n];
+    const int h = min(ring_h[rrow], CAP);
+    const int j = lane & 15, half = lane >> 4;
+    const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
+    float dq, dk;
+    coef_dots(px + i_h * K_, px + H_ * K_ + i_h * K_,
+              ring_k + ((static_cast<long long>(rrow) * H_ + i_h) * CAP + j) * K_, j < h, half, dq, dk);
+    if (lane < 16) {
+#pragma unroll
+        for (int r = 0; r < R_; ++r) {
+            const int hv = i_h * R_ + r;
+            const float e =
+                j < h ? __expf(gt[static_cast<long long>(n) * HV_ + hv] -
+                               ring_g[(static_cast<long long>(rrow) * HV_ + hv) * CAP + j])
+                      : 0.0f;
+            float* c = coef + (static_cast<long long>(n) * HV_ + hv) * 2 * CAP;
+            c[j] = e * dq;
+            c[CAP + j] = e * dk;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(32 * (NC + PERSIST))
     stream_persist(const unsigned char* __restrict__ state, const __nv_bfloat16* __restrict__ x,
-                   const float* __restrict__ coef, const float* __restrict__ ring_u, const int* __restrict__ ring_h,
+                   const float* COEF_RESTRICT coef, const float* __restrict__ ring_u, const int* __restrict__ ring_h,
                    const int* __restrict__ slot_idx, const int* __restrict__ ring_idx, float* __restrict__ out, int T,
                    int stride_x) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -293,3 +451,169 @@ extern "C" __global__ void __launch_bounds__(32 * (NC + PERSIST))
     }
 #endif
 }
+#endif  // !GROUP
+
+#if GROUP
+// (d) the persistent walk over groups w = (row n, key head i_h) = (w / H_, w % H_), w = blockIdx.x + it gridDim.x:
+// warps 0 .. NCG - 1 consume, warp NCG produces, warp NCG + 1 makes the coefficients (COEF_WARP). Per stage three
+// mbarriers: full (the producer's copies, counted in bytes), ready (the coefficient warp's arrive: its coefficients
+// are in the stage), empty (every consumer's arrive). coef: the given coefficients, read only without COEF_WARP.
+extern "C" __global__ void __launch_bounds__(32 * (NCG + 1 + COEF_WARP))
+    stream_group(const unsigned char* __restrict__ state, const __nv_bfloat16* __restrict__ x,
+                 const float* __restrict__ coef, const float* __restrict__ ring_u, const int* __restrict__ ring_h,
+                 const int* __restrict__ slot_idx, const int* __restrict__ ring_idx, float* __restrict__ out, int T,
+                 int stride_x, const __nv_bfloat16* __restrict__ ring_k, const float* __restrict__ ring_g,
+                 const float* __restrict__ gt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * GSTAGE_BYTES);
+    uint64_t* ready = full + STAGES;
+    uint64_t* empty = ready + STAGES;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(&full[st], 1);     // the producer's arrive (with the stage's byte count)
+            mbar_init(&ready[st], 1);    // the coefficient warp's arrive
+            mbar_init(&empty[st], NCG);  // one arrive per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int n_items = T > static_cast<int>(blockIdx.x) ? (T - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    auto item_of = [&](int it) { return static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x); };
+    if (warp == NCG) {
+        // the producer, as stream_persist's: the slots, ring rows and h of 32 groups at a time (lane j: group it + j),
+        // the next 32's in flight meanwhile; per group, wait for its stage to be empty, then copy
+        auto load_ids = [&](int it0, int& sl, int& rr) {
+            const int it = it0 + lane;
+            sl = -1;
+            rr = 0;
+            if (it < n_items) {
+                const int n = item_of(it) / H_;
+                sl = slot_idx[n];
+                rr = ring_idx[n];
+            }
+        };
+        int sl, rr, hh;
+        load_ids(0, sl, rr);
+        hh = sl >= 0 ? ring_h[rr] : 0;
+        for (int it0 = 0; it0 < n_items; it0 += 32) {
+            int nsl, nrr;
+            load_ids(it0 + 32, nsl, nrr);
+            const int cnt = min(32, n_items - it0);
+            for (int j = 0; j < cnt; ++j) {
+                const int it = it0 + j, st = it % STAGES;
+                if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
+                const int slot = __shfl_sync(0xffffffffu, sl, j);
+                const int rrow = __shfl_sync(0xffffffffu, rr, j);
+                const int h = min(__shfl_sync(0xffffffffu, hh, j), CAP);
+                const int w = item_of(it);
+                const int n = w / H_, i_h = w % H_, hv0 = i_h * R_;
+                unsigned char* sb = smem + st * GSTAGE_BYTES;
+                if (lane == 0) {
+                    int* meta = reinterpret_cast<int*>(sb + G_OFF_META);
+                    meta[0] = slot < 0;
+                    meta[1] = h;
+                    const unsigned bytes = slot < 0 ? 0u
+                                                    : GT_BYTES + R_ * h * V_ * 4 + h * K_ * 2 + 2 * K_ * 2 +
+                                                          R_ * V_ * 2 + R_ * CAP * 4 + (COEF_WARP ? 0 : R_ * 2 * CAP * 4);
+                    mbar_arrive_expect_tx(&full[st], bytes);
+                }
+                __syncwarp();
+                if (slot >= 0) {
+                    const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
+                    if (lane < R_) {  // the value heads' tiles
+                        bulk_g2s(sb + lane * V_ * K_ * ESZ,
+                                 state + (static_cast<long long>(slot) * HV_ + hv0 + lane) * V_ * K_ * ESZ,
+                                 V_ * K_ * ESZ, &full[st]);
+                    } else if (lane < 2 * R_) {  // their h records
+                        const int r = lane - R_;
+                        if (h > 0)
+                            bulk_g2s(sb + G_OFF_U + r * CAP * V_ * 4,
+                                     ring_u + (static_cast<long long>(rrow) * HV_ + hv0 + r) * CAP * V_, h * V_ * 4,
+                                     &full[st]);
+                    } else if (lane == 2 * R_) {  // the key head's h key records
+                        if (h > 0)
+                            bulk_g2s(sb + G_OFF_KEYS, ring_k + (static_cast<long long>(rrow) * H_ + i_h) * CAP * K_,
+                                     h * K_ * 2, &full[st]);
+                    } else if (lane == 2 * R_ + 1) {
+                        bulk_g2s(sb + G_OFF_QK, px + i_h * K_, K_ * 2, &full[st]);
+                    } else if (lane == 2 * R_ + 2) {
+                        bulk_g2s(sb + G_OFF_QK + K_ * 2, px + H_ * K_ + i_h * K_, K_ * 2, &full[st]);
+                    } else if (lane == 2 * R_ + 3) {
+                        bulk_g2s(sb + G_OFF_V, px + 2 * H_ * K_ + hv0 * V_, R_ * V_ * 2, &full[st]);
+                    } else if (lane == 2 * R_ + 4) {
+                        bulk_g2s(sb + G_OFF_G, ring_g + (static_cast<long long>(rrow) * HV_ + hv0) * CAP,
+                                 R_ * CAP * 4, &full[st]);
+                    } else if (lane == 2 * R_ + 5 && !COEF_WARP) {
+                        bulk_g2s(sb + G_OFF_C, coef + (static_cast<long long>(n) * HV_ + hv0) * 2 * CAP,
+                                 R_ * 2 * CAP * 4, &full[st]);
+                    }
+                }
+            }
+            sl = nsl;
+            rr = nrr;
+            hh = sl >= 0 ? ring_h[rr] : 0;
+        }
+    } else if (warp == NCG + 1) {
+        // the coefficient warp (COEF_WARP): per group, once its stage is full, the dots of q and k with the key
+        // records (lanes j, j + 16: record j) and the decays, into the stage's coefficients; then ready
+        for (int it = 0; it < n_items; ++it) {
+            const int st = it % STAGES;
+            const int w = item_of(it);
+            const int n = w / H_, hv0 = (w % H_) * R_;
+            float g_t[R_];
+#pragma unroll
+            for (int r = 0; r < R_; ++r) g_t[r] = gt[static_cast<long long>(n) * HV_ + hv0 + r];  // (before the wait)
+            mbar_wait(&full[st], (it / STAGES) & 1);
+            unsigned char* sb = smem + st * GSTAGE_BYTES;
+            const int* meta = reinterpret_cast<const int*>(sb + G_OFF_META);
+            if (!meta[0]) {
+                const int h = meta[1], j = lane & 15, half = lane >> 4;
+                const __nv_bfloat16* qk = reinterpret_cast<const __nv_bfloat16*>(sb + G_OFF_QK);
+                float dq, dk;
+                coef_dots(qk, qk + K_, reinterpret_cast<const __nv_bfloat16*>(sb + G_OFF_KEYS) + j * K_, j < h, half,
+                          dq, dk);
+                if (lane < 16) {
+                    const float* G = reinterpret_cast<const float*>(sb + G_OFF_G);
+                    float* c = reinterpret_cast<float*>(sb + G_OFF_C);
+#pragma unroll
+                    for (int r = 0; r < R_; ++r) {
+                        const float e = j < h ? __expf(g_t[r] - G[r * CAP + j]) : 0.0f;
+                        c[r * 2 * CAP + j] = e * dq;
+                        c[r * 2 * CAP + CAP + j] = e * dk;
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&ready[st]);  // (release: the coefficients' stores are visible after it)
+        }
+    } else {
+        // the consumers: the group's R_ x V / 16 blocks of 16 rows, block b = warp, warp + NCG, ...
+        for (int it = 0; it < n_items; ++it) {
+            const int st = it % STAGES;
+            mbar_wait(&full[st], (it / STAGES) & 1);
+#if COEF_WARP
+            mbar_wait(&ready[st], (it / STAGES) & 1);
+#endif
+            const unsigned char* sb = smem + st * GSTAGE_BYTES;
+            const int* meta = reinterpret_cast<const int*>(sb + G_OFF_META);
+            const int w = item_of(it);
+            const int n = w / H_, hv0 = (w % H_) * R_;
+            for (int b = warp; b < R_ * (V_ / 16); b += NCG) {
+                const int r = b / (V_ / 16), r0 = 16 * (b % (V_ / 16));
+                float* o = out + (static_cast<long long>(n) * HV_ + hv0 + r) * V_;
+                if (meta[0]) {
+                    if (lane < 16) o[r0 + lane] = 0.0f;
+                } else {
+                    const __nv_bfloat16* qk = reinterpret_cast<const __nv_bfloat16*>(sb + G_OFF_QK);
+                    consume(sb + r * V_ * K_ * ESZ, reinterpret_cast<const float*>(sb + G_OFF_U) + r * CAP * V_, V_,
+                            qk, qk + K_, reinterpret_cast<const float*>(sb + G_OFF_C) + r * 2 * CAP,
+                            reinterpret_cast<const __nv_bfloat16*>(sb + G_OFF_V) + r * V_, meta[1], o, r0, lane);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+        }
+    }
+}
+#endif  // GROUP

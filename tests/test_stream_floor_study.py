@@ -69,16 +69,43 @@ def test_plot_draws_every_dtype(tmp_path):
 # against float64 before timing; here their names, their shared-memory sizes and that they compile -----
 
 def test_cuda_arm_names():
-    assert S.parse_arm("cupersist_p4_s4_bv64") == dict(kind="cupersist", hgate=False, per_sm=4, stages=4, warps=5,
-                                                       BV=64, chunk_bytes=None)
-    assert S.parse_arm("cutile_bv32") == dict(kind="cutile", hgate=False, per_sm=None, stages=None, warps=2, BV=32,
-                                              chunk_bytes=None)
+    plain = dict(hgate=False, chunk_bytes=None, pre=False, pdl=False, ncg=None, derived=False)
+    assert S.parse_arm("cupersist_p4_s4_bv64") == dict(kind="cupersist", per_sm=4, stages=4, warps=5, BV=64, **plain)
+    assert S.parse_arm("cutile_bv32") == dict(kind="cutile", per_sm=None, stages=None, warps=2, BV=32, **plain)
     assert S.parse_arm("cutile")["BV"] == 64
     assert S.parse_arm("cutile_bv64_o5")["occupancy"] == 5
+    # session 54: the coefficients made by a pre launch (cutile _pre, _pdl) or by a coefficient warp (cugroup)
+    assert S.parse_arm("cutile_bv64_pre_pdl") == dict(kind="cutile", per_sm=None, stages=None, warps=4, BV=64,
+                                                      **dict(plain, pre=True, pdl=True, derived=True))
+    assert S.parse_arm("cugroup_p1_s2") == dict(kind="cugroup", per_sm=1, stages=2, warps=10, BV=128,
+                                                **dict(plain, ncg=8, derived=True))
+    assert S.parse_arm("cugroup_p2_s2_n16_given") == dict(kind="cugroup", per_sm=2, stages=2, warps=17, BV=128,
+                                                          **dict(plain, ncg=16))
     for bad in ("cupersist_p4_bv64", "cupersist_s4_bv64", "cupersist_p4_s4_bv48", "cutile_p4", "cutile_w2",
-                "cutile_o0", "cupersist_p4_s4_o5"):
+                "cutile_o0", "cupersist_p4_s4_o5", "cutile_bv64_pdl", "cupersist_p4_s4_pre", "cugroup_p1",
+                "cugroup_s2", "cugroup_p1_s2_bv64", "cugroup_p1_s2_n0", "cutile_given", "cutile_n8"):
         with pytest.raises(ValueError):
             S.parse_arm(bad)
+
+
+def test_derived_coefficients_matter():
+    """The reference with the coefficients made from the records is not the one with the given coefficients, and
+    not the one without the records' terms: an arm that read the wrong coefficients (or a pre launch's NaN poison
+    left unwritten) fails its check. And derived_coef is what its docstring says, on one entry recomputed here."""
+    d = S.make_problem(3, torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(5), pad_rows=0)
+    d["ring_h"][:] = S.CAP - 1  # (every row with records)
+    c = S.derived_coef(d)
+    given, derived = S.reference(d, True), S.reference(d, True, c)
+    assert ((given - derived).norm() / derived.norm()).item() > 0.1
+    no_records = S.reference(d, True, torch.zeros_like(c))
+    assert ((no_records - derived).norm() / derived.norm()).item() > 1e-3
+    n, hv, j = 1, 5, 3
+    rrow, i_h = int(d["ring_idx"][n]), hv // (S.HV_DIM // S.H_DIM)
+    q = d["x"][n, i_h * S.K_DIM:(i_h + 1) * S.K_DIM].double()
+    kr = d["ring_k"][rrow, i_h, j].double()
+    e = torch.exp(d["gt"][n, hv].double() - d["ring_g"][rrow, hv, j].double())
+    assert torch.allclose(c[n, hv, 0, j], e * (kr @ q), rtol=1e-12, atol=0)
+    assert (c[:, :, :, S.CAP - 1] == 0).all()  # (j >= h)
 
 
 def test_cuda_arms_refuse_the_cpu():
@@ -87,7 +114,7 @@ def test_cuda_arms_refuse_the_cpu():
         S.launch("cutile_bv64", d, torch.empty(2, S.HV_DIM, S.V_DIM), 1)
 
 
-def _cu_stage_bytes(defs: dict) -> int:
+def _cu_stage_bytes(defs: dict, name: str = "STAGE_BYTES") -> int:
     """STAGE_BYTES as the .cu's preprocessor computes it, read from the source's #defines (not a copy of
     cu_smem_bytes' formula): a change on either side that breaks the agreement fails here."""
     import re
@@ -97,7 +124,7 @@ def _cu_stage_bytes(defs: dict) -> int:
     macros.update({k: str(v) for k, v in defs.items()})
     macros.update(H_="16", HV_="32", K_="128", V_="128", CAP="16")
 
-    e = "STAGE_BYTES"
+    e = name
     for _ in range(20):  # expand the macros (a number bare, an expression in its parentheses) until none is left
         e2 = re.sub(r"\b([A-Z_][A-Z0-9_]*)\b", lambda m: macros.get(m.group(1), m.group(1)), e)
         if e2 == e:
@@ -119,7 +146,20 @@ def test_cuda_smem_size_matches_the_source(fp8, bv, stages):
     assert S.cu_smem_bytes(dict(defs, PERSIST=0)) == 0
 
 
-@pytest.mark.parametrize("arm,td", [("cupersist_p4_s4_bv64", "fp8_e4m3"), ("cutile_bv64", "bf16")])
+@pytest.mark.parametrize("fp8", [1, 0])
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_cuda_group_smem_size_matches_the_source(fp8, stages):
+    """A group block's stages (GSTAGE_BYTES, read from the source) and three mbarriers per stage; what the arms ask
+    for fits one block (227 KiB)."""
+    arm = S.parse_arm(f"cugroup_p1_s{stages}")
+    defs = S.cu_defines(arm, torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    assert S.cu_smem_bytes(defs) == stages * (_cu_stage_bytes(defs, "GSTAGE_BYTES") + 24)
+    assert (S.cu_smem_bytes(defs) <= S.MAX_BLOCK_SMEM) == (stages <= (4 if fp8 else 2))
+
+
+@pytest.mark.parametrize("arm,td", [("cupersist_p4_s4_bv64", "fp8_e4m3"), ("cutile_bv64", "bf16"),
+                                    ("cutile_bv64_pre_pdl", "bf16"), ("cugroup_p1_s2", "bf16"),
+                                    ("cugroup_p1_s4_given", "fp8_e4m3")])
 def test_cuda_arms_compile_without_spills(arm, td, tmp_path, monkeypatch):
     from kernels import cuda_main as cm
 
@@ -128,7 +168,30 @@ def test_cuda_arms_compile_without_spills(arm, td, tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAYSSM_CUBIN_DIR", str(tmp_path))
     row = S.cu_offline(arm, S.TILE_DTYPES[td])
     assert row["registers"] and row["registers"] <= 72 and row["spill_bytes"] == 0, row
+    assert row.get("pre_spill_bytes", 0) == 0, row
     assert list(tmp_path.glob("stream_persist-*.cubin"))
+
+
+@pytest.mark.parametrize("td", ["bf16", "fp8_e4m3"])
+def test_pdl_arm_loads_its_tile_before_the_wait(td):
+    """``_pdl``'s point is a block that starts early with its tile loaded: in the SASS every one of the tile's 16-byte
+    loads (4 rows, one word each for fp8, two for bf16) comes before the PDL wait (ACQBULK). (ptxas hoists the wait
+    above read-only .nc loads: with the tile read through __ldg none came before it.)"""
+    import re
+    import subprocess
+
+    from kernels import cuda_main as cm
+
+    if cm.find_nvcc() is None or cm.find_nvdisasm() is None:
+        pytest.skip("no nvcc / nvdisasm (scripts/setup-nvcc)")
+    defs = S.cu_defines(S.parse_arm("cutile_bv64_pre_pdl"), S.TILE_DTYPES[td])
+    cubin = cm.build(defs, src=Path(S.CU_SRC))
+    sass = subprocess.run([cm.find_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    body = sass.split(".text.stream_persist:", 1)[1].split("\n.text.", 1)[0]
+    ins = [ln for ln in body.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    wait = next(i for i, ln in enumerate(ins) if "ACQBULK" in ln)
+    early = [ln for ln in ins[:wait] if re.search(r"LDG\S*\.128", ln)]
+    assert len(early) >= (4 if td == "fp8_e4m3" else 8), ins[:wait + 1]
 
 
 @pytest.mark.parametrize("o", [1, 2, 4, 5, 6, 8, 12, 16])
