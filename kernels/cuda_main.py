@@ -512,6 +512,33 @@ def vec_u_defines(vec_u, xl, rpw, u_dtype) -> dict:
     return {"VEC_U": 1} if on and applies else {}
 
 
+# TILE_EARLY (session 54): under PDL the XL tile's words are loaded with a plain ld.global instead of __ldg. ptxas
+# hoists the PDL wait (griddepcontrol.wait, SASS ACQBULK) above read-only .nc loads: in the SASS of KDA's default
+# shapes (bf16 state x16w4c1_m6_gp_mf: 1 of the 8 vector loads the PTX issues before the wait stays above it; fp32
+# state x16w4c1_m4_gp: 1 of 16; the H200's bf16 x16w4c1_m8_gp_mma_mf: 5 of 8) the tile was loaded only after the
+# pre launch had finished, so a main block that started early held nothing while it waited; GDN's defaults and the
+# fp8 copies' keep theirs. Off until timed (bench --variants te).
+TILE_EARLY_DEFAULT = 0
+
+
+def env_tile_early() -> int:
+    """REPLAYSSM_TILE_EARLY: "1" the CUDA main launch loads its tile with plain loads under PDL (gdn_main.cu's
+    TILE_EARLY), "0" with __ldg; unset or empty: TILE_EARLY_DEFAULT."""
+    v = os.environ.get("REPLAYSSM_TILE_EARLY", "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"REPLAYSSM_TILE_EARLY must be 0 or 1, got {v!r}")
+    return int(TILE_EARLY_DEFAULT) if v == "" else int(v)
+
+
+def tile_early_defines(tile_early, xl, pdl) -> dict:
+    """TILE_EARLY's -D parameter (tile_early None: TILE_EARLY_DEFAULT) where it changes the build: the XL layout
+    under PDL (only where set, so that the other builds keep their cubin keys)."""
+    on = int(TILE_EARLY_DEFAULT if tile_early is None else tile_early)
+    if on not in (0, 1):
+        raise ValueError(f"tile_early must be 0 or 1 (or None for TILE_EARLY_DEFAULT), got {tile_early!r}")
+    return {"TILE_EARLY": 1} if on and xl and pdl else {}
+
+
 def env_pre_early() -> int:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
     fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
@@ -597,7 +624,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None, pre_pf=0, rec_split=False, vec_u=None) -> dict:
+            pre_early=None, pre_pf=0, rec_split=False, vec_u=None, tile_early=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -616,7 +643,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2 (PRE_PF, session 49; only
     where set, and only with a pre launch). rec_split: the records are split in two 16-bit planes (REC_SPLIT, session
     51; u_dtype and k_dtype are then the bf16 high plane; only where set). vec_u: the main launch reads a lane's value
-    records at one position as one vector load (VEC_U, session 52; None: VEC_U_DEFAULT; vec_u_defines says where)."""
+    records at one position as one vector load (VEC_U, session 52; None: VEC_U_DEFAULT; vec_u_defines says where).
+    tile_early: under PDL the XL tile's words are plain loads, which the PDL wait cannot pass (TILE_EARLY, session 54;
+    None: TILE_EARLY_DEFAULT; tile_early_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -633,6 +662,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
     rc |= {"REC_SPLIT": 1} if rec_split else {}
     rc |= vec_u_defines(vec_u, xl, rpw, u_dtype)
+    rc |= tile_early_defines(tile_early, xl, bool(pdl) and not self_pre)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -646,7 +676,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 
 def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
-                   rc_dtype=None, rec_split=False, vec_u=None) -> dict:
+                   rc_dtype=None, rec_split=False, vec_u=None, tile_early=None) -> dict:
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type (rec_split: fp32 records split in two planes, REC_SPLIT; rec_dtype is then
@@ -662,7 +692,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
-                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u)
+                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u, tile_early=tile_early)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -834,6 +864,32 @@ def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
         else:
             tainted -= _dst_regs(opc, dst)  # (all of them: session 42's ULDC.64 left the pair's high half tainted)
     return bad
+
+
+def tile_loads_before_wait(defs: dict, arch: str = ARCH) -> tuple:
+    """(PTX, SASS): the main launch's 16- and 8-byte global loads before its first PDL wait, in the PTX nvcc emits
+    (griddepcontrol.wait) and in the SASS ptxas makes of it (ACQBULK). Where SASS has fewer, ptxas moved loads the
+    source issues before the wait below it (session 54: it hoists the wait above __ldg's read-only loads; KDA's
+    defaults then loaded their tile only after the pre launch). Needs nvcc and nvdisasm; builds with USE_PDL."""
+    defs = dict(defs, USE_PDL=1)
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("tile_loads_before_wait() needs nvcc")
+    with tempfile.TemporaryDirectory() as td:
+        out = str(Path(td) / "k.ptx")
+        cmd = _nvcc_cmd(nvcc, defs, arch, out)
+        cmd[cmd.index("-cubin")] = "-ptx"
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+        body = Path(out).read_text().split(".entry replay_gdn_main", 1)[1].split(".entry ", 1)[0]
+    if "griddepcontrol.wait" not in body:
+        raise RuntimeError("no PDL wait in replay_gdn_main's PTX")
+    ptx = len(re.findall(r"\tld\.global\S*\.v[24]\.[bfu]32", body.split("griddepcontrol.wait", 1)[0]))
+    ins = main_sass(defs, arch)
+    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
+    sass = sum(1 for ln in ins[:wait] if re.match(r"LDG\S*\.(128|64)\b", ln))
+    return ptx, sass
 
 
 def _dst_regs(opc: str, dst: str) -> set:
@@ -1085,10 +1141,10 @@ def _obtainable() -> bool:
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0,
-                   vec_u=None) -> dict:
+                   vec_u=None, tile_early=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
-    VEC_U_DEFAULT) where vec_u_defines says."""
+    VEC_U_DEFAULT) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -1101,7 +1157,8 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    ridx_dtype=(ring_idx if ring_idx is not None else slot_idx).dtype, state_dtype=state.dtype,
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
-                   pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records, vec_u=vec_u)
+                   pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records, vec_u=vec_u,
+                   tile_early=tile_early)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)

@@ -1025,7 +1025,8 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            chunk_bytes=None, pipe_stages=None, fold_bytes=None, pdl=None, pre_rows=None, _diag_parts="all",
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
-           pre_impl=None, post_trigger=None, lead_pdl=None, pre_early=None, pre_pf=None, vec_u=None):
+           pre_impl=None, post_trigger=None, lead_pdl=None, pre_early=None, pre_pf=None, vec_u=None,
+           tile_early=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1126,7 +1127,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pre_pf (None: REPLAYSSM_PRE_PF, cuda_main.env_pre_pf; session 49): the CUDA pre launch's warps of the first pre_pf
     batch rows prefetch into L2 the tiles the main launch reads first (gdn_main.cu's PRE_PF; 0: none).
     vec_u (None: REPLAYSSM_VEC_U, cuda_main.env_vec_u; session 52): the CUDA main launch reads a lane's value records
-    at one position as one vector load (gdn_main.cu's VEC_U; the XL shapes)."""
+    at one position as one vector load (gdn_main.cu's VEC_U; the XL shapes).
+    tile_early (None: REPLAYSSM_TILE_EARLY, cuda_main.env_tile_early; session 54): under PDL the CUDA main launch loads
+    its tile with plain loads, which ptxas keeps above the PDL wait, so that a block that starts while the pre launch
+    runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1245,13 +1249,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     early = cuda_main.env_pre_early() if pre_early is None else int(pre_early)
     pf = cuda_main.env_pre_pf() if pre_pf is None else int(pre_pf)
     vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)
+    te = cuda_main.env_tile_early() if tile_early is None else int(tile_early)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
-            self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead, pre_early=early, pre_pf=pf, vec_u=vu)
+            self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead, pre_early=early, pre_pf=pf, vec_u=vu,
+            tile_early=te)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":

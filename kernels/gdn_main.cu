@@ -125,6 +125,10 @@
 #if VEC_U && !XL
 #error "VEC_U: the XL layout"
 #endif
+#ifndef TILE_EARLY
+#define TILE_EARLY 0  // 1 (the XL layout, under USE_PDL): the tile's 16-byte words are loaded with a plain ld.global, not
+#endif                // __ldg: ptxas hoists griddepcontrol.wait above read-only (.nc) loads, and for KDA's shapes it
+                      // moved the tile's loads below the wait, so a block that started early held nothing (session 54)
 #ifndef LEAD_PDL
 #define LEAD_PDL 0  // 1: the step's first launch (the pre launch; the main launch under SELF_PRE) is a programmatic
 #endif              // dependent of whatever ran before it on the stream and waits for it first thing, so only its
@@ -208,6 +212,18 @@ __device__ __forceinline__ void from_f(__half* p, float x) { *p = __float2half_r
 __device__ __forceinline__ float round_as(float x, float*) { return x; }
 __device__ __forceinline__ float round_as(float x, __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float round_as(float x, __half*) { return __half2float(__float2half_rn(x)); }
+
+// one 16-byte word of the XL tile (the checkpoint's or the read copy's): __ldg, or under TILE_EARLY (with PDL) a plain
+// ld.global, which ptxas keeps above the PDL wait where the source issues it (the emulation has no PDL: __ldg)
+__device__ __forceinline__ uint4 ld_tile16(const void* p) {
+#if TILE_EARLY && USE_PDL
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+#else
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
 
 // four consecutive checkpoint elements (16-byte aligned for fp32, 8-byte for bf16) as fp32, in one access
 __device__ __forceinline__ float4 ld_state4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
@@ -1428,8 +1444,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         const auto* lb = base + static_cast<long long>(row0 + warp * RPW + (lane >> 2)) * K_ + mma_col(lane & 3, 0);
 #pragma unroll
         for (int u = 0; u < 2 * MMA_NRUN; ++u)
-            c[u / TW][u % TW] = __ldg(reinterpret_cast<const uint4*>(
-                lb + (u / MMA_NRUN) * 8 * K_ + (u % MMA_NRUN) * (64 / MMA_EB)));
+            c[u / TW][u % TW] = ld_tile16(lb + (u / MMA_NRUN) * 8 * K_ + (u % MMA_NRUN) * (64 / MMA_EB));
     };
 #endif
 #if HAS_RC
@@ -1454,7 +1469,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 const RC_T* rp = rsrc + static_cast<long long>(v) * K_ + RCPA * s;
 #pragma unroll
                 for (int t = 0; t < RC_NACC; ++t)
-                    c[i][cc * RC_NACC + t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * RCPA * t));
+                    c[i][cc * RC_NACC + t] = ld_tile16(rp + 8 * RCPA * t);
 #endif
 #if RC_FP8 && !VEC_U
                 rsc[cc][i] = rc_scale[(rrow * HV_ + hv) * V_ + v];
@@ -1486,7 +1501,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         for (int i = 0; i < RPL; ++i) {
             const ST_T* rp = src + static_cast<long long>(row0 + ch * VT + lrow + i) * K_ + CPA * s;
 #pragma unroll
-            for (int t = 0; t < NACC; ++t) c[i][t] = __ldg(reinterpret_cast<const uint4*>(rp + 8 * CPA * t));
+            for (int t = 0; t < NACC; ++t) c[i][t] = ld_tile16(rp + 8 * CPA * t);
         }
     };
 #if !HAS_RC && SELF_PRE != 1

@@ -96,6 +96,9 @@ Arms (per layer kind, state dtype and batch size B):
   v3_vu0_<shape>, v3_vu1_<shape> (--variants vu) the server's step at this GPU's default shapes without and with the
               main launch's value records read as vectors (gdn_main.cu's VEC_U, session 52); fp32 states also with
               the fp8 copy (_fp8), there also with split records (_rsp) and bf16 records (_r16: a bound); _rr
+  v3_te0_<shape>, v3_te1_<shape> (--variants te) the server's step at this GPU's default shapes without and with the
+              main launch's tile loaded by plain loads under PDL (gdn_main.cu's TILE_EARLY, session 54: ptxas moved
+              KDA's __ldg tile loads below the PDL wait); fp32 states also with the fp8 copy (_fp8); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1540,6 +1543,26 @@ def main():
                     arms.update(v_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in v_arms.items()}, f"{kind} {sdt} vu", meta,
                                         "vu_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "te" in variants:
+                    # the main launch's tile loaded by plain loads under PDL (session 54: gdn_main.cu's TILE_EARLY;
+                    # ptxas hoists the PDL wait above __ldg's read-only loads, and in KDA's default shapes it left
+                    # the tile to be loaded after the pre launch had finished): this GPU's default shapes without
+                    # (te0) and with it (te1), the server's records and pre launch; round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_t
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    t_arms = {}
+                    for rd, rcd, name in device_defaults(kind, sdt):
+                        sp = _cm_t.full_config(_cm_t.CUDA_CONFIGS[name])[10]
+                        tag = "" if rd == "same" else "_fp8"
+                        for te in (0, 1):
+                            t_arms[f"v3_te{te}{tag}_{name}"] = arm_ours(
+                                c, DT[sdt], impl="v3", read_dtype=rd, **srv,
+                                v3_opts=dict(main_impl="cuda", cuda_config=name,
+                                             pre_impl=None if sp else server_pre_impl(kind, name), tile_early=te))
+                    arms.update(t_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} te", meta,
+                                        "te_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

@@ -130,10 +130,11 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None, pf=0, split=False, vu=None):
+                 lead=False, early=None, pf=0, split=False, vu=None, te=None):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
         # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
-        # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16); vu: VEC_U (None: its default)
+        # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16); vu: VEC_U (None: its default);
+        # te: TILE_EARLY (None: its default)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -142,7 +143,7 @@ def combos():
                           u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu)
+                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu, tile_early=te)
 
     def gpu_default(kind, sdt, rd, g):  # the default shape's name on GPU g (a DEVICE_DEFAULTS name; None: the rest)
         return cm.config_name(cm.default_config(sdt, kind, RC.get(rd), device_name=g))
@@ -201,6 +202,17 @@ def combos():
             for r, spl in [(sdt, False)] + ([(BF16, True), (BF16, False)] if rcd else [])
             for trig, pdl in ((False, None), (True, None)) + (((False, False),) if rcd else ())
             for vu in (0, 1)]
+    # bench --variants te (session 54): every default shape with TILE_EARLY (without it: the vu0 builds above), the
+    # server's records, with and without the trigger (a build without PDL has no TILE_EARLY: the vu0 one)
+    out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, te=1)
+            for kind, name, rcd, sdt in server_defaults() for trig in (False, True)]
+    # test_gpu_real_shapes_tile_early (session 54): the harness's arguments, each GPU's default shape, TRIGGER_POST,
+    # TILE_EARLY
+    from test_decode_kernels import TILE_EARLY_GPU_CASES
+
+    out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), rd, g), RC.get(rd), F32, I32, getattr(torch, sdt),
+                     rec=getattr(torch, sdt), trig=True, te=1)
+            for kind, sdt, rd in TILE_EARLY_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_pre_early (session 49): the harness's arguments, each GPU's default shape with a pre
     # launch, PRE_EARLY, PRE_PF (8 rows) and TRIGGER_POST
     from test_decode_kernels import PRE_EARLY_CASES as PE_CASES, pe_level

@@ -1242,3 +1242,70 @@ def test_env_pre_pf(monkeypatch):
     monkeypatch.setenv("REPLAYSSM_PRE_PF", "yes")
     with pytest.raises(ValueError, match="REPLAYSSM_PRE_PF must be a row count"):
         cuda_main.env_pre_pf()
+
+
+# ----- TILE_EARLY (session 54): under PDL the XL tile's words are plain loads, which ptxas keeps above the wait -----
+
+def test_tile_early_only_where_it_changes_the_build(monkeypatch):
+    """TILE_EARLY is set only for an XL build under PDL (without PDL or under SELF_PRE there is no wait to keep the
+    loads above; the other builds keep their cubin keys); REPLAYSSM_TILE_EARLY picks it, anything but 0 / 1 refused."""
+    xl = cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp_mf"]
+    kw = dict(state_dtype=torch.bfloat16, kind="kda", rec_dtype=torch.bfloat16)
+    assert cuda_main.server_defines(xl, **kw, tile_early=1)["TILE_EARLY"] == 1
+    assert "TILE_EARLY" not in cuda_main.server_defines(xl, **kw, tile_early=0)
+    assert cuda_main.tile_early_defines(1, xl=1, pdl=False) == {}
+    assert cuda_main.tile_early_defines(1, xl=0, pdl=True) == {}
+    sp2 = cuda_main.CUDA_CONFIGS["x16w4c1_m4_sp2"]  # (GDN's fp32 default: SELF_PRE 2, no pre launch, no PDL wait)
+    assert "TILE_EARLY" not in cuda_main.server_defines(sp2, tile_early=1)
+    with pytest.raises(ValueError):
+        cuda_main.tile_early_defines(2, xl=1, pdl=True)
+    monkeypatch.setenv("REPLAYSSM_TILE_EARLY", "1")
+    assert cuda_main.env_tile_early() == 1
+    monkeypatch.setenv("REPLAYSSM_TILE_EARLY", "")
+    assert cuda_main.env_tile_early() == cuda_main.TILE_EARLY_DEFAULT
+    monkeypatch.setenv("REPLAYSSM_TILE_EARLY", "yes")
+    with pytest.raises(ValueError):
+        cuda_main.env_tile_early()
+
+
+def _pdl_default_shapes():
+    """Every GPU's default shape that runs under PDL (a pre launch), as (name, kind, state type, read copy type)."""
+    out = {}
+    for kind in ("gdn", "kda"):
+        for sdt in (torch.float32, torch.bfloat16):
+            for rcd in (None, torch.float8_e4m3fn, torch.bfloat16) if sdt == torch.float32 else (None,):
+                if kind == "kda" and rcd == torch.bfloat16:
+                    continue
+                for g in (None, *cuda_main.DEVICE_DEFAULTS):
+                    cfg = cuda_main.default_config(sdt, kind, rcd, device_name=g)
+                    if not cuda_main.full_config(cfg)[10]:  # (SELF_PRE: no pre launch to wait for)
+                        out[(cuda_main.config_name(cfg), kind, sdt, rcd)] = None
+    return list(out)
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind,state_dtype,rc_dtype", _pdl_default_shapes(), ids=str)
+def test_tile_early_keeps_the_tile_above_the_wait(name, kind, state_dtype, rc_dtype):
+    """With TILE_EARLY every 16- / 8-byte load the PTX issues before the PDL wait is still above it in the SASS (so a
+    main block that starts while the pre launch runs holds its tile), and none of them reads what the pre launch
+    writes (pdl_hazards)."""
+    rec = torch.bfloat16 if state_dtype == torch.bfloat16 else torch.float32
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[name], rec_dtype=rec, state_dtype=state_dtype, kind=kind,
+                                 rc_dtype=rc_dtype, tile_early=1)
+    assert d["TILE_EARLY"] == 1
+    ptx, sass = cuda_main.tile_loads_before_wait(d)
+    assert ptx >= 4 and sass >= ptx, (ptx, sass)
+    assert cuda_main.pdl_hazards(d) == []
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+def test_tile_loads_before_wait_sees_ptxas_move_them():
+    """The check can fail: without TILE_EARLY, KDA's bf16 default on the H100 (x16w4c1_m6_gp_mf) issues its tile's 8
+    loads before the wait in the PTX, and ptxas moves all but one of them below it (nvcc 13.0, sm_90)."""
+    d = cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x16w4c1_m6_gp_mf"], rec_dtype=torch.bfloat16,
+                                 state_dtype=torch.bfloat16, kind="kda", tile_early=0)
+    assert "TILE_EARLY" not in d
+    ptx, sass = cuda_main.tile_loads_before_wait(d)
+    assert ptx >= 8 and sass < ptx, (ptx, sass)

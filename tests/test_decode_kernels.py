@@ -1532,7 +1532,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
     pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early",
-                                          "pre_pf", "vec_u")
+                                          "pre_pf", "vec_u", "tile_early")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -2087,6 +2087,24 @@ def test_gpu_real_shapes_vec_u(kind, state_dtype, read_dtype, split, monkeypatch
                         pdl=True, post_trigger=True, vec_u=1, **({"split_records": True} if split else {}), **pre,
                         **extra)
     assert built and all(d.get("VEC_U") == 1 for d in built)
+
+
+# TILE_EARLY (session 54): the default shapes with the tile loaded by plain loads under PDL; the same maths as
+# without (only the load instruction differs), so the same float64 tolerance
+TILE_EARLY_GPU_CASES = [("gdn", "bfloat16", "same"), ("kda", "float32", "same"), ("kda", "bfloat16", "same"),
+                        ("gdn", "float32", "fp8_e4m3"), ("kda", "float32", "fp8_e4m3")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype,read_dtype", TILE_EARLY_GPU_CASES, ids=str)
+def test_gpu_real_shapes_tile_early(kind, state_dtype, read_dtype, monkeypatch):
+    """The default shapes with TILE_EARLY, as PDL dependents with the trigger, against float64 over 26 steps, slow
+    decays: every main launch's build TILE_EARLY."""
+    sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, read_dtype, "launch", monkeypatch)
+    _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=43, kind=kind,
+                        decay="slow", pdl=True, post_trigger=True, tile_early=1, **extra)
+    assert built and all(d.get("TILE_EARLY") == 1 for d in built)
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:
