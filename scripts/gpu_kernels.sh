@@ -8,7 +8,7 @@
 # float64 reference), then scripts/bench_kernels.py; results land in $OUT (and benchmarks/results/).
 # Env: STREAM_STUDY=1 runs scripts/stream_floor_study.py (per-tile against persistent programs; STREAM_DTYPES,
 # STREAM_ARGS); TILE_STUDY=1 first runs scripts/tile_dots_study.py (the tile reduction on the tensor cores, bf16 and fp8 tiles;
-# about a minute); GPU_TESTS=0 skips the tests; TEST_X='' runs every selected test past a failure (default -x);
+# about a minute); GPU_TESTS=0 skips the tests; BENCH=0 the benchmark; TEST_X='' runs every selected test past a failure (default -x);
 # TEST_K is the pytest -k expression (default "gpu_real and v3": the v3
 # kernel's GPU cases; v1's and v2's passed on 2026-11-29); BENCH_ARGS overrides the benchmark arguments
 # (default: v3 launch-config sweep at B=256, then conv, upstream, v1 (ours_r16, ours_L1) and v3 (v3_r16,
@@ -74,7 +74,9 @@ bench() {  # $1: the results' stem; $2: the benchmark's arguments
   python3 scripts/bench_kernels.py --table "$OUT/$1.json" > "$OUT/$1.md" 2>&1 || true
 }
 stamp=$(date -u +%Y%m%d-%H%M)
-if [ -n "${BENCH_SETS:-}" ]; then
+if [ "${BENCH:-1}" = 0 ]; then
+  echo "BENCH=0: no benchmark"
+elif [ -n "${BENCH_SETS:-}" ]; then
   # several benchmark runs in one call (argument sets separated by ';'), kernels-<stamp>-s<i>.*: their JSON, table
   # and plot go into one tar beside their stdout (the device returns at most 8 files)
   i=0; IFS=';' read -ra sets <<< "$BENCH_SETS"
