@@ -345,6 +345,28 @@ def defaults_with_a_pre_launch(kind: str, sdt: str):
             yield rd, name, server_pre_impl(kind, name), "" if rd == "same" else "_fp8"
 
 
+def option_arms(c: Case, kind: str, sdt: str, tag: str, option: str, extra_recs: bool = False) -> dict:
+    """--variants vu and te: this GPU's default shapes (device_defaults) without and with a 0 / 1 option of decode v3's
+    launch (vec_u, tile_early), the server's records and pre launch: arms v3_<tag>0 / v3_<tag>1 [_fp8]_<shape>;
+    extra_recs: the fp8 copy also with split records (_rsp, the CUDA pre launch) and bf16 records (_r16: a bound, not
+    a valid decode)."""
+    from replayssm_sglang.kernels import cuda_main as cm
+
+    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+    out = {}
+    for rd, rcd, name in device_defaults(kind, sdt):
+        sp = cm.full_config(cm.CUDA_CONFIGS[name])[10]
+        ftag = "" if rd == "same" else "_fp8"
+        recs = [(DT[sdt], "")] + ([("split", "_rsp"), (torch.bfloat16, "_r16")] if rcd and extra_recs else [])
+        for rec, rtag in recs:
+            pre = None if sp else "cuda" if rec == "split" else server_pre_impl(kind, name)
+            for on in (0, 1):
+                out[f"v3_{tag}{on}{ftag}_{name}{rtag}"] = arm_ours(
+                    c, rec, impl="v3", read_dtype=rd, **srv,
+                    v3_opts={"main_impl": "cuda", "cuda_config": name, "pre_impl": pre, option: on})
+    return out
+
+
 # --variants split: beside the fp8 copy's default shape (72 registers, whose split build spills 16-28 bytes, ptxas
 # sm_90), a shape of each kind whose split build spills nothing (GDN 72 registers with the tensor-core dots, KDA 80)
 SPLIT_SIBLINGS = {"gdn": "x16w4c1_m7_lean_mma", "kda": "x16w4c1_m6_gp_lean_mma"}
@@ -1526,20 +1548,7 @@ def main():
                     # (vu0) and with it (vu1), the server's records; fp32 states also with the fp8 copy, there also
                     # with split records (_rsp, the CUDA pre launch) and bf16 records (_r16: the bound, not a valid
                     # decode); round-robin
-                    from replayssm_sglang.kernels import cuda_main as _cm_v
-
-                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    v_arms = {}
-                    for rd, rcd, name in device_defaults(kind, sdt):
-                        sp = _cm_v.full_config(_cm_v.CUDA_CONFIGS[name])[10]
-                        tag = "" if rd == "same" else "_fp8"
-                        recs = [(DT[sdt], "")] + ([("split", "_rsp"), (torch.bfloat16, "_r16")] if rcd else [])
-                        for rec, rtag in recs:
-                            pre = None if sp else "cuda" if rec == "split" else server_pre_impl(kind, name)
-                            for vu in (0, 1):
-                                v_arms[f"v3_vu{vu}{tag}_{name}{rtag}"] = arm_ours(
-                                    c, rec, impl="v3", read_dtype=rd, **srv,
-                                    v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=pre, vec_u=vu))
+                    v_arms = option_arms(c, kind, sdt, "vu", "vec_u", extra_recs=True)
                     arms.update(v_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in v_arms.items()}, f"{kind} {sdt} vu", meta,
                                         "vu_rounds", f"{kind}/{sdt}/B{B}", timed)
@@ -1548,18 +1557,7 @@ def main():
                     # ptxas hoists the PDL wait above __ldg's read-only loads, and in KDA's default shapes it left
                     # the tile to be loaded after the pre launch had finished): this GPU's default shapes without
                     # (te0) and with it (te1), the server's records and pre launch; round-robin
-                    from replayssm_sglang.kernels import cuda_main as _cm_t
-
-                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    t_arms = {}
-                    for rd, rcd, name in device_defaults(kind, sdt):
-                        sp = _cm_t.full_config(_cm_t.CUDA_CONFIGS[name])[10]
-                        tag = "" if rd == "same" else "_fp8"
-                        for te in (0, 1):
-                            t_arms[f"v3_te{te}{tag}_{name}"] = arm_ours(
-                                c, DT[sdt], impl="v3", read_dtype=rd, **srv,
-                                v3_opts=dict(main_impl="cuda", cuda_config=name,
-                                             pre_impl=None if sp else server_pre_impl(kind, name), tile_early=te))
+                    t_arms = option_arms(c, kind, sdt, "te", "tile_early")
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} te", meta,
                                         "te_rounds", f"{kind}/{sdt}/B{B}", timed)

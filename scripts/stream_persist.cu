@@ -287,6 +287,43 @@ __device__ __forceinline__ void coef_dots(const __nv_bfloat16* q, const __nv_bfl
     dk += __shfl_xor_sync(0xffffffffu, dk, 16);
 }
 
+// The producer warp of both persistent forms: the slots, ring rows and h of 32 items at a time (lane j: item it0 + j,
+// batch row row_of(it)), the next 32's loaded while this batch's copies are issued; per item, wait for its stage to be
+// empty, then copy(it, stage, slot, ring row, h) (h at most CAP).
+template <typename RowOf, typename Copy>
+__device__ __forceinline__ void produce(int n_items, int lane, uint64_t* empty, const int* slot_idx,
+                                        const int* ring_idx, const int* ring_h, RowOf row_of, Copy copy) {
+    auto load_ids = [&](int it0, int& sl, int& rr) {
+        const int it = it0 + lane;
+        sl = -1;
+        rr = 0;
+        if (it < n_items) {
+            const int n = row_of(it);
+            sl = slot_idx[n];
+            rr = ring_idx[n];
+        }
+    };
+    int sl, rr, hh;
+    load_ids(0, sl, rr);
+    hh = sl >= 0 ? ring_h[rr] : 0;
+    for (int it0 = 0; it0 < n_items; it0 += 32) {
+        int nsl, nrr;
+        load_ids(it0 + 32, nsl, nrr);  // (in flight through this batch)
+        const int cnt = min(32, n_items - it0);
+        for (int j = 0; j < cnt; ++j) {
+            const int it = it0 + j, st = it % STAGES;
+            if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
+            const int slot = __shfl_sync(0xffffffffu, sl, j);
+            const int rrow = __shfl_sync(0xffffffffu, rr, j);
+            const int h = min(__shfl_sync(0xffffffffu, hh, j), CAP);
+            copy(it, st, slot, rrow, h);
+        }
+        sl = nsl;
+        rr = nrr;
+        hh = sl >= 0 ? ring_h[rr] : 0;
+    }
+}
+
 #if !GROUP
 // (c) the pre launch: one warp per (row n, key head i_h) = blockIdx.x / H_, % H_; coef [B, HV, 2, CAP] of the key
 // head's R_ value heads (nothing for a padded row, whose coefficients nobody reads)
@@ -364,70 +401,44 @@ extern "C" __global__ void __launch_bounds__(32 * (NC + PERSIST))
     __syncthreads();
     const int n_items = T > static_cast<int>(blockIdx.x) ? (T - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     if (warp == NC) {
-        // the producer: the slots, ring rows and h of 32 items at a time (lane j: item it + j), the next batch's
-        // loaded while this batch's copies are issued; per item, wait for its stage to be empty, then copy
+        // the producer (produce): per item its stage's meta, byte count and bulk copies
         auto item_of = [&](int it) { return static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x); };
-        auto load_ids = [&](int it0, int& sl, int& rr) {
-            const int it = it0 + lane;
-            sl = -1;
-            rr = 0;
-            if (it < n_items) {
-                const int n = item_of(it) / (HV_ * NV);
-                sl = slot_idx[n];
-                rr = ring_idx[n];
+        auto copy = [&](int it, int st, int slot, int rrow, int h) {
+            const int w = item_of(it);
+            const int n = w / (HV_ * NV), hv = (w / NV) % HV_, iv = w % NV;
+            unsigned char* sb = smem + st * STAGE_BYTES;
+            if (lane == 0) {
+                int* meta = reinterpret_cast<int*>(sb + OFF_META);
+                meta[0] = slot < 0;
+                meta[1] = h;
+                const unsigned bytes =
+                    slot < 0 ? 0u : TILE_BYTES + h * BV * 4 + 2 * K_ * 2 + 2 * CAP * 4 + BV * 2;
+                mbar_arrive_expect_tx(&full[st], bytes);
+            }
+            __syncwarp();
+            if (slot >= 0) {
+                const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
+                const int i_h = hv / (HV_ / H_);
+                if (lane < h) {
+                    bulk_g2s(sb + OFF_U + lane * BV * 4,
+                             ring_u + ((static_cast<long long>(rrow) * HV_ + hv) * CAP + lane) * V_ + iv * BV,
+                             BV * 4, &full[st]);
+                } else if (lane == 16) {
+                    bulk_g2s(sb, state + ((static_cast<long long>(slot) * HV_ + hv) * V_ + iv * BV) * K_ * ESZ,
+                             TILE_BYTES, &full[st]);
+                } else if (lane == 17) {
+                    bulk_g2s(sb + OFF_QK, px + i_h * K_, K_ * 2, &full[st]);
+                } else if (lane == 18) {
+                    bulk_g2s(sb + OFF_QK + K_ * 2, px + H_ * K_ + i_h * K_, K_ * 2, &full[st]);
+                } else if (lane == 19) {
+                    bulk_g2s(sb + OFF_C, coef + (static_cast<long long>(n) * HV_ + hv) * 2 * CAP, 2 * CAP * 4,
+                             &full[st]);
+                } else if (lane == 20) {
+                    bulk_g2s(sb + OFF_V, px + 2 * H_ * K_ + hv * V_ + iv * BV, BV * 2, &full[st]);
+                }
             }
         };
-        int sl, rr, hh;
-        load_ids(0, sl, rr);
-        hh = sl >= 0 ? ring_h[rr] : 0;
-        for (int it0 = 0; it0 < n_items; it0 += 32) {
-            int nsl, nrr;
-            load_ids(it0 + 32, nsl, nrr);  // (in flight through this batch)
-            const int cnt = min(32, n_items - it0);
-            for (int j = 0; j < cnt; ++j) {
-                const int it = it0 + j, st = it % STAGES;
-                if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
-                const int slot = __shfl_sync(0xffffffffu, sl, j);
-                const int rrow = __shfl_sync(0xffffffffu, rr, j);
-                const int h = min(__shfl_sync(0xffffffffu, hh, j), CAP);
-                const int w = item_of(it);
-                const int n = w / (HV_ * NV), hv = (w / NV) % HV_, iv = w % NV;
-                unsigned char* sb = smem + st * STAGE_BYTES;
-                if (lane == 0) {
-                    int* meta = reinterpret_cast<int*>(sb + OFF_META);
-                    meta[0] = slot < 0;
-                    meta[1] = h;
-                    const unsigned bytes =
-                        slot < 0 ? 0u : TILE_BYTES + h * BV * 4 + 2 * K_ * 2 + 2 * CAP * 4 + BV * 2;
-                    mbar_arrive_expect_tx(&full[st], bytes);
-                }
-                __syncwarp();
-                if (slot >= 0) {
-                    const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
-                    const int i_h = hv / (HV_ / H_);
-                    if (lane < h) {
-                        bulk_g2s(sb + OFF_U + lane * BV * 4,
-                                 ring_u + ((static_cast<long long>(rrow) * HV_ + hv) * CAP + lane) * V_ + iv * BV,
-                                 BV * 4, &full[st]);
-                    } else if (lane == 16) {
-                        bulk_g2s(sb, state + ((static_cast<long long>(slot) * HV_ + hv) * V_ + iv * BV) * K_ * ESZ,
-                                 TILE_BYTES, &full[st]);
-                    } else if (lane == 17) {
-                        bulk_g2s(sb + OFF_QK, px + i_h * K_, K_ * 2, &full[st]);
-                    } else if (lane == 18) {
-                        bulk_g2s(sb + OFF_QK + K_ * 2, px + H_ * K_ + i_h * K_, K_ * 2, &full[st]);
-                    } else if (lane == 19) {
-                        bulk_g2s(sb + OFF_C, coef + (static_cast<long long>(n) * HV_ + hv) * 2 * CAP, 2 * CAP * 4,
-                                 &full[st]);
-                    } else if (lane == 20) {
-                        bulk_g2s(sb + OFF_V, px + 2 * H_ * K_ + hv * V_ + iv * BV, BV * 2, &full[st]);
-                    }
-                }
-            }
-            sl = nsl;
-            rr = nrr;
-            hh = sl >= 0 ? ring_h[rr] : 0;
-        }
+        produce(n_items, lane, empty, slot_idx, ring_idx, ring_h, [&](int it) { return item_of(it) / (HV_ * NV); }, copy);
     } else {
         for (int it = 0; it < n_items; ++it) {
             const int st = it % STAGES;
@@ -481,79 +492,53 @@ extern "C" __global__ void __launch_bounds__(32 * (NCG + 1 + COEF_WARP))
     const int n_items = T > static_cast<int>(blockIdx.x) ? (T - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     auto item_of = [&](int it) { return static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x); };
     if (warp == NCG) {
-        // the producer, as stream_persist's: the slots, ring rows and h of 32 groups at a time (lane j: group it + j),
-        // the next 32's in flight meanwhile; per group, wait for its stage to be empty, then copy
-        auto load_ids = [&](int it0, int& sl, int& rr) {
-            const int it = it0 + lane;
-            sl = -1;
-            rr = 0;
-            if (it < n_items) {
-                const int n = item_of(it) / H_;
-                sl = slot_idx[n];
-                rr = ring_idx[n];
+        // the producer (produce): per group its stage's meta, byte count and bulk copies
+        auto copy = [&](int it, int st, int slot, int rrow, int h) {
+            const int w = item_of(it);
+            const int n = w / H_, i_h = w % H_, hv0 = i_h * R_;
+            unsigned char* sb = smem + st * GSTAGE_BYTES;
+            if (lane == 0) {
+                int* meta = reinterpret_cast<int*>(sb + G_OFF_META);
+                meta[0] = slot < 0;
+                meta[1] = h;
+                const unsigned bytes = slot < 0 ? 0u
+                                                : GT_BYTES + R_ * h * V_ * 4 + h * K_ * 2 + 2 * K_ * 2 +
+                                                      R_ * V_ * 2 + R_ * CAP * 4 + (COEF_WARP ? 0 : R_ * 2 * CAP * 4);
+                mbar_arrive_expect_tx(&full[st], bytes);
+            }
+            __syncwarp();
+            if (slot >= 0) {
+                const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
+                if (lane < R_) {  // the value heads' tiles
+                    bulk_g2s(sb + lane * V_ * K_ * ESZ,
+                             state + (static_cast<long long>(slot) * HV_ + hv0 + lane) * V_ * K_ * ESZ,
+                             V_ * K_ * ESZ, &full[st]);
+                } else if (lane < 2 * R_) {  // their h records
+                    const int r = lane - R_;
+                    if (h > 0)
+                        bulk_g2s(sb + G_OFF_U + r * CAP * V_ * 4,
+                                 ring_u + (static_cast<long long>(rrow) * HV_ + hv0 + r) * CAP * V_, h * V_ * 4,
+                                 &full[st]);
+                } else if (lane == 2 * R_) {  // the key head's h key records
+                    if (h > 0)
+                        bulk_g2s(sb + G_OFF_KEYS, ring_k + (static_cast<long long>(rrow) * H_ + i_h) * CAP * K_,
+                                 h * K_ * 2, &full[st]);
+                } else if (lane == 2 * R_ + 1) {
+                    bulk_g2s(sb + G_OFF_QK, px + i_h * K_, K_ * 2, &full[st]);
+                } else if (lane == 2 * R_ + 2) {
+                    bulk_g2s(sb + G_OFF_QK + K_ * 2, px + H_ * K_ + i_h * K_, K_ * 2, &full[st]);
+                } else if (lane == 2 * R_ + 3) {
+                    bulk_g2s(sb + G_OFF_V, px + 2 * H_ * K_ + hv0 * V_, R_ * V_ * 2, &full[st]);
+                } else if (lane == 2 * R_ + 4) {
+                    bulk_g2s(sb + G_OFF_G, ring_g + (static_cast<long long>(rrow) * HV_ + hv0) * CAP,
+                             R_ * CAP * 4, &full[st]);
+                } else if (lane == 2 * R_ + 5 && !COEF_WARP) {
+                    bulk_g2s(sb + G_OFF_C, coef + (static_cast<long long>(n) * HV_ + hv0) * 2 * CAP,
+                             R_ * 2 * CAP * 4, &full[st]);
+                }
             }
         };
-        int sl, rr, hh;
-        load_ids(0, sl, rr);
-        hh = sl >= 0 ? ring_h[rr] : 0;
-        for (int it0 = 0; it0 < n_items; it0 += 32) {
-            int nsl, nrr;
-            load_ids(it0 + 32, nsl, nrr);
-            const int cnt = min(32, n_items - it0);
-            for (int j = 0; j < cnt; ++j) {
-                const int it = it0 + j, st = it % STAGES;
-                if (it >= STAGES) mbar_wait(&empty[st], ((it / STAGES) - 1) & 1);
-                const int slot = __shfl_sync(0xffffffffu, sl, j);
-                const int rrow = __shfl_sync(0xffffffffu, rr, j);
-                const int h = min(__shfl_sync(0xffffffffu, hh, j), CAP);
-                const int w = item_of(it);
-                const int n = w / H_, i_h = w % H_, hv0 = i_h * R_;
-                unsigned char* sb = smem + st * GSTAGE_BYTES;
-                if (lane == 0) {
-                    int* meta = reinterpret_cast<int*>(sb + G_OFF_META);
-                    meta[0] = slot < 0;
-                    meta[1] = h;
-                    const unsigned bytes = slot < 0 ? 0u
-                                                    : GT_BYTES + R_ * h * V_ * 4 + h * K_ * 2 + 2 * K_ * 2 +
-                                                          R_ * V_ * 2 + R_ * CAP * 4 + (COEF_WARP ? 0 : R_ * 2 * CAP * 4);
-                    mbar_arrive_expect_tx(&full[st], bytes);
-                }
-                __syncwarp();
-                if (slot >= 0) {
-                    const __nv_bfloat16* px = x + static_cast<long long>(n) * stride_x;
-                    if (lane < R_) {  // the value heads' tiles
-                        bulk_g2s(sb + lane * V_ * K_ * ESZ,
-                                 state + (static_cast<long long>(slot) * HV_ + hv0 + lane) * V_ * K_ * ESZ,
-                                 V_ * K_ * ESZ, &full[st]);
-                    } else if (lane < 2 * R_) {  // their h records
-                        const int r = lane - R_;
-                        if (h > 0)
-                            bulk_g2s(sb + G_OFF_U + r * CAP * V_ * 4,
-                                     ring_u + (static_cast<long long>(rrow) * HV_ + hv0 + r) * CAP * V_, h * V_ * 4,
-                                     &full[st]);
-                    } else if (lane == 2 * R_) {  // the key head's h key records
-                        if (h > 0)
-                            bulk_g2s(sb + G_OFF_KEYS, ring_k + (static_cast<long long>(rrow) * H_ + i_h) * CAP * K_,
-                                     h * K_ * 2, &full[st]);
-                    } else if (lane == 2 * R_ + 1) {
-                        bulk_g2s(sb + G_OFF_QK, px + i_h * K_, K_ * 2, &full[st]);
-                    } else if (lane == 2 * R_ + 2) {
-                        bulk_g2s(sb + G_OFF_QK + K_ * 2, px + H_ * K_ + i_h * K_, K_ * 2, &full[st]);
-                    } else if (lane == 2 * R_ + 3) {
-                        bulk_g2s(sb + G_OFF_V, px + 2 * H_ * K_ + hv0 * V_, R_ * V_ * 2, &full[st]);
-                    } else if (lane == 2 * R_ + 4) {
-                        bulk_g2s(sb + G_OFF_G, ring_g + (static_cast<long long>(rrow) * HV_ + hv0) * CAP,
-                                 R_ * CAP * 4, &full[st]);
-                    } else if (lane == 2 * R_ + 5 && !COEF_WARP) {
-                        bulk_g2s(sb + G_OFF_C, coef + (static_cast<long long>(n) * HV_ + hv0) * 2 * CAP,
-                                 R_ * 2 * CAP * 4, &full[st]);
-                    }
-                }
-            }
-            sl = nsl;
-            rr = nrr;
-            hh = sl >= 0 ? ring_h[rr] : 0;
-        }
+        produce(n_items, lane, empty, slot_idx, ring_idx, ring_h, [&](int it) { return item_of(it) / H_; }, copy);
     } else if (warp == NCG + 1) {
         // the coefficient warp (COEF_WARP): per group, once its stage is full, the dots of q and k with the key
         // records (lanes j, j + 16: record j) and the decays, into the stage's coefficients; then ready
