@@ -486,28 +486,36 @@ def env_pre_pf() -> int:
 # VEC_U (session 52): the main launch's value records read as one vector load per position (a lane's RPL rows, 16
 # bytes fp32 or 8 bf16 at 16 rows per warp) instead of RPL element loads; the XL layout. Session 51's bf16-record
 # bound found halving the records' bytes worth nothing to GDN, and a value record's elements were loaded one at a
-# time, as many loads for bf16 as for fp32. bench --variants vu, H100, round-robin, fp32 states at B = 256
-# (kernels-20261206-2316): slower with fp32 records (GDN fp32 216.3 -> 232.5 us, KDA fp32 235.5 -> 245.3, GDN's fp8
-# copy 125.8 -> 128.2), faster with bf16 ones (GDN's bf16-record bound 130.8 -> 128.1), KDA's fp8 copy 140.9 ->
-# 139.7. Off: the bf16 states (bf16 records) not yet timed
-VEC_U_DEFAULT = 0
+# time, as many loads for bf16 as for fp32. bench --variants vu, H100, round-robin: with fp32 records slower
+# (kernels-20261206-2316, B = 256: GDN fp32 216.3 -> 232.5 us, KDA fp32 235.5 -> 245.3, GDN's fp8 copy 125.8 ->
+# 128.2; KDA's fp8 copy 140.9 -> 139.7); with bf16 records (the bf16 states', session 54, kernels-20261207-0502 /
+# 0503 / 0504) GDN faster at every batch (B = 128 67.4 -> 66.7, 256 124.3 -> 123.2, 512 238.8 -> 236.7; also its
+# fp32-state bf16-record bound, 130.8 -> 128.1), KDA much slower (B = 256 138.8 -> 171.6). So on by default where
+# it measured faster: GDN with bf16 value records (not split records' high plane, not timed as a default).
+VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value records' type)
 
 
-def env_vec_u() -> int:
+def env_vec_u() -> int | None:
     """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "0"
-    not; unset or empty: VEC_U_DEFAULT."""
+    not; unset or empty: None (the default, VEC_U_DEFAULT_CASES)."""
     v = os.environ.get("REPLAYSSM_VEC_U", "").strip()
     if v not in ("", "0", "1"):
         raise ValueError(f"REPLAYSSM_VEC_U must be 0 or 1, got {v!r}")
-    return int(VEC_U_DEFAULT) if v == "" else int(v)
+    return None if v == "" else int(v)
 
 
-def vec_u_defines(vec_u, xl, rpw, u_dtype) -> dict:
-    """VEC_U's -D parameter (vec_u None: VEC_U_DEFAULT) where it applies: the XL layout at 8 or 16 rows per warp (2 or 4
-    rows per lane) with fp32 or bf16 value records (only where set, so that the other builds keep their cubin keys)."""
-    on = int(VEC_U_DEFAULT if vec_u is None else vec_u)
+def vec_u_default(kind: str, u_dtype, rec_split: bool = False) -> int:
+    """VEC_U where none is asked: 1 for the (kind, value records' type) of VEC_U_DEFAULT_CASES, not split records."""
+    return int((kind, u_dtype) in VEC_U_DEFAULT_CASES and not rec_split)
+
+
+def vec_u_defines(vec_u, xl, rpw, u_dtype, kind: str = "gdn", rec_split: bool = False) -> dict:
+    """VEC_U's -D parameter (vec_u None: vec_u_default) where it applies: the XL layout at 8 or 16 rows per warp (2 or
+    4 rows per lane) with fp32 or bf16 value records (only where set, so that the other builds keep their cubin
+    keys)."""
+    on = vec_u_default(kind, u_dtype, rec_split) if vec_u is None else vec_u
     if on not in (0, 1):
-        raise ValueError(f"vec_u must be 0 or 1 (or None for VEC_U_DEFAULT), got {vec_u!r}")
+        raise ValueError(f"vec_u must be 0 or 1 (or None for its default), got {vec_u!r}")
     applies = xl and rpw in (8, 16) and u_dtype in (torch.float32, torch.bfloat16)
     return {"VEC_U": 1} if on and applies else {}
 
@@ -643,7 +651,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     the pre launch's warps of the first pre_pf batch rows prefetch their tiles into L2 (PRE_PF, session 49; only
     where set, and only with a pre launch). rec_split: the records are split in two 16-bit planes (REC_SPLIT, session
     51; u_dtype and k_dtype are then the bf16 high plane; only where set). vec_u: the main launch reads a lane's value
-    records at one position as one vector load (VEC_U, session 52; None: VEC_U_DEFAULT; vec_u_defines says where).
+    records at one position as one vector load (VEC_U, session 52; None: vec_u_default, on for GDN's bf16 records
+    since session 54; vec_u_defines says where).
     tile_early: under PDL the XL tile's words are plain loads, which the PDL wait cannot pass (TILE_EARLY, session 54;
     None: TILE_EARLY_DEFAULT; tile_early_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
@@ -661,7 +670,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= pre_early_defines(pre_early, kind, k_dtype, self_pre)
     rc |= {"PRE_PF": int(pre_pf)} if pre_pf and not self_pre else {}
     rc |= {"REC_SPLIT": 1} if rec_split else {}
-    rc |= vec_u_defines(vec_u, xl, rpw, u_dtype)
+    rc |= vec_u_defines(vec_u, xl, rpw, u_dtype, kind, rec_split)
     rc |= tile_early_defines(tile_early, xl, bool(pdl) and not self_pre)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
@@ -1144,7 +1153,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    vec_u=None, tile_early=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
-    VEC_U_DEFAULT) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says."""
+    vec_u_default) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,

@@ -1126,8 +1126,9 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     records the first of them too (PRE_EARLY_F32; cuda_main.PRE_EARLY_F32_RECORDS). The CUDA builds with a pre launch.
     pre_pf (None: REPLAYSSM_PRE_PF, cuda_main.env_pre_pf; session 49): the CUDA pre launch's warps of the first pre_pf
     batch rows prefetch into L2 the tiles the main launch reads first (gdn_main.cu's PRE_PF; 0: none).
-    vec_u (None: REPLAYSSM_VEC_U, cuda_main.env_vec_u; session 52): the CUDA main launch reads a lane's value records
-    at one position as one vector load (gdn_main.cu's VEC_U; the XL shapes).
+    vec_u (None: REPLAYSSM_VEC_U, cuda_main.env_vec_u, else cuda_main.vec_u_default: on for GDN's bf16 value records
+    since session 54; session 52): the CUDA main launch reads a lane's value records at one position as one vector
+    load (gdn_main.cu's VEC_U; the XL shapes).
     tile_early (None: REPLAYSSM_TILE_EARLY, cuda_main.env_tile_early; session 54): under PDL the CUDA main launch loads
     its tile with plain loads, which ptxas keeps above the PDL wait, so that a block that starts while the pre launch
     runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes)."""
@@ -1248,7 +1249,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     lead = bool(pdl and (cuda_main.env_lead_pdl() if lead_pdl is None else lead_pdl))
     early = cuda_main.env_pre_early() if pre_early is None else int(pre_early)
     pf = cuda_main.env_pre_pf() if pre_pf is None else int(pre_pf)
-    vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)
+    vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)  # (None: cuda_main.vec_u_default for the build)
     te = cuda_main.env_tile_early() if tile_early is None else int(tile_early)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch

@@ -1309,3 +1309,24 @@ def test_tile_loads_before_wait_sees_ptxas_move_them():
     assert "TILE_EARLY" not in d
     ptx, sass = cuda_main.tile_loads_before_wait(d)
     assert ptx >= 8 and sass < ptx, (ptx, sass)
+
+
+def test_vec_u_default_is_gdn_with_bf16_records(monkeypatch):
+    """VEC_U where none is asked (session 54's measurement): GDN with bf16 value records only; KDA's bf16 records
+    (slower with it), fp32 records and split records' bf16 high plane keep the element loads; REPLAYSSM_VEC_U and an
+    explicit vec_u win over the default."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    gdn = cuda_main.default_config(bf16, "gdn")
+    kda = cuda_main.default_config(bf16, "kda")
+    assert cuda_main.server_defines(gdn, rec_dtype=bf16, state_dtype=bf16, kind="gdn").get("VEC_U") == 1
+    assert "VEC_U" not in cuda_main.server_defines(gdn, rec_dtype=bf16, state_dtype=bf16, kind="gdn", vec_u=0)
+    assert "VEC_U" not in cuda_main.server_defines(kda, rec_dtype=bf16, state_dtype=bf16, kind="kda")
+    assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x16w4c1_m5"], rec_dtype=f32)
+    fp8 = cuda_main.default_config(f32, "gdn", torch.float8_e4m3fn)
+    assert "VEC_U" not in cuda_main.server_defines(fp8, rc_dtype=torch.float8_e4m3fn, rec_split=True)
+    assert cuda_main.vec_u_default("gdn", bf16) == 1 and cuda_main.vec_u_default("gdn", bf16, rec_split=True) == 0
+    assert cuda_main.vec_u_default("kda", bf16) == 0 and cuda_main.vec_u_default("gdn", f32) == 0
+    monkeypatch.delenv("REPLAYSSM_VEC_U", raising=False)
+    assert cuda_main.env_vec_u() is None
+    monkeypatch.setenv("REPLAYSSM_VEC_U", "0")
+    assert cuda_main.env_vec_u() == 0
