@@ -525,7 +525,8 @@ def vec_u_defines(vec_u, xl, rpw, u_dtype, kind: str = "gdn", rec_split: bool = 
 # shapes (bf16 state x16w4c1_m6_gp_mf: 1 of the 8 vector loads the PTX issues before the wait stays above it; fp32
 # state x16w4c1_m4_gp: 1 of 16; the H200's bf16 x16w4c1_m8_gp_mma_mf: 5 of 8) the tile was loaded only after the
 # pre launch had finished, so a main block that started early held nothing while it waited; GDN's defaults and the
-# fp8 copies' keep theirs. Off until timed (bench --variants te).
+# fp8 copies' keep theirs. Timed (bench --variants te, H100, kernels-20261207-0502 / 0503 / 0504): no gain, KDA bf16
+# 139.1 -> 139.4 us at B = 256, KDA fp32 238.8 -> 242.9, KDA's fp8 copy 143.4 -> 142.6, GDN unchanged. So off.
 TILE_EARLY_DEFAULT = 0
 
 
