@@ -491,8 +491,10 @@ def env_pre_pf() -> int:
 # 128.2; KDA's fp8 copy 140.9 -> 139.7); with bf16 records (the bf16 states', session 54, kernels-20261207-0502 /
 # 0503 / 0504) GDN faster at every batch (B = 128 67.4 -> 66.7, 256 124.3 -> 123.2, 512 238.8 -> 236.7; also its
 # fp32-state bf16-record bound, 130.8 -> 128.1), KDA much slower (B = 256 138.8 -> 171.6). So on by default where
-# it measured faster: GDN with bf16 value records (not split records' high plane, not timed as a default).
-VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value records' type)
+# it measured faster: GDN with bf16 value records at 16 rows per warp, the layout of every GDN default (not split
+# records' high plane, not timed as a default; not the 8-row shapes, where ptxas spills more with it: x8w4c4_m6_late
+# 68 bytes of spill loads).
+VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value records' type), at 16 rows per warp
 
 
 def env_vec_u() -> int | None:
@@ -504,16 +506,17 @@ def env_vec_u() -> int | None:
     return None if v == "" else int(v)
 
 
-def vec_u_default(kind: str, u_dtype, rec_split: bool = False) -> int:
-    """VEC_U where none is asked: 1 for the (kind, value records' type) of VEC_U_DEFAULT_CASES, not split records."""
-    return int((kind, u_dtype) in VEC_U_DEFAULT_CASES and not rec_split)
+def vec_u_default(kind: str, u_dtype, rec_split: bool = False, rpw: int = 16) -> int:
+    """VEC_U where none is asked: 1 for the (kind, value records' type) of VEC_U_DEFAULT_CASES at 16 rows per warp,
+    not split records."""
+    return int((kind, u_dtype) in VEC_U_DEFAULT_CASES and not rec_split and rpw == 16)
 
 
 def vec_u_defines(vec_u, xl, rpw, u_dtype, kind: str = "gdn", rec_split: bool = False) -> dict:
     """VEC_U's -D parameter (vec_u None: vec_u_default) where it applies: the XL layout at 8 or 16 rows per warp (2 or
     4 rows per lane) with fp32 or bf16 value records (only where set, so that the other builds keep their cubin
     keys)."""
-    on = vec_u_default(kind, u_dtype, rec_split) if vec_u is None else vec_u
+    on = vec_u_default(kind, u_dtype, rec_split, rpw) if vec_u is None else vec_u
     if on not in (0, 1):
         raise ValueError(f"vec_u must be 0 or 1 (or None for its default), got {vec_u!r}")
     applies = xl and rpw in (8, 16) and u_dtype in (torch.float32, torch.bfloat16)

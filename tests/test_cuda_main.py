@@ -1312,9 +1312,9 @@ def test_tile_loads_before_wait_sees_ptxas_move_them():
 
 
 def test_vec_u_default_is_gdn_with_bf16_records(monkeypatch):
-    """VEC_U where none is asked (session 54's measurement): GDN with bf16 value records only; KDA's bf16 records
-    (slower with it), fp32 records and split records' bf16 high plane keep the element loads; REPLAYSSM_VEC_U and an
-    explicit vec_u win over the default."""
+    """VEC_U where none is asked (session 54's measurement): GDN with bf16 value records at 16 rows per warp only;
+    KDA's bf16 records (slower with it), fp32 records and split records' bf16 high plane keep the element loads;
+    REPLAYSSM_VEC_U and an explicit vec_u win over the default."""
     bf16, f32 = torch.bfloat16, torch.float32
     gdn = cuda_main.default_config(bf16, "gdn")
     kda = cuda_main.default_config(bf16, "kda")
@@ -1326,6 +1326,10 @@ def test_vec_u_default_is_gdn_with_bf16_records(monkeypatch):
     assert "VEC_U" not in cuda_main.server_defines(fp8, rc_dtype=torch.float8_e4m3fn, rec_split=True)
     assert cuda_main.vec_u_default("gdn", bf16) == 1 and cuda_main.vec_u_default("gdn", bf16, rec_split=True) == 0
     assert cuda_main.vec_u_default("kda", bf16) == 0 and cuda_main.vec_u_default("gdn", f32) == 0
+    # (16 rows per warp, every GDN default's layout: an 8-row shape spills more with it and keeps the element loads)
+    assert cuda_main.vec_u_default("gdn", bf16, rpw=8) == 0
+    assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x8w4c4_m6_late"], rec_dtype=bf16,
+                                                   state_dtype=bf16, kind="gdn")
     monkeypatch.delenv("REPLAYSSM_VEC_U", raising=False)
     assert cuda_main.env_vec_u() is None
     monkeypatch.setenv("REPLAYSSM_VEC_U", "0")
