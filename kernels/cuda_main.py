@@ -500,10 +500,8 @@ VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value recor
 def env_vec_u() -> int | None:
     """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "0"
     not; unset or empty: None (the default, VEC_U_DEFAULT_CASES)."""
-    v = os.environ.get("REPLAYSSM_VEC_U", "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_VEC_U must be 0 or 1, got {v!r}")
-    return None if v == "" else int(v)
+    on = env_flag("REPLAYSSM_VEC_U")
+    return None if on is None else int(on)
 
 
 def vec_u_default(kind: str, u_dtype, rec_split: bool = False, rpw: int = 16) -> int:
@@ -536,10 +534,7 @@ TILE_EARLY_DEFAULT = 0
 def env_tile_early() -> int:
     """REPLAYSSM_TILE_EARLY: "1" the CUDA main launch loads its tile with plain loads under PDL (gdn_main.cu's
     TILE_EARLY), "0" with __ldg; unset or empty: TILE_EARLY_DEFAULT."""
-    v = os.environ.get("REPLAYSSM_TILE_EARLY", "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"REPLAYSSM_TILE_EARLY must be 0 or 1, got {v!r}")
-    return int(TILE_EARLY_DEFAULT) if v == "" else int(v)
+    return int(env_flag("REPLAYSSM_TILE_EARLY", bool(TILE_EARLY_DEFAULT)))
 
 
 def tile_early_defines(tile_early, xl, pdl) -> dict:
@@ -825,17 +820,19 @@ def _regs(operand: str) -> set:
     return out
 
 
-def main_sass(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main") -> list:
+def main_sass(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main", src: Path | None = None) -> list:
     """A kernel's SASS instructions in order (replay_gdn_main's unless named; nvcc, then nvdisasm), each without its
-    address, its trailing ";" and any predicate (a predicate does not change what an instruction reads)."""
+    address, its trailing ";" and any predicate (a predicate does not change what an instruction reads). src: the
+    CUDA source (None: gdn_main.cu; the study kernels of scripts/ pass theirs)."""
     nvcc, nvdisasm = find_nvcc(), find_nvdisasm()
     if nvcc is None or nvdisasm is None:
         raise RuntimeError("main_sass() needs nvcc and nvdisasm")
+    src = src or SRC
     with tempfile.TemporaryDirectory() as td:
         out = str(Path(td) / "k.cubin")
-        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, out), capture_output=True, text=True)
+        r = subprocess.run(_nvcc_cmd(nvcc, defs, arch, out, src=src), capture_output=True, text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"nvcc failed on {SRC.name}:\n{r.stderr[-4000:]}")
+            raise RuntimeError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
         sass = subprocess.run([nvdisasm, "-c", out], capture_output=True, text=True, check=True).stdout
     sec = sass.split(f".text.{name}:", 1)
     if len(sec) != 2:

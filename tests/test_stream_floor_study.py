@@ -178,19 +178,15 @@ def test_pdl_arm_loads_its_tile_before_the_wait(td):
     loads (4 rows, one word each for fp8, two for bf16) comes before the PDL wait (ACQBULK). (ptxas hoists the wait
     above read-only .nc loads: with the tile read through __ldg none came before it.)"""
     import re
-    import subprocess
 
     from kernels import cuda_main as cm
 
     if cm.find_nvcc() is None or cm.find_nvdisasm() is None:
         pytest.skip("no nvcc / nvdisasm (scripts/setup-nvcc)")
     defs = S.cu_defines(S.parse_arm("cutile_bv64_pre_pdl"), S.TILE_DTYPES[td])
-    cubin = cm.build(defs, src=Path(S.CU_SRC))
-    sass = subprocess.run([cm.find_nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    body = sass.split(".text.stream_persist:", 1)[1].split("\n.text.", 1)[0]
-    ins = [ln for ln in body.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
-    wait = next(i for i, ln in enumerate(ins) if "ACQBULK" in ln)
-    early = [ln for ln in ins[:wait] if re.search(r"LDG\S*\.128", ln)]
+    ins = cm.main_sass(defs, name="stream_persist", src=Path(S.CU_SRC))
+    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
+    early = [ln for ln in ins[:wait] if re.match(r"LDG\S*\.128", ln)]
     assert len(early) >= (4 if td == "fp8_e4m3" else 8), ins[:wait + 1]
 
 
