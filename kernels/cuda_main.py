@@ -497,11 +497,19 @@ def env_pre_pf() -> int:
 VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value records' type), at 16 rows per warp
 
 
+VEC_U_LEVELS = (0, 1, 2)  # 2 (session 55): the same vector loads with no branch (gdn_main.cu's VEC_U 2)
+
+
 def env_vec_u() -> int | None:
-    """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "0"
-    not; unset or empty: None (the default, VEC_U_DEFAULT_CASES)."""
-    on = env_flag("REPLAYSSM_VEC_U")
-    return None if on is None else int(on)
+    """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "2"
+    the same with every load issued unconditionally (a dead position's values dropped by a select), "0" not; unset
+    or empty: None (the default, VEC_U_DEFAULT_CASES)."""
+    v = os.environ.get("REPLAYSSM_VEC_U", "").strip()
+    if not v:
+        return None
+    if v not in {str(n) for n in VEC_U_LEVELS}:
+        raise ValueError(f"REPLAYSSM_VEC_U must be one of {', '.join(map(str, VEC_U_LEVELS))}, got {v!r}")
+    return int(v)
 
 
 def vec_u_default(kind: str, u_dtype, rec_split: bool = False, rpw: int = 16) -> int:
@@ -515,10 +523,10 @@ def vec_u_defines(vec_u, xl, rpw, u_dtype, kind: str = "gdn", rec_split: bool = 
     4 rows per lane) with fp32 or bf16 value records (only where set, so that the other builds keep their cubin
     keys)."""
     on = vec_u_default(kind, u_dtype, rec_split, rpw) if vec_u is None else vec_u
-    if on not in (0, 1):
-        raise ValueError(f"vec_u must be 0 or 1 (or None for its default), got {vec_u!r}")
+    if on not in VEC_U_LEVELS:
+        raise ValueError(f"vec_u must be one of {VEC_U_LEVELS} (or None for its default), got {vec_u!r}")
     applies = xl and rpw in (8, 16) and u_dtype in (torch.float32, torch.bfloat16)
-    return {"VEC_U": 1} if on and applies else {}
+    return {"VEC_U": int(on)} if on and applies else {}
 
 
 # TILE_EARLY (session 54): under PDL the XL tile's words are loaded with a plain ld.global instead of __ldg. ptxas

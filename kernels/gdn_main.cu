@@ -121,7 +121,10 @@
 #ifndef VEC_U
 #define VEC_U 0  // 1 (the XL layout): a lane's RPL value records at one position, consecutive in the ring, read as one
 #endif           // vector load (16 bytes fp32, 8 bf16 at RPL 4) instead of RPL element loads; likewise its rows'
-                 // fp8 scales, and its positions' coefficients from the pre launch in pairs (session 52)
+                 // fp8 scales, and its positions' coefficients from the pre launch in pairs (session 52). 2: the
+                 // same loads with no branch: a position at or past h loads position 0's vector (in cache) and
+                 // takes zeros by a select (session 55: at 1 KDA's build put each load in a branch of its own,
+                 // whose use waits for it before the next is issued)
 #if VEC_U && !XL
 #error "VEC_U: the XL layout"
 #endif
@@ -1617,7 +1620,16 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     float x_v;
     auto load_rows = [&](int ch) {
         const int v0 = row0 + ch * VT + lrow;
-#if VEC_U
+#if VEC_U == 2
+#pragma unroll
+        for (int t = 0; t < JX; ++t) {
+            const bool live = j0 + t < h_old;
+            float f[RPL];
+            load_run<RPL>(base_u + (live ? j0 + t : 0) * V_ + v0, f);  // (every load issued; a dead one's values
+#pragma unroll                                                           // are dropped by the select, NaN too)
+            for (int i = 0; i < RPL; ++i) ru[i][t] = live ? f[i] : 0.0f;
+        }
+#elif VEC_U
 #pragma unroll
         for (int t = 0; t < JX; ++t) {
             float f[RPL];

@@ -345,9 +345,10 @@ def defaults_with_a_pre_launch(kind: str, sdt: str):
             yield rd, name, server_pre_impl(kind, name), "" if rd == "same" else "_fp8"
 
 
-def option_arms(c: Case, kind: str, sdt: str, tag: str, option: str, extra_recs: bool = False) -> dict:
-    """--variants vu and te: this GPU's default shapes (device_defaults) without and with a 0 / 1 option of decode v3's
-    launch (vec_u, tile_early), the server's records and pre launch: arms v3_<tag>0 / v3_<tag>1 [_fp8]_<shape>;
+def option_arms(c: Case, kind: str, sdt: str, tag: str, option: str, extra_recs: bool = False,
+                levels=(0, 1)) -> dict:
+    """--variants vu and te: this GPU's default shapes (device_defaults) at each level of an option of decode v3's
+    launch (vec_u 0 / 1 / 2, tile_early 0 / 1), the server's records and pre launch: arms v3_<tag><level>[_fp8]_<shape>;
     extra_recs: the fp8 copy also with split records (_rsp, the CUDA pre launch) and bf16 records (_r16: a bound, not
     a valid decode)."""
     from replayssm_sglang.kernels import cuda_main as cm
@@ -360,7 +361,7 @@ def option_arms(c: Case, kind: str, sdt: str, tag: str, option: str, extra_recs:
         recs = [(DT[sdt], "")] + ([("split", "_rsp"), (torch.bfloat16, "_r16")] if rcd and extra_recs else [])
         for rec, rtag in recs:
             pre = None if sp else "cuda" if rec == "split" else server_pre_impl(kind, name)
-            for on in (0, 1):
+            for on in levels:
                 out[f"v3_{tag}{on}{ftag}_{name}{rtag}"] = arm_ours(
                     c, rec, impl="v3", read_dtype=rd, **srv,
                     v3_opts={"main_impl": "cuda", "cuda_config": name, "pre_impl": pre, option: on})
@@ -1545,10 +1546,10 @@ def main():
                     # the main launch's value records read as vectors (session 52: gdn_main.cu's VEC_U; a lane's
                     # RPL records at one position were RPL element loads, as many for bf16 as for fp32, and session
                     # 51 found halving the records' bytes worth nothing to GDN): this GPU's default shapes without
-                    # (vu0) and with it (vu1), the server's records; fp32 states also with the fp8 copy, there also
-                    # with split records (_rsp, the CUDA pre launch) and bf16 records (_r16: the bound, not a valid
-                    # decode); round-robin
-                    v_arms = option_arms(c, kind, sdt, "vu", "vec_u", extra_recs=True)
+                    # (vu0) and with it (vu1; vu2, session 55: the same loads with no branch), the server's records;
+                    # fp32 states also with the fp8 copy, there also with split records (_rsp, the CUDA pre launch)
+                    # and bf16 records (_r16: the bound, not a valid decode); round-robin
+                    v_arms = option_arms(c, kind, sdt, "vu", "vec_u", extra_recs=True, levels=(0, 1, 2))
                     arms.update(v_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in v_arms.items()}, f"{kind} {sdt} vu", meta,
                                         "vu_rounds", f"{kind}/{sdt}/B{B}", timed)

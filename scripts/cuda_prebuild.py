@@ -201,7 +201,7 @@ def combos():
             for kind, name, rcd, sdt in server_defaults()
             for r, spl in [(sdt, False)] + ([(BF16, True), (BF16, False)] if rcd else [])
             for trig, pdl in ((False, None), (True, None)) + (((False, False),) if rcd else ())
-            for vu in (0, 1)]
+            for vu in (0, 1, 2)]
     # bench --variants te (session 54): every default shape with TILE_EARLY (without it: the vu0 builds above), the
     # server's records, with and without the trigger (a build without PDL has no TILE_EARLY: the vu0 one)
     out += [rc_build(kind, name, rcd, BF16, I64, sdt, rec=sdt, trig=trig, te=1)
@@ -242,6 +242,12 @@ def combos():
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=BF16 if spl else getattr(torch, sdt), trig=True,
                      split=spl, vu=1)
             for kind, sdt, rd, spl in VEC_U_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
+    # test_gpu_real_shapes_vec_u2 (session 55): the same at VEC_U 2, the bf16 states
+    from test_decode_kernels import VEC_U2_GPU_CASES
+
+    out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), "same", g), None, F32, I32, getattr(torch, sdt),
+                     rec=getattr(torch, sdt), trig=True, vu=2)
+            for kind, sdt in VEC_U2_GPU_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
     # test_gpu_real_shapes_post_trigger (session 48): the harness's arguments, each GPU's default shape, TRIGGER_POST
     # and LEAD_PDL
     from test_decode_kernels import GRAPH_LEAD_CASES, POST_TRIGGER_CASES

@@ -242,8 +242,9 @@ def test_split_arm_runs_split_records(kind, cfg, read_dtype, monkeypatch):
 
 
 def test_vu_arm_runs_vec_u_builds(monkeypatch):
-    """The `--variants vu` arms (v3_opts vec_u, gdn_main.cu's VEC_U; here its CPU emulation): vu1's builds carry VEC_U
-    and vu0's do not, and the two decode the same bits (the same records, loaded as vectors or one by one)."""
+    """The `--variants vu` arms (v3_opts vec_u, gdn_main.cu's VEC_U; here its CPU emulation): vu1's and vu2's builds
+    carry their level and vu0's none, and the three decode the same bits (the same records, loaded as vectors or one
+    by one)."""
     builds = _emulate_with_spy(monkeypatch, {"gdn": dict(H=1, HV=2, K=128, V=64)}, lambda a: a["defs"])
 
     def outputs(vu):  # (16 rows at L = 16, cursors 0 .. 15: a row folds every step)
@@ -257,6 +258,10 @@ def test_vu_arm_runs_vec_u_builds(monkeypatch):
     assert builds and all(d.get("VEC_U") == 1 for d in builds)
     assert torch.isfinite(v1).all() and v1.abs().max() > 0
     assert torch.equal(v0.view(torch.int32), v1.view(torch.int32))
+    builds.clear()
+    v2 = outputs(2)
+    assert builds and all(d.get("VEC_U") == 2 for d in builds)
+    assert torch.equal(v0.view(torch.int32), v2.view(torch.int32))
 
 
 def test_round_robin_medians_keeps_rounds_and_medians(monkeypatch):

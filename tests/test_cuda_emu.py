@@ -919,6 +919,19 @@ def test_vec_u_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
     assert builds and all(d.get("VEC_U") == 1 for d in builds)
 
 
+@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape", [VEC_U_CASES[1], VEC_U_CASES[-1]], ids=str)
+def test_vec_u2_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
+    """REPLAYSSM_VEC_U=2 (every vector load issued, a dead position's values dropped by a select; session 55) on the
+    bf16 states' default shapes: every build at level 2, the step matches float64 over 14 steps."""
+    builds = _spy_builds(monkeypatch)
+    monkeypatch.setenv("REPLAYSSM_VEC_U", "2")
+    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl="cuda", seed=31, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(calls) == 14
+    assert builds and all(d.get("VEC_U") == 2 for d in builds)
+
+
 @pytest.mark.parametrize("old,new,cfg,shape", [
     # the vector load hands a lane's rows their records (or fp8 scales) in the wrong order (rows 1 and 2 swapped)
     ("f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;", "f[0] = w.x, f[1] = w.z, f[2] = w.y, f[3] = w.w;",
@@ -939,10 +952,10 @@ def test_vec_u_check_can_fail(old, new, cfg, shape, monkeypatch, tmp_path):
         hz.run(6)
 
 
-def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64, B=5, monkeypatch):
-    """One emulated decode step without and with VEC_U on copies of one ring (random records, cursors 0 .. L: appends,
-    flushes, pre-folds; forced flushes, stale copies, a padded row), checkpoint and inputs. Returns both (state, ring,
-    out)."""
+def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64, B=5, level=1, monkeypatch):
+    """One emulated decode step without and with VEC_U (at `level`) on copies of one ring (random records, the value
+    records at and past each slot's cursor NaN: no build may take them into a row; cursors 0 .. L: appends, flushes,
+    pre-folds; forced flushes, stale copies, a padded row), checkpoint and inputs. Returns both (state, ring, out)."""
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     g = torch.Generator().manual_seed(seed)
     H = H or (1 if kind == "gdn" else HV)
@@ -958,6 +971,8 @@ def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64,
     h = torch.randint(0, L + 1, (slots,), generator=g, dtype=torch.int32)
     h[:3] = torch.tensor([L, L - 1, 0], dtype=torch.int32)
     r0.h.copy_(h)
+    dead = torch.arange(L)[None, :] >= h[:, None].long()  # [slots, L]: positions at or past the cursor
+    r0.u.masked_fill_(dead[:, None, :, None], float("nan"))
     if r0.rc is not None:
         r0.rc_valid.copy_((torch.rand(slots, generator=g) < 0.7).to(torch.int32))
         r0.rc.copy_((torch.randn(r0.rc.shape, generator=g) * 100).to(r0.rc.dtype))
@@ -968,8 +983,8 @@ def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64,
         if getattr(r0, f) is not None:
             getattr(r1, f).copy_(getattr(r0, f))
     forced = (torch.rand(B, generator=g) < 0.25).to(torch.int32)
-    return _step_each(kind, cfg, [(r0, dict(vec_u=0)), (r1, dict(vec_u=1))], g, forced=forced, padded=True, H=H, HV=HV,
-                      V=V, L=L, K=K, state_dtype=sdt)
+    return _step_each(kind, cfg, [(r0, dict(vec_u=0)), (r1, dict(vec_u=level))], g, forced=forced, padded=True, H=H,
+                      HV=HV, V=V, L=L, K=K, state_dtype=sdt)
 
 
 VEC_U_BIT_CASES = [("gdn", "x16w4c1_m7_lean", "fp8_e4m3", "float32", dict(H=2, HV=4, V=128)),
@@ -979,14 +994,16 @@ VEC_U_BIT_CASES = [("gdn", "x16w4c1_m7_lean", "fp8_e4m3", "float32", dict(H=2, H
                    ("kda", "x16w4c1_m6_gp_mf", "same", "bfloat16", {})]
 
 
+@pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("kind,cfg,read_dtype,state_dtype,shape", VEC_U_BIT_CASES, ids=str)
-def test_vec_u_same_bits_emulated(kind, cfg, read_dtype, state_dtype, shape, monkeypatch):
-    """VEC_U changes how the value records are loaded, not what: one step over every kind of row leaves outputs,
-    checkpoints, read copies and records the same bit for bit without and with it."""
+def test_vec_u_same_bits_emulated(kind, cfg, read_dtype, state_dtype, shape, level, monkeypatch):
+    """VEC_U (either level) changes how the value records are loaded, not what: one step over every kind of row leaves
+    outputs, checkpoints, read copies and records the same bit for bit without and with it (the records at and past
+    each cursor NaN: level 2 loads them and must drop them)."""
     builds = _spy_builds(monkeypatch)
-    (s0, r0, o0), (s1, r1, o1) = _vec_u_pair(kind, cfg, read_dtype, state_dtype, seed=6, monkeypatch=monkeypatch,
-                                             **shape)
-    assert {d.get("VEC_U", 0) for d in builds} == {0, 1}
+    (s0, r0, o0), (s1, r1, o1) = _vec_u_pair(kind, cfg, read_dtype, state_dtype, seed=6, level=level,
+                                             monkeypatch=monkeypatch, **shape)
+    assert {d.get("VEC_U", 0) for d in builds} == {0, level}
     assert bool(torch.isfinite(o0[:-1]).all()), "a real row's output is not finite"
     assert torch.equal(o0.float().view(torch.int32), o1.float().view(torch.int32)), "outputs differ"
     assert torch.equal(s0.float().view(torch.int32), s1.float().view(torch.int32)), "checkpoints differ"
@@ -995,6 +1012,19 @@ def test_vec_u_same_bits_emulated(kind, cfg, read_dtype, state_dtype, shape, mon
     assert torch.equal(r0.u.float().view(torch.int32), r1.u.float().view(torch.int32)), "value records differ"
     assert torch.equal(r0.k.float().view(torch.int32), r1.k.float().view(torch.int32)), "key records differ"
     assert torch.equal(r0.h, r1.h)
+
+
+@pytest.mark.parametrize("case", [VEC_U_BIT_CASES[1], VEC_U_BIT_CASES[-1]], ids=lambda c: c[0])
+def test_vec_u2_dead_records_check_can_fail(case, monkeypatch, tmp_path):
+    """That check fails on a level-2 build that loads each position's own records and keeps them, dead or not (the
+    NaN records at and past the cursor reach the rows' outputs)."""
+    src = ("load_run<RPL>(base_u + (live ? j0 + t : 0) * V_ + v0, f);  // (every load issued; a dead one's values\n"
+           "#pragma unroll                                                           // are dropped by the select, NaN too)\n"
+           "            for (int i = 0; i < RPL; ++i) ru[i][t] = live ? f[i] : 0.0f;")
+    _emulate_mutated(monkeypatch, tmp_path, src, src.replace("live ? j0 + t : 0", "j0 + t").replace(
+        "live ? f[i] : 0.0f", "f[i]"))
+    with pytest.raises(AssertionError, match="differ"):
+        test_vec_u_same_bits_emulated(*case, 2, monkeypatch)
 
 
 def test_vec_u_refuses_a_misaligned_ring():

@@ -2089,6 +2089,23 @@ def test_gpu_real_shapes_vec_u(kind, state_dtype, read_dtype, split, monkeypatch
     assert built and all(d.get("VEC_U") == 1 for d in built)
 
 
+# VEC_U 2 (session 55): the same vector loads with no branch (a dead position loads position 0's and drops it by a
+# select), the bf16 states' default shapes, whose records are bf16: (kind, state type)
+VEC_U2_GPU_CASES = [("gdn", "bfloat16"), ("kda", "bfloat16")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,state_dtype", VEC_U2_GPU_CASES, ids=str)
+def test_gpu_real_shapes_vec_u2(kind, state_dtype, monkeypatch):
+    """The bf16 states' default shapes with VEC_U 2, as PDL dependents with the trigger, against float64 over 26
+    steps, slow decays: every main launch's build VEC_U 2."""
+    sdt, cfg, extra, built = _default_shape_case(kind, state_dtype, "same", "launch", monkeypatch)
+    _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=47, kind=kind, decay="slow",
+                        pdl=True, post_trigger=True, vec_u=2, **extra)
+    assert built and all(d.get("VEC_U") == 2 for d in built)
+
+
 # TILE_EARLY (session 54): the default shapes with the tile loaded by plain loads under PDL; the same maths as
 # without (only the load instruction differs), so the same float64 tolerance
 TILE_EARLY_GPU_CASES = [("gdn", "bfloat16", "same"), ("kda", "float32", "same"), ("kda", "bfloat16", "same"),
