@@ -910,6 +910,29 @@ def tile_loads_before_wait(defs: dict, arch: str = ARCH) -> tuple:
     return ptx, sass
 
 
+def branched_loads_before_wait(defs: dict, op: str = "LDG.E.64", arch: str = ARCH) -> tuple:
+    """(all, branched): the main launch's global loads of opcode ``op`` (exactly; LDG.E.64 is a lane's four bf16 value
+    records at 16 rows per warp, VEC_U) before its PDL wait, and how many of them lie inside a branch's region
+    (between a BSSY Bn and its BSYNC Bn in the SASS). A load in such a region is issued only on its branch, and its
+    use before the BSYNC makes the warp wait for it there (session 55: VEC_U 1 in KDA's bf16 default put each of its
+    record loads in a branch of its own; VEC_U 2 issues them with none). Needs nvcc and nvdisasm; builds with
+    USE_PDL."""
+    ins = main_sass(dict(defs, USE_PDL=1), arch)
+    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
+    open_regions, found, branched = set(), 0, 0
+    for ln in ins[:wait]:
+        parts = ln.split(None, 1)
+        opc = parts[0] if parts else ""
+        if opc == "BSSY":
+            open_regions.add(parts[1].split(",")[0].strip())
+        elif opc == "BSYNC":
+            open_regions.discard(parts[1].strip())
+        elif opc == op:
+            found += 1
+            branched += bool(open_regions)
+    return found, branched
+
+
 def _dst_regs(opc: str, dst: str) -> set:
     """The registers an instruction writes: its destination, the pair of a 64-bit result (.64, .WIDE), the four of a
     128-bit load."""

@@ -1311,6 +1311,24 @@ def test_tile_loads_before_wait_sees_ptxas_move_them():
     assert ptx >= 8 and sass < ptx, (ptx, sass)
 
 
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("kind,shape", [("kda", "x16w4c1_m6_gp_mf"), ("gdn", "x16w4c1_m7_mma_mf"),
+                                        ("kda", "x16w4c1_m8_gp_mma_mf")], ids=str)
+def test_vec_u2_issues_the_record_loads_with_no_branch(kind, shape):
+    """VEC_U 2 (session 55): the bf16 states' default shapes (H100 and H200) issue a lane's two vector loads of value
+    records before the PDL wait, neither inside a branch's region. At VEC_U 1 KDA's H100 default put both in
+    branches (nvcc 13.0, sm_90): the finding the level exists for, kept here so that the check can fail."""
+    bf16 = torch.bfloat16
+    d2 = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[shape], rec_dtype=bf16, state_dtype=bf16, kind=kind, vec_u=2)
+    assert d2.get("VEC_U") == 2
+    assert cuda_main.branched_loads_before_wait(d2) == (2, 0)
+    if shape == "x16w4c1_m6_gp_mf":
+        d1 = cuda_main.server_defines(cuda_main.CUDA_CONFIGS[shape], rec_dtype=bf16, state_dtype=bf16, kind=kind,
+                                      vec_u=1)
+        assert cuda_main.branched_loads_before_wait(d1) == (2, 2)
+
+
 def test_vec_u_default_is_gdn_with_bf16_records(monkeypatch):
     """VEC_U where none is asked (session 54's measurement): GDN with bf16 value records at 16 rows per warp only;
     KDA's bf16 records (slower with it), fp32 records and split records' bf16 high plane keep the element loads;
