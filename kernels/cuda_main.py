@@ -468,7 +468,11 @@ PRE_EARLY_DEFAULT = 2
 PRE_EARLY_F32_RECORDS = {"gdn": 4, "kda": 8}
 
 
-PRE_PF_DEFAULT = 0  # REPLAYSSM_PRE_PF unset: no prefetch (session 49: to be measured, bench --variants pf)
+# PRE_PF (session 49): the pre launch prefetches into L2 the tiles of the batch's first rows. Timed in session 55
+# (bench --variants pf, H100, round-robin, B = 256, kernels-20261207-0755): slower at every row count, more so the
+# more rows (GDN bf16 119.9 / 120.2 / 120.8 / 121.3 us at 0 / 8 / 16 / 32 rows; KDA bf16 135.9 -> 136.4 / 137.6 /
+# 140.5; GDN's fp8 copy 125.9 -> 129.1 at 32; KDA fp32 234.9 -> 245.2; KDA's fp8 copy 140.9 -> 147.3). So none.
+PRE_PF_DEFAULT = 0  # REPLAYSSM_PRE_PF unset: no prefetch
 PF_BENCH_ROWS = (0, 8, 16, 32)  # bench --variants pf's row counts (and the prebuild's)
 
 
@@ -493,7 +497,10 @@ def env_pre_pf() -> int:
 # fp32-state bf16-record bound, 130.8 -> 128.1), KDA much slower (B = 256 138.8 -> 171.6). So on by default where
 # it measured faster: GDN with bf16 value records at 16 rows per warp, the layout of every GDN default (not split
 # records' high plane, not timed as a default; not the 8-row shapes, where ptxas spills more with it: x8w4c4_m6_late
-# 68 bytes of spill loads).
+# 68 bytes of spill loads). Level 2 (session 55: the same loads with no branch; at level 1 KDA's H100 bf16 default put
+# each in a branch of its own) takes back two thirds of KDA's loss and no more (kernels-20261207-0755 / 0756, H100,
+# B = 256: 136.5 / 168.7 / 147.8 us at levels 0 / 1 / 2; B = 128 72.2 / 88.7 / 78.7), and is GDN's level 1 again
+# (120.0 against 119.9; 65.0 / 65.1 at 128): opt-in, REPLAYSSM_VEC_U=2.
 VEC_U_DEFAULT_CASES = frozenset({("gdn", torch.bfloat16)})  # (kind, value records' type), at 16 rows per warp
 
 
