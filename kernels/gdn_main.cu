@@ -122,8 +122,8 @@
 #define VEC_U 0  // 1 (the XL layout): a lane's RPL value records at one position, consecutive in the ring, read as one
 #endif           // vector load (16 bytes fp32, 8 bf16 at RPL 4) instead of RPL element loads; likewise its rows'
                  // fp8 scales, and its positions' coefficients from the pre launch in pairs (session 52). 2: the
-                 // same loads with no branch: a position at or past h loads position 0's vector (in cache) and
-                 // takes zeros by a select (session 55: at 1 KDA's build put each load in a branch of its own,
+                 // same loads with no branch: a position at or past h loads position 0's vector (a row with a
+                 // record reads it anyway) and takes zeros by a select (session 55: at 1 KDA's build put each load in a branch of its own,
                  // whose use waits for it before the next is issued)
 #if VEC_U && !XL
 #error "VEC_U: the XL layout"
