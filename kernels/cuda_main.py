@@ -436,6 +436,18 @@ def env_flag(var: str, default=None):
     return default if v == "" else v == "1"
 
 
+def env_level(var: str, levels: tuple, default=None):
+    """A leveled environment variable: one of `levels` (ints) as an int, unset or empty `default`. Anything else
+    raises, naming the levels."""
+    v = os.environ.get(var, "").strip()
+    if v == "":
+        return default
+    if v not in {str(n) for n in levels}:
+        names = ", ".join(map(str, levels[:-1])) + f" or {levels[-1]}"
+        raise ValueError(f"{var} must be {names}, got {v!r}")
+    return int(v)
+
+
 def env_post_trigger() -> bool:
     """REPLAYSSM_POST_TRIGGER: "1" the CUDA main launch lets the post launch start at once (gdn_main.cu's
     TRIGGER_POST), "0" not; unset or empty: POST_TRIGGER_DEFAULT."""
@@ -511,12 +523,7 @@ def env_vec_u() -> int | None:
     """REPLAYSSM_VEC_U: "1" the CUDA main launch reads a lane's value records as vectors (gdn_main.cu's VEC_U), "2"
     the same with every load issued unconditionally (a dead position's values dropped by a select), "0" not; unset
     or empty: None (the default, VEC_U_DEFAULT_CASES)."""
-    v = os.environ.get("REPLAYSSM_VEC_U", "").strip()
-    if not v:
-        return None
-    if v not in {str(n) for n in VEC_U_LEVELS}:
-        raise ValueError(f"REPLAYSSM_VEC_U must be one of {', '.join(map(str, VEC_U_LEVELS))}, got {v!r}")
-    return int(v)
+    return env_level("REPLAYSSM_VEC_U", VEC_U_LEVELS)
 
 
 def vec_u_default(kind: str, u_dtype, rec_split: bool = False, rpw: int = 16) -> int:
@@ -564,10 +571,7 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
 def env_pre_early() -> int:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
     fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
-    v = os.environ.get("REPLAYSSM_PRE_EARLY", "").strip()
-    if v not in ("", "0", "1", "2"):
-        raise ValueError(f"REPLAYSSM_PRE_EARLY must be 0, 1 or 2, got {v!r}")
-    return int(PRE_EARLY_DEFAULT) if v == "" else int(v)
+    return env_level("REPLAYSSM_PRE_EARLY", (0, 1, 2), int(PRE_EARLY_DEFAULT))
 
 
 def pre_early_defines(pre_early, kind: str, k_dtype, self_pre=False) -> dict:
@@ -858,6 +862,14 @@ def main_sass(defs: dict, arch: str = ARCH, name: str = "replay_gdn_main", src: 
     return [re.sub(r"^@!?U?P\w+\s+", "", ln) for ln in ins]
 
 
+def pdl_wait_index(ins: list) -> int:
+    """The index of the first PDL wait (griddepcontrol.wait, SASS ACQBULK) in main_sass's instructions."""
+    at = next((i for i, ln in enumerate(ins) if ln.startswith("ACQBULK")), None)
+    if at is None:
+        raise RuntimeError("no PDL wait (ACQBULK) in the kernel's SASS: built without USE_PDL?")
+    return at
+
+
 def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
     """The main launch's global loads, before its PDL wait (griddepcontrol.wait, SASS ACQBULK), whose addresses come
     from what the pre launch writes (coef, scal, ovf, gts): under PDL those read the pre launch's output before it is
@@ -865,11 +877,8 @@ def pdl_hazards(defs: dict, arch: str = ARCH) -> list:
     up to the wait; conservative (a register written from a tainted one stays tainted until overwritten by an
     untainted value). Session 35: nvcc scheduled such loads above the wait when the pointers were __restrict__."""
     ins = main_sass(dict(defs, USE_PDL=1), arch)
-    waits = [i for i, ln in enumerate(ins) if ln.startswith("ACQBULK")]
-    if not waits:
-        raise RuntimeError("no PDL wait (ACQBULK) in replay_gdn_main: built without USE_PDL?")
     tainted, bad = set(), []
-    for ln in ins[:waits[0]]:
+    for ln in ins[:pdl_wait_index(ins)]:
         parts = ln.split(None, 1)
         if len(parts) < 2:
             continue
@@ -912,8 +921,7 @@ def tile_loads_before_wait(defs: dict, arch: str = ARCH) -> tuple:
         raise RuntimeError("no PDL wait in replay_gdn_main's PTX")
     ptx = len(re.findall(r"\tld\.global\S*\.v[24]\.[bfu]32", body.split("griddepcontrol.wait", 1)[0]))
     ins = main_sass(defs, arch)
-    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
-    sass = sum(1 for ln in ins[:wait] if re.match(r"LDG\S*\.(128|64)\b", ln))
+    sass = sum(1 for ln in ins[:pdl_wait_index(ins)] if re.match(r"LDG\S*\.(128|64)\b", ln))
     return ptx, sass
 
 
@@ -925,9 +933,8 @@ def branched_loads_before_wait(defs: dict, op: str = "LDG.E.64", arch: str = ARC
     record loads in a branch of its own; VEC_U 2 issues them with none). Needs nvcc and nvdisasm; builds with
     USE_PDL."""
     ins = main_sass(dict(defs, USE_PDL=1), arch)
-    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
     open_regions, found, branched = set(), 0, 0
-    for ln in ins[:wait]:
+    for ln in ins[:pdl_wait_index(ins)]:
         parts = ln.split(None, 1)
         opc = parts[0] if parts else ""
         if opc == "BSSY":

@@ -1356,7 +1356,7 @@ def test_vec_u_default_is_gdn_with_bf16_records(monkeypatch):
     assert cuda_main.env_vec_u() == 2
     assert cuda_main.server_defines(kda, rec_dtype=bf16, state_dtype=bf16, kind="kda", vec_u=2).get("VEC_U") == 2
     monkeypatch.setenv("REPLAYSSM_VEC_U", "3")
-    with pytest.raises(ValueError, match="REPLAYSSM_VEC_U must be one of 0, 1, 2"):
+    with pytest.raises(ValueError, match="REPLAYSSM_VEC_U must be 0, 1 or 2"):
         cuda_main.env_vec_u()
     with pytest.raises(ValueError, match="vec_u must be one of"):
         cuda_main.server_defines(kda, rec_dtype=bf16, state_dtype=bf16, kind="kda", vec_u=3)

@@ -185,7 +185,7 @@ def test_pdl_arm_loads_its_tile_before_the_wait(td):
         pytest.skip("no nvcc / nvdisasm (scripts/setup-nvcc)")
     defs = S.cu_defines(S.parse_arm("cutile_bv64_pre_pdl"), S.TILE_DTYPES[td])
     ins = cm.main_sass(defs, name="stream_persist", src=Path(S.CU_SRC))
-    wait = next(i for i, ln in enumerate(ins) if ln.startswith("ACQBULK"))
+    wait = cm.pdl_wait_index(ins)
     early = [ln for ln in ins[:wait] if re.match(r"LDG\S*\.128", ln)]
     assert len(early) >= (4 if td == "fp8_e4m3" else 8), ins[:wait + 1]
 
