@@ -904,32 +904,25 @@ VEC_U_CASES = [("gdn", "x16w4c1_m7_lean", "float32", "slow", dict(read_dtype="fp
                ("kda", "x16w4c1_m6_gp_mf", "bfloat16", "fast", dict(rec_dtype=torch.bfloat16))]
 
 
-@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape", VEC_U_CASES, ids=str)
-def test_vec_u_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
-    """REPLAYSSM_VEC_U=1: every build is a VEC_U build and the step matches float64 over 14 steps (window switching,
-    forced flushes, pre-folds, padded rows, staggered cursors: rows whose records end inside a lane's positions)."""
+# (level 2, session 55: every vector load issued, a dead position's values dropped by a select; the bf16 states'
+# default shapes)
+VEC_U_LEVEL_CASES = [(*c, 1) for c in VEC_U_CASES] + [(*VEC_U_CASES[1], 2), (*VEC_U_CASES[-1], 2)]
+
+
+@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape,level", VEC_U_LEVEL_CASES, ids=str)
+def test_vec_u_emulated(kind, cfg, state_dtype, decay, shape, level, monkeypatch):
+    """REPLAYSSM_VEC_U=<level>: every build is a VEC_U build at that level and the step matches float64 over 14 steps
+    (window switching, forced flushes, pre-folds, padded rows, staggered cursors: rows whose records end inside a
+    lane's positions)."""
     builds = _spy_builds(monkeypatch)
-    monkeypatch.setenv("REPLAYSSM_VEC_U", "1")
+    monkeypatch.setenv("REPLAYSSM_VEC_U", str(level))
     sp = shape.get("self_pre")
-    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl=None if sp else "cuda", seed=29,
-                                **shape)
+    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl=None if sp else "cuda",
+                                seed=29 if level == 1 else 31, **shape)
     st = hz.run(14)
     assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
     assert len(calls) == 14
-    assert builds and all(d.get("VEC_U") == 1 for d in builds)
-
-
-@pytest.mark.parametrize("kind,cfg,state_dtype,decay,shape", [VEC_U_CASES[1], VEC_U_CASES[-1]], ids=str)
-def test_vec_u2_emulated(kind, cfg, state_dtype, decay, shape, monkeypatch):
-    """REPLAYSSM_VEC_U=2 (every vector load issued, a dead position's values dropped by a select; session 55) on the
-    bf16 states' default shapes: every build at level 2, the step matches float64 over 14 steps."""
-    builds = _spy_builds(monkeypatch)
-    monkeypatch.setenv("REPLAYSSM_VEC_U", "2")
-    hz, calls, _ = _emu_harness(kind, cfg, state_dtype, decay, monkeypatch, pre_impl="cuda", seed=31, **shape)
-    st = hz.run(14)
-    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
-    assert len(calls) == 14
-    assert builds and all(d.get("VEC_U") == 2 for d in builds)
+    assert builds and all(d.get("VEC_U") == level for d in builds)
 
 
 @pytest.mark.parametrize("old,new,cfg,shape", [
