@@ -102,7 +102,8 @@ Arms (per layer kind, state dtype and batch size B):
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
-  v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32) the server's step at
+  v3_fx_<shape>[_pre|_main|_post|_premain|_nofold] (--variants fixed, bf16 states, B >= 32; for fp32 states
+              v3_fx_fp8_<shape>..., their fp8 read copy's default, session 56) the server's step at
               this GPU's default shape (cuda_main.default_config with the device's name), each of its launches alone,
               pre + main, the step without its folds, and with every row on one cursor (_aligned), round-robin
               (_rr): over several batches, what a step costs
@@ -1407,33 +1408,38 @@ def main():
                     arms.update(f_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} mmaf",
                                         meta, "mmaf_rounds", f"{kind}/{sdt}/B{B}", timed)
-                if v3 and "fixed" in variants and sdt == "bfloat16" and B >= 32:
+                if v3 and "fixed" in variants and B >= 32:
                     # the step's fixed part (session 46): target_bounds.py --fit puts ~10-14 us of every bf16 step at
                     # any B (conventional's: 5-7) beside a per-row part streaming at 89-96% of the copy peak; here the
                     # default shape's step and each of its launches alone (pre, main, post), pre + main, and the step
-                    # without folds, round-robin at each B, so that a line through the batches says where it is
+                    # without folds, round-robin at each B, so that a line through the batches says where it is.
+                    # An fp32 state times its fp8 read copy's default instead (session 56: issue 7's 3x, arms
+                    # v3_fx_fp8_<shape>), the cell its own default does not yet meet everywhere
                     from replayssm_sglang.kernels import cuda_main as _cm_x
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
-                    name = _cm_x.config_name(_cm_x.default_config(torch.bfloat16, kind,
-                                                                  device_name=torch.cuda.get_device_name()))
+                    x_rd = "same" if sdt == "bfloat16" else "fp8_e4m3"
+                    name = _cm_x.config_name(_cm_x.default_config(
+                        DT[sdt], kind, None if x_rd == "same" else torch.float8_e4m3fn,
+                        device_name=torch.cuda.get_device_name()))
+                    fx = f"v3_fx_{name}" if x_rd == "same" else f"v3_fx_fp8_{name}"
                     x_opts = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
-                    x_arms = {f"v3_fx_{name}": arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=x_opts)}
+                    x_arms = {fx: arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=x_rd, v3_opts=x_opts)}
                     for dg in ("pre", "main", "post", "pre+main", "nofold"):
-                        x_arms[f"v3_fx_{name}_{dg.replace('+', '')}"] = arm_ours(
-                            c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, _diag_parts=dg))
+                        x_arms[f"{fx}_{dg.replace('+', '')}"] = arm_ours(
+                            c, DT[sdt], impl="v3", **srv, read_dtype=x_rd, v3_opts=dict(x_opts, _diag_parts=dg))
                     # every row on one cursor: the folding blocks all in one step of the window, none among plain
                     # ones; if the folds' fixed part (~3.7 us for GDN on an H100) is the folding blocks' tail among
                     # the plain ones, this arm's mean step sheds it
-                    x_arms[f"v3_fx_{name}_aligned"] = arm_ours(c, DT[sdt], impl="v3", **srv, v3_opts=x_opts,
-                                                               aligned=True)
-                    if x_opts["pre_impl"] == "triton" and kind == "kda":
+                    x_arms[f"{fx}_aligned"] = arm_ours(c, DT[sdt], impl="v3", **srv, read_dtype=x_rd, v3_opts=x_opts,
+                                                       aligned=True)
+                    if x_opts["pre_impl"] == "triton" and kind == "kda" and x_rd == "same":
                         # KDA's CUDA pre launch (opt-in there; the H200's tensor-core shape needs it) beside Triton's
                         x_arms[f"v3_fxcpre_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,
                                                                v3_opts=dict(x_opts, pre_impl="cuda"))
                         x_arms[f"v3_fxcpre_{name}_pre"] = arm_ours(
                             c, DT[sdt], impl="v3", **srv, v3_opts=dict(x_opts, pre_impl="cuda", _diag_parts="pre"))
-                    if x_opts["pre_impl"] == "triton":
+                    if x_opts["pre_impl"] == "triton" and x_rd == "same":
                         # Triton's pre launch with 2 / 4 batch rows per program (pre_rows): KDA's 8,192 one-warp
                         # programs at B = 256 are two waves, and the main launch starts only once every one of them
                         # has started; does one wave (or half of one) let it overlap the pre launch? (session 30

@@ -22,11 +22,12 @@ A target is out of reach of a design when the efficiency it needs is above what 
 folds; it is within the bytes model when the ceiling is above it. The table says both.
 
 With --fit it also splits each step by launch where the run has bench_kernels' `--variants fixed` arms (each launch
-alone, pre + main, the step without folds): the pre launch's exposure, the post launch's, the folds', the step with
+alone, pre + main, the step without folds; for an fp32 state its fp8 read copy's default, `v3_fx_fp8_<shape>`, which
+answers to issue 7's target): the pre launch's exposure, the post launch's, the folds', the step with
 the pre launch's exposure taken off, the step with the pre launch overlapped but its bytes (pre_bytes) still
 streamed at the copy peak, and that with the folds at their bytes' cost too. And it splits each step into a fixed
 part and a per-row part: a least-squares line t = a + b B over the run's batches >= --min-b, for conventional, for
-our arm that is fastest at the largest batch (the same arm at every B) and for that arm's `_nofold` diagnostic. b is
+our arm that is fastest at the largest batch (per group: the state's own step, and an fp32 state's fp8 copy) (the same arm at every B) and for that arm's `_nofold` diagnostic. b is
 what every further row costs (b_conv / b is the speedup as B grows without bound; bytes per row / b the fraction of
 the copy peak the rows stream at), a what a step costs however few rows it has (launches, the dependent loads before
 the first byte, the last wave). The fit then says from which B the line meets the target, and the fixed part a step
@@ -166,6 +167,11 @@ def gpu_label(r: dict) -> str:
     return r["gpu"].replace("NVIDIA ", "")
 
 
+def state_label(r: dict) -> str:
+    """A row's state as the tables name it: the state's type, with " + fp8 copy" for issue 7's group."""
+    return r["state"] + (" + fp8 copy" if r.get("group") == "rc_fp8" else "")
+
+
 def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares a, b of t = a + b B over (B, t) points (two or more distinct B)."""
     n = len(points)
@@ -177,48 +183,59 @@ def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def fits(run: dict, min_b: int = 128) -> list[dict]:
-    """Per (layer, state) of a run's plain rows (no read copy): the fixed and per-row parts of conventional, of our
-    arm fastest at the largest B (timed at every B conventional was), and of its `_nofold` diagnostic; see --fit."""
+    """Per (layer, state) of a run, and for an fp32 state also per its fp8 read copy (issue 7's group): the fixed and
+    per-row parts of conventional, of our arm fastest at the largest B (timed at every B conventional was), and of
+    its `_nofold` diagnostic; see --fit."""
     meta, rows = run["meta"], run["rows"]
-    peak = meta["copy_peak_Bps"]
     by: dict[tuple, dict] = {}
     for r in rows:
         if r["B"] >= min_b:
             by.setdefault((r["kind"], r["state_dtype"]), {}).setdefault(r["arm"], {})[r["B"]] = r
     out = []
     for (kind, sdt), arms in sorted(by.items()):
-        target, conv = TARGETS.get((kind, sdt)), arms.get("conv")
-        if target is None or conv is None or len(conv) < 2:
-            continue
-        bs = sorted(conv)
-        full = {a: v for a, v in arms.items() if group_of(a) == "plain" and not is_diagnostic(a)
-                and a not in STOCK_ARMS and set(bs) <= set(v)}
-        if not full:
-            continue
-        best = min(full, key=lambda a: full[a][bs[-1]]["t_us"])
-        row = dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, batches=bs, target=target, arm=best)
-        for name, arm in (("conv", "conv"), ("ours", best), ("nofold", None)):
-            if arm is None:
-                nf = {b: nofold_of(best, {a: v[b] for a, v in arms.items() if b in v}) for b in bs}
-                if any(v is None for v in nf.values()):
-                    continue
-                series = nf
-            else:
-                series = arms[arm]
-            a, b = line_fit([(B, series[B]["t_us"]) for B in bs])
-            per_row = (series[bs[-1]]["bytes"] - series[bs[0]]["bytes"]) / (bs[-1] - bs[0])
-            if name == "nofold":  # (its bytes as the model counts them for the full step, less the fold's writes)
-                per_row -= fold_write_bytes(kind, 1, sdt, meta.get("L", 16), "plain")
-            row[name] = dict(a=a, b=b, eff=per_row / (b * 1e-6) / peak)
-        ca, cb = row["conv"]["a"], row["conv"]["b"]
-        oa, ob = row["ours"]["a"], row["ours"]["b"]
-        row["asym_x"] = cb / ob
-        # the line meets the target where oa + ob B <= (ca + cb B) / target
-        gain = cb / target - ob
-        row["meets_from_b"] = (oa - ca / target) / gain if gain > 0 else float("inf")
-        row["fixed_allowed"] = {B: (ca + cb * B) / target - ob * B for B in (128, 256)}
-        out.append(row)
+        for group in ("plain", "rc_fp8"):
+            row = _fit_row(meta, kind, sdt, group, arms)
+            if row is not None:
+                out.append(row)
     return out
+
+
+def _fit_row(meta: dict, kind: str, sdt: str, group: str, arms: dict) -> dict | None:
+    """fits' row for one (layer, state, group), or None where the run lacks what it needs (conventional at two or
+    more batches, one of our arms of the group at each of them, a target for the group)."""
+    peak = meta["copy_peak_Bps"]
+    target = TARGETS.get((kind, sdt)) if group == "plain" else (RC_FP8_TARGET if sdt == "float32" else None)
+    conv = arms.get("conv")
+    if target is None or conv is None or len(conv) < 2:
+        return None
+    bs = sorted(conv)
+    full = {a: v for a, v in arms.items() if group_of(a) == group and not is_diagnostic(a)
+            and a not in STOCK_ARMS and set(bs) <= set(v)}
+    if not full:
+        return None
+    best = min(full, key=lambda a: full[a][bs[-1]]["t_us"])
+    row = dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, group=group, batches=bs, target=target, arm=best)
+    for name, arm in (("conv", "conv"), ("ours", best), ("nofold", None)):
+        if arm is None:
+            nf = {b: nofold_of(best, {a: v[b] for a, v in arms.items() if b in v}) for b in bs}
+            if any(v is None for v in nf.values()):
+                continue
+            series = nf
+        else:
+            series = arms[arm]
+        a, b = line_fit([(B, series[B]["t_us"]) for B in bs])
+        per_row = (series[bs[-1]]["bytes"] - series[bs[0]]["bytes"]) / (bs[-1] - bs[0])
+        if name == "nofold":  # (its bytes as the model counts them for the full step, less the fold's)
+            per_row -= fold_write_bytes(kind, 1, sdt, meta.get("L", 16), group)
+        row[name] = dict(a=a, b=b, eff=per_row / (b * 1e-6) / peak)
+    ca, cb = row["conv"]["a"], row["conv"]["b"]
+    oa, ob = row["ours"]["a"], row["ours"]["b"]
+    row["asym_x"] = cb / ob
+    # the line meets the target where oa + ob B <= (ca + cb B) / target
+    gain = cb / target - ob
+    row["meets_from_b"] = (oa - ca / target) / gain if gain > 0 else float("inf")
+    row["fixed_allowed"] = {B: (ca + cb * B) / target - ob * B for B in (128, 256)}
+    return row
 
 
 def fit_table(rows: list[dict]) -> str:
@@ -233,7 +250,7 @@ def fit_table(rows: list[dict]) -> str:
     for r in rows:
         meets = "never" if r["meets_from_b"] == float("inf") else f"{max(r['meets_from_b'], 0):.0f}"
         fa = r["fixed_allowed"]
-        body.append([gpu_label(r), r["kind"].upper(), r["state"], f"`{r['arm']}`", ab(r["conv"]), ab(r["ours"]),
+        body.append([gpu_label(r), r["kind"].upper(), state_label(r), f"`{r['arm']}`", ab(r["conv"]), ab(r["ours"]),
                      ab(r["nofold"]) if "nofold" in r else "-", f"{r['asym_x']:.2f}x", f"{r['target']:.2f}x", meets,
                      f"{fa[128]:.1f} / {fa[256]:.1f}"])
     return md_table(head, body)
@@ -283,6 +300,9 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
         if conv is None or len(steps) != 1:
             continue
         step = steps[0]
+        # an fp32 state's cells time its fp8 read copy's default (v3_fx_fp8_<shape>, session 56): issue 7's target
+        # from B = 256, the records fp32, and a fold that reads the checkpoint as well as writing it
+        group = group_of(step)
 
         def t(suffix):
             return arms.get(step + suffix + "_rr", arms.get(step + suffix))
@@ -293,13 +313,16 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
         full = t("")
         pre_exposed = parts["premain"] - parts["main"]
         folds = full - parts["nofold"]
-        target = TARGETS.get((kind, sdt)) if B >= 128 else None  # (issue 3's speedup targets are for B >= 128)
-        shape = step[len("v3_fx_"):]
+        if group == "rc_fp8":  # (issue 7's 3x is for B >= 256)
+            target = RC_FP8_TARGET if B >= RC_FP8_MIN_B else None
+        else:  # (issue 3's speedup targets are for B >= 128)
+            target = TARGETS.get((kind, sdt)) if B >= 128 else None
+        shape = step[len("v3_fx_fp8_" if group == "rc_fp8" else "v3_fx_"):]
         peak = meta["copy_peak_Bps"]
         # the pre launch overlapped with the main launch, its bytes streamed beside the tiles at the copy peak (no
         # overlap can make them free); then also the folds at their bytes' cost (their writes at the peak)
-        pre_peak = pre_bytes(kind, B, "_gp" in shape, meta.get("L", 16)) / peak * 1e6
-        fold_peak = fold_write_bytes(kind, B, sdt, meta.get("L", 16), "plain") / peak * 1e6
+        pre_peak = pre_bytes(kind, B, "_gp" in shape, meta.get("L", 16), rec_es=ES[sdt]) / peak * 1e6
+        fold_peak = fold_write_bytes(kind, B, sdt, meta.get("L", 16), group) / peak * 1e6
         overlap_us = full - pre_exposed + pre_peak
         both_us = overlap_us - max(folds - fold_peak, 0.0)
 
@@ -307,7 +330,7 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
             return target is not None and conv / us >= target
 
         aligned = t("_aligned")  # (every row on one cursor, where the run timed it; None before session 46's)
-        out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, B=B, shape=shape, conv_us=conv,
+        out.append(dict(gpu=meta.get("gpu", "?"), kind=kind, state=sdt, group=group, B=B, shape=shape, conv_us=conv,
                         aligned_us=aligned,
                         step_us=full, x=conv / full, **{p + "_us": v for p, v in parts.items()},
                         pre_exposed=pre_exposed, post_exposed=full - parts["premain"], folds=folds,
@@ -328,7 +351,7 @@ def split_table(rows: list[dict]) -> str:
             met = "" if r["target"] is None else (" (met)" if r[key + "_met"] else " (not met)")
             return f"{r[key + '_x']:.2f}x{met}"
 
-        body.append([gpu_label(r), r["kind"].upper(), r["state"], str(r["B"]), f"`{r['shape']}`",
+        body.append([gpu_label(r), r["kind"].upper(), state_label(r), str(r["B"]), f"`{r['shape']}`",
                      f"{r['conv_us']:.1f}", f"{r['step_us']:.1f} ({r['x']:.2f}x)",
                      f"{r['pre_us']:.1f} / {r['main_us']:.1f} / {r['post_us']:.1f}", f"{r['premain_us']:.1f}",
                      f"{r['pre_exposed']:.1f}", f"{r['post_exposed']:.1f}", f"{r['folds']:.1f}", x("nopre"),
@@ -347,7 +370,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         split = "split_us" in r
         body.append([
-            gpu_label(r), r["kind"].upper(), r["state"] + (" + fp8 copy" if r["group"] == "rc_fp8" else ""),
+            gpu_label(r), r["kind"].upper(), state_label(r),
             str(r["B"]), f"{r['conv_us']:.1f} ({100 * r['conv_eff']:.0f}%)", f"`{r['best_arm']}`",
             f"{r['best_us']:.1f}", f"{r['best_x']:.2f}x",
             f"{r['target']:.2f}x: {r['need_us']:.1f} ({100 * r['need_eff']:.0f}%)", f"{100 * r['best_eff']:.0f}%",
@@ -418,7 +441,8 @@ def plot_split(rows: list[dict], path: Path) -> None:
     if tx:
         ax.scatter([x for x, _ in tx], [v for _, v in tx], marker="_", s=500, color="tab:green", zorder=3,
                    label="what the target allows")
-    _finish(fig, ax, rows, path, "us per layer-step", "The step by launch (bench_kernels.py --variants fixed)")
+    _finish(fig, ax, rows, path, "us per layer-step", "The step by launch (bench_kernels.py --variants fixed)",
+            lambda r: "+fp8" if r.get("group") == "rc_fp8" else "")
 
 
 def main(argv=None) -> int:

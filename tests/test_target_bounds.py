@@ -157,6 +157,33 @@ def test_fits_line_through_the_batches():
     assert g["meets_from_b"] == float("inf") and "| never |" in tb.fit_table([g])
 
 
+def test_fits_fp8_copy_group():
+    """--fit on an fp32 state's cells: the state's own step and its fp8 read copy's (issue 7, 3x) each get a line;
+    the copy's no-fold bytes lose the fold's checkpoint read and write (2 x state / L per row), and a copy's slope
+    whose asymptote is under 3x never meets it."""
+    per_row_conv, per_row_rc = 4.2e6, 1.0e6
+    rows = []
+    for B in (128, 256, 512):
+        rows += [_row("kda", "float32", B, "conv", 6.8 + 1.4 * B, per_row_conv * B),
+                 _row("kda", "float32", B, "v3_tg1_x16w4c1_m4_gp", 10.0 + 0.88 * B, 2.6e6 * B),
+                 _row("kda", "float32", B, "v3_tg1_fp8_x16w4c1_m7_gp_lean_mma", 17.7 + 0.478 * B, per_row_rc * B),
+                 _row("kda", "float32", B, "v3_fx_fp8_x16w4c1_m7_gp_lean_mma_nofold", 15.0 + 0.42 * B,
+                      per_row_rc * B)]
+    plain, rc = tb.fits(_run(rows))
+    assert (plain["group"], plain["arm"], plain["target"]) == ("plain", "v3_tg1_x16w4c1_m4_gp", 1.5)
+    assert (rc["group"], rc["arm"], rc["target"]) == ("rc_fp8", "v3_tg1_fp8_x16w4c1_m7_gp_lean_mma", 3.0)
+    assert rc["ours"]["a"] == pytest.approx(17.7) and rc["ours"]["b"] == pytest.approx(0.478)
+    assert rc["asym_x"] == pytest.approx(1.4 / 0.478) and rc["meets_from_b"] == float("inf")
+    assert "nofold" not in rc  # (the copy's step arm has no _nofold of its own name)
+    md = tb.fit_table([plain, rc])
+    assert "| KDA | float32 + fp8 copy | `v3_tg1_fp8_x16w4c1_m7_gp_lean_mma` |" in md and "| never |" in md
+    assert "| KDA | float32 | `v3_tg1_x16w4c1_m4_gp` |" in md
+    rows2 = [dict(r, arm=r["arm"].replace("v3_tg1_fp8_", "v3_fx_fp8_")) for r in rows]
+    (_, rc2) = tb.fits(_run(rows2))
+    fold_row = 2 * 32 * 128 * 128 * 4 / 16  # (the fold reads and writes the fp32 checkpoint, 1 step in 16)
+    assert rc2["nofold"]["eff"] == pytest.approx((per_row_rc - fold_row) / 0.42e-6 / PEAK)
+
+
 def _fx_rows(kind, B, conv, full, pre, main, post, premain, nofold, rr=True):
     name = "v3_fx_x16w4c1_m6_gp_mf"
     out = [_row(kind, "bfloat16", B, "conv", conv, 1.0), _row(kind, "bfloat16", B, name, full + 5.0, 1.0)]
@@ -200,6 +227,36 @@ def test_launch_split():
     assert "| 15.6 | 1.1 | 12.0 | 1.56x (met) | 1.45x (met) (9.4) | 1.54x (met) | 1.40x | - |" in md
     assert r32["aligned_us"] == 24.0 and md.splitlines()[2].endswith("| - | 24.0 |")
     assert "| 1.27x | " in md
+
+
+def test_launch_split_fp8_copy():
+    """An fp32 state's `--variants fixed` cells time its fp8 read copy (v3_fx_fp8_<shape>): issue 7's 3x from B = 256
+    only, the pre launch's bytes with fp32 key records, the folds' bytes a read and a write of the fp32 checkpoint."""
+    def fx(B, conv, full, pre, main, post, premain, nofold):
+        name = "v3_fx_fp8_x16w4c1_m7_lean"
+        out = [_row("gdn", "float32", B, "conv", conv, 1.0)]
+        for suf, t in (("", full), ("_pre", pre), ("_main", main), ("_post", post), ("_premain", premain),
+                       ("_nofold", nofold), ("_aligned", full - 1.0)):
+            out.append(_row("gdn", "float32", B, name + suf + "_rr", t, 1.0))
+            out.append(_row("gdn", "float32", B, name + suf, t + 0.5, 1.0))
+        return out
+
+    out = tb.launch_split(_run(fx(256, 364.4, 125.7, 9.0, 117.0, 1.5, 125.0, 100.0)
+                               + fx(128, 184.8, 71.5, 6.0, 64.0, 1.5, 71.0, 62.0)))
+    r128, r256 = out
+    assert (r256["group"], r256["shape"], r256["target"]) == ("rc_fp8", "x16w4c1_m7_lean", 3.0)
+    assert r128["target"] is None  # (3x is asked from B = 256)
+    assert r256["pre_exposed"] == pytest.approx(8.0) and r256["folds"] == pytest.approx(25.7)
+    pre_b = tb.pre_bytes("gdn", 256, gt_pre=False, rec_es=4)
+    # fp32 records: 7.5 key records and the appended key at 4 bytes an element (2688 + 8.5 x 128 x 2 per key head)
+    assert pre_b == pytest.approx(256 * 16 * (2688 + 8.5 * 128 * 2 + 2 * 172))
+    assert r256["overlap_us"] == pytest.approx(125.7 - 8.0 + pre_b / PEAK * 1e6)
+    fold_peak = 2 * 256 * 32 * 128 * 128 * 4 / 16 / PEAK * 1e6  # (16.8 us: a bf16 state's write alone is 4.2)
+    assert r256["both_us"] == pytest.approx(r256["overlap_us"] - (25.7 - fold_peak))
+    assert r256["nopre_x"] == pytest.approx(364.4 / 117.7) and r256["nopre_met"]  # (3.10x: met without it)
+    md = tb.split_table(out)
+    assert "| GDN | float32 + fp8 copy | 256 | `x16w4c1_m7_lean` |" in md and md.splitlines()[2].endswith(
+        "| - | 70.5 |")
 
 
 def test_cli_fit_on_the_recorded_split_run(tmp_path):
