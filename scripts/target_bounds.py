@@ -420,12 +420,20 @@ def plot(rows: list[dict], path: Path) -> None:
             lambda r: "+fp8" if r["group"] == "rc_fp8" else "")
 
 
-def plot_split(rows: list[dict], path: Path) -> None:
+def group_target(r: dict) -> float | None:
+    """The target of a launch_split row's group at any B (its `target` is None below the B the issue asks from)."""
+    return RC_FP8_TARGET if r.get("group") == "rc_fp8" else TARGETS.get((r["kind"], r["state"]))
+
+
+def plot_split(rows: list[dict], path: Path, per_target: bool = False) -> None:
     """Stacked bars of launch_split's rows: the main launch without its folds, the folds, the pre launch's and the
     post launch's exposure (they add up to the step), beside the time the target allows (conventional / target) and
-    conventional's own time, per (GPU, layer, B)."""
+    conventional's own time, per (GPU, layer, B). per_target: every bar in units of the time its group's target
+    allows (1.0: the target met exactly; above it, missed), conventional left out, and the two levers' bounds marked
+    (the pre launch overlapped at its bytes' cost; that and the folds at theirs)."""
     fig, ax = _axes(max(8.0, 0.8 * len(rows)), 4.6)
     xs = list(range(len(rows)))
+    unit = [r["conv_us"] / group_target(r) if per_target else 1.0 for r in rows]
     parts = (("main launch without folds", lambda r: r["step_us"] - r["pre_exposed"] - r["post_exposed"] - r["folds"],
               "tab:blue"),
              ("folds", lambda r: r["folds"], "tab:orange"),
@@ -433,9 +441,20 @@ def plot_split(rows: list[dict], path: Path) -> None:
              ("post launch exposed", lambda r: r["post_exposed"], "tab:gray"))
     bottom = [0.0] * len(rows)
     for label, f, color in parts:
-        vals = [f(r) for r in rows]
+        vals = [f(r) / u for r, u in zip(rows, unit)]
         ax.bar(xs, vals, 0.6, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    if per_target:
+        ax.axhline(1.0, color="tab:green", lw=1.2, label="what the target allows (conventional / target)")
+        ax.scatter(xs, [r["overlap_us"] / u for r, u in zip(rows, unit)], marker="v", s=30, color="k", zorder=4,
+                   label="pre launch overlapped at its bytes' cost")
+        ax.scatter(xs, [r["both_us"] / u for r, u in zip(rows, unit)], marker="o", s=22, color="tab:purple",
+                   zorder=4, label="... and the folds at their bytes' cost")
+        ax.set_ylim(0, max(bottom) * 1.12)
+        _finish(fig, ax, rows, path, "step / time the target allows",
+                "The step by launch, in units of what the target allows (bench_kernels.py --variants fixed)",
+                lambda r: "+fp8" if r.get("group") == "rc_fp8" else "")
+        return
     ax.scatter(xs, [r["conv_us"] for r in rows], marker="_", s=500, color="k", zorder=3, label="conventional")
     tx = [(x, r["conv_us"] / r["target"]) for x, r in zip(xs, rows) if r["target"]]
     if tx:
@@ -454,6 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fit", action="store_true", help="also the fixed and per-row parts of each step (a + b B)")
     ap.add_argument("--plot-split", type=Path, default=None,
                     help="with --fit: a PNG of the step by launch (needs matplotlib and --variants fixed arms)")
+    ap.add_argument("--split-per-target", action="store_true",
+                    help="--plot-split's bars in units of the time each target allows, with the levers' bounds")
     args = ap.parse_args(argv)
     rows, fit_rows, split_rows = [], [], []
     for p in args.runs:
@@ -476,7 +497,7 @@ def main(argv=None) -> int:
     if args.plot:
         plot(rows, args.plot)
     if args.plot_split and split_rows:
-        plot_split(split_rows, args.plot_split)
+        plot_split(split_rows, args.plot_split, per_target=args.split_per_target)
     return 0
 
 

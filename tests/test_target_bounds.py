@@ -229,7 +229,7 @@ def test_launch_split():
     assert "| 1.27x | " in md
 
 
-def test_launch_split_fp8_copy():
+def test_launch_split_fp8_copy(tmp_path):
     """An fp32 state's `--variants fixed` cells time its fp8 read copy (v3_fx_fp8_<shape>): issue 7's 3x from B = 256
     only, the pre launch's bytes with fp32 key records, the folds' bytes a read and a write of the fp32 checkpoint."""
     def fx(B, conv, full, pre, main, post, premain, nofold):
@@ -257,6 +257,12 @@ def test_launch_split_fp8_copy():
     md = tb.split_table(out)
     assert "| GDN | float32 + fp8 copy | 256 | `x16w4c1_m7_lean` |" in md and md.splitlines()[2].endswith(
         "| - | 70.5 |")
+    # the plot in units of the time each target allows: the group's target at every B (3x below B = 256 too)
+    assert tb.group_target(r128) == 3.0 and tb.group_target(dict(r128, group="plain", state="bfloat16")) == 1.55
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "split.png"
+    tb.plot_split(out, png, per_target=True)
+    assert png.stat().st_size > 10_000
 
 
 def test_cli_fit_on_the_recorded_split_run(tmp_path):
