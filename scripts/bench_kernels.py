@@ -1413,8 +1413,8 @@ def main():
                     # any B (conventional's: 5-7) beside a per-row part streaming at 89-96% of the copy peak; here the
                     # default shape's step and each of its launches alone (pre, main, post), pre + main, and the step
                     # without folds, round-robin at each B, so that a line through the batches says where it is.
-                    # An fp32 state times its fp8 read copy's default instead (session 56: issue 7's 3x, arms
-                    # v3_fx_fp8_<shape>), the cell its own default does not yet meet everywhere
+                    # An fp32 state times its fp8 read copy's default instead (session 56, arms v3_fx_fp8_<shape>):
+                    # issue 7's 3x at B = 256 is the fp32 cell still short, and its step had not been split so
                     from replayssm_sglang.kernels import cuda_main as _cm_x
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")

@@ -27,8 +27,8 @@ answers to issue 7's target): the pre launch's exposure, the post launch's, the 
 the pre launch's exposure taken off, the step with the pre launch overlapped but its bytes (pre_bytes) still
 streamed at the copy peak, and that with the folds at their bytes' cost too. And it splits each step into a fixed
 part and a per-row part: a least-squares line t = a + b B over the run's batches >= --min-b, for conventional, for
-our arm that is fastest at the largest batch (per group: the state's own step, and an fp32 state's fp8 copy) (the same arm at every B) and for that arm's `_nofold` diagnostic. b is
-what every further row costs (b_conv / b is the speedup as B grows without bound; bytes per row / b the fraction of
+our arm that is fastest at the largest batch (the same arm at every B; one per group: the state's own step and an
+fp32 state's fp8 copy) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows without bound; bytes per row / b the fraction of
 the copy peak the rows stream at), a what a step costs however few rows it has (launches, the dependent loads before
 the first byte, the last wave). The fit then says from which B the line meets the target, and the fixed part a step
 may have at B = 128 and 256 with the slope it has.
@@ -170,6 +170,11 @@ def gpu_label(r: dict) -> str:
 def state_label(r: dict) -> str:
     """A row's state as the tables name it: the state's type, with " + fp8 copy" for issue 7's group."""
     return r["state"] + (" + fp8 copy" if r.get("group") == "rc_fp8" else "")
+
+
+def copy_tag(r: dict) -> str:
+    """The plots' short form of state_label's suffix."""
+    return "+fp8" if r.get("group") == "rc_fp8" else ""
 
 
 def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -417,7 +422,7 @@ def plot(rows: list[dict], path: Path) -> None:
                    label="fold split's floor (folds at their bytes' peak time)")
     _finish(fig, ax, rows, path, "x conventional (same run)",
             "Speed targets against the bytes model (scripts/target_bounds.py)",
-            lambda r: "+fp8" if r["group"] == "rc_fp8" else "")
+            copy_tag)
 
 
 def group_target(r: dict) -> float | None:
@@ -453,7 +458,7 @@ def plot_split(rows: list[dict], path: Path, per_target: bool = False) -> None:
         ax.set_ylim(0, max(bottom) * 1.12)
         _finish(fig, ax, rows, path, "step / time the target allows",
                 "The step by launch, in units of what the target allows (bench_kernels.py --variants fixed)",
-                lambda r: "+fp8" if r.get("group") == "rc_fp8" else "")
+                copy_tag)
         return
     ax.scatter(xs, [r["conv_us"] for r in rows], marker="_", s=500, color="k", zorder=3, label="conventional")
     tx = [(x, r["conv_us"] / r["target"]) for x, r in zip(xs, rows) if r["target"]]
@@ -461,7 +466,7 @@ def plot_split(rows: list[dict], path: Path, per_target: bool = False) -> None:
         ax.scatter([x for x, _ in tx], [v for _, v in tx], marker="_", s=500, color="tab:green", zorder=3,
                    label="what the target allows")
     _finish(fig, ax, rows, path, "us per layer-step", "The step by launch (bench_kernels.py --variants fixed)",
-            lambda r: "+fp8" if r.get("group") == "rc_fp8" else "")
+            copy_tag)
 
 
 def main(argv=None) -> int:

@@ -251,7 +251,7 @@ def test_launch_split_fp8_copy(tmp_path):
     # fp32 records: 7.5 key records and the appended key at 4 bytes an element (2688 + 8.5 x 128 x 2 per key head)
     assert pre_b == pytest.approx(256 * 16 * (2688 + 8.5 * 128 * 2 + 2 * 172))
     assert r256["overlap_us"] == pytest.approx(125.7 - 8.0 + pre_b / PEAK * 1e6)
-    fold_peak = 2 * 256 * 32 * 128 * 128 * 4 / 16 / PEAK * 1e6  # (16.8 us: a bf16 state's write alone is 4.2)
+    fold_peak = 2 * 256 * 32 * 128 * 128 * 4 / 16 / PEAK * 1e6
     assert r256["both_us"] == pytest.approx(r256["overlap_us"] - (25.7 - fold_peak))
     assert r256["nopre_x"] == pytest.approx(364.4 / 117.7) and r256["nopre_met"]  # (3.10x: met without it)
     md = tb.split_table(out)
