@@ -28,10 +28,11 @@ the pre launch's exposure taken off, the step with the pre launch overlapped but
 streamed at the copy peak, and that with the folds at their bytes' cost too. And it splits each step into a fixed
 part and a per-row part: a least-squares line t = a + b B over the run's batches >= --min-b, for conventional, for
 our arm that is fastest at the largest batch (the same arm at every B; one per group: the state's own step and an
-fp32 state's fp8 copy) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is the speedup as B grows without bound; bytes per row / b the fraction of
-the copy peak the rows stream at), a what a step costs however few rows it has (launches, the dependent loads before
-the first byte, the last wave). The fit then says from which B the line meets the target, and the fixed part a step
-may have at B = 128 and 256 with the slope it has.
+fp32 state's fp8 copy) and for that arm's `_nofold` diagnostic. b is what every further row costs (b_conv / b is
+the speedup as B grows without bound; bytes per row / b the fraction of the copy peak the rows stream at), a what a
+step costs however few rows it has (launches, the dependent loads before the first byte, the last wave). The fit
+then says from which B the line meets the target, and the fixed part a step may have at B = 128 and 256 with the
+slope it has.
 
   python3 scripts/target_bounds.py benchmarks/results/kernels-20261206-0258-s1.json [more.json ...]
       [--out docs-table.md] [--plot bounds.png] [--fit] [--min-b 32]
@@ -106,6 +107,14 @@ def group_of(arm: str) -> str | None:
     return "rc_fp8" if copy == "fp8" else "plain"
 
 
+def group_target(kind: str, sdt: str, group: str) -> float | None:
+    """The speedup a group's step answers to at any B (the issues ask it from B = 128, "plain", and B = RC_FP8_MIN_B,
+    "rc_fp8"): issue 3's TARGETS for the state's own step, issue 7's 3x for an fp32 state's fp8 copy, else None."""
+    if group == "plain":
+        return TARGETS.get((kind, sdt))
+    return RC_FP8_TARGET if sdt == "float32" else None
+
+
 def fold_write_bytes(kind: str, B: int, sdt: str, L: int, group: str) -> float:
     """The bytes the model counts for folding (what a `_nofold` arm does not move): the checkpoint's write (1 in L
     steps), and with a read copy also the checkpoint's read on those steps."""
@@ -128,8 +137,8 @@ def bounds(run: dict, min_b: int = 128) -> list[dict]:
             continue
         conv_eff = conv["bytes"] / (conv["t_us"] * 1e-6) / peak
         for group in ("plain", "rc_fp8"):
-            target = TARGETS.get((kind, sdt)) if group == "plain" else RC_FP8_TARGET
-            if target is None or (group == "rc_fp8" and (sdt != "float32" or B < RC_FP8_MIN_B)):
+            target = group_target(kind, sdt, group)
+            if target is None or (group == "rc_fp8" and B < RC_FP8_MIN_B):
                 continue
             ours = [r for a, r in arms.items() if group_of(a) == group and not is_diagnostic(a)]
             if not any(r["arm"] not in STOCK_ARMS for r in ours):
@@ -209,7 +218,7 @@ def _fit_row(meta: dict, kind: str, sdt: str, group: str, arms: dict) -> dict | 
     """fits' row for one (layer, state, group), or None where the run lacks what it needs (conventional at two or
     more batches, one of our arms of the group at each of them, a target for the group)."""
     peak = meta["copy_peak_Bps"]
-    target = TARGETS.get((kind, sdt)) if group == "plain" else (RC_FP8_TARGET if sdt == "float32" else None)
+    target = group_target(kind, sdt, group)
     conv = arms.get("conv")
     if target is None or conv is None or len(conv) < 2:
         return None
@@ -318,10 +327,8 @@ def launch_split(run: dict, min_b: int = 1) -> list[dict]:
         full = t("")
         pre_exposed = parts["premain"] - parts["main"]
         folds = full - parts["nofold"]
-        if group == "rc_fp8":  # (issue 7's 3x is for B >= 256)
-            target = RC_FP8_TARGET if B >= RC_FP8_MIN_B else None
-        else:  # (issue 3's speedup targets are for B >= 128)
-            target = TARGETS.get((kind, sdt)) if B >= 128 else None
+        # (issue 3's speedup targets are for B >= 128, issue 7's 3x for B >= 256)
+        target = group_target(kind, sdt, group) if B >= (RC_FP8_MIN_B if group == "rc_fp8" else 128) else None
         shape = step[len("v3_fx_fp8_" if group == "rc_fp8" else "v3_fx_"):]
         peak = meta["copy_peak_Bps"]
         # the pre launch overlapped with the main launch, its bytes streamed beside the tiles at the copy peak (no
@@ -425,11 +432,6 @@ def plot(rows: list[dict], path: Path) -> None:
             copy_tag)
 
 
-def group_target(r: dict) -> float | None:
-    """The target of a launch_split row's group at any B (its `target` is None below the B the issue asks from)."""
-    return RC_FP8_TARGET if r.get("group") == "rc_fp8" else TARGETS.get((r["kind"], r["state"]))
-
-
 def plot_split(rows: list[dict], path: Path, per_target: bool = False) -> None:
     """Stacked bars of launch_split's rows: the main launch without its folds, the folds, the pre launch's and the
     post launch's exposure (they add up to the step), beside the time the target allows (conventional / target) and
@@ -438,7 +440,8 @@ def plot_split(rows: list[dict], path: Path, per_target: bool = False) -> None:
     (the pre launch overlapped at its bytes' cost; that and the folds at theirs)."""
     fig, ax = _axes(max(8.0, 0.8 * len(rows)), 4.6)
     xs = list(range(len(rows)))
-    unit = [r["conv_us"] / group_target(r) if per_target else 1.0 for r in rows]
+    # (a row's `target` is None below the B the issue asks from; its group's target scales every row)
+    unit = [r["conv_us"] / group_target(r["kind"], r["state"], r["group"]) if per_target else 1.0 for r in rows]
     parts = (("main launch without folds", lambda r: r["step_us"] - r["pre_exposed"] - r["post_exposed"] - r["folds"],
               "tab:blue"),
              ("folds", lambda r: r["folds"], "tab:orange"),

@@ -258,7 +258,8 @@ def test_launch_split_fp8_copy(tmp_path):
     assert "| GDN | float32 + fp8 copy | 256 | `x16w4c1_m7_lean` |" in md and md.splitlines()[2].endswith(
         "| - | 70.5 |")
     # the plot in units of the time each target allows: the group's target at every B (3x below B = 256 too)
-    assert tb.group_target(r128) == 3.0 and tb.group_target(dict(r128, group="plain", state="bfloat16")) == 1.55
+    assert tb.group_target("gdn", "float32", r128["group"]) == 3.0
+    assert tb.group_target("gdn", "bfloat16", "plain") == 1.55
     pytest.importorskip("matplotlib")
     png = tmp_path / "split.png"
     tb.plot_split(out, png, per_target=True)
