@@ -568,6 +568,32 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
     return {"TILE_EARLY": 1} if on and xl and pdl else {}
 
 
+# FOLD_OUT (session 57): in the copy-sized registers (RC_LEAN) a block whose rows flush from the checkpoint read it
+# twice, word by word for the tile's dots (NACC serial round trips) and again for the fold; with FOLD_OUT it folds
+# first and takes its outputs from the folded rows (gdn_main.cu); level 2 folds 8 rows at a time, not 4. To be
+# measured (bench --variants fo): opt-in until then.
+FOLD_OUT_DEFAULT = 0
+FOLD_OUT_LEVELS = (0, 1, 2)
+
+
+def env_fold_out() -> int | None:
+    """REPLAYSSM_FOLD_OUT: "1" a flushing block of the copy-sized CUDA shapes takes its outputs from its fold
+    (gdn_main.cu's FOLD_OUT), "2" the same folding 8 rows at a time, "0" from the tile's dots; unset or empty: None
+    (FOLD_OUT_DEFAULT)."""
+    return env_level("REPLAYSSM_FOLD_OUT", FOLD_OUT_LEVELS)
+
+
+def fold_out_defines(fold_out, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre) -> dict:
+    """FOLD_OUT's -D parameter (fold_out None: FOLD_OUT_DEFAULT) where gdn_main.cu takes it: a read copy in the
+    copy-sized registers (RC_LEAN), the CUDA-core fold, whole records, the coefficients before the dots (only where
+    set, so that the other builds keep their cubin keys)."""
+    on = int(FOLD_OUT_DEFAULT if fold_out is None else fold_out)
+    if on not in FOLD_OUT_LEVELS:
+        raise ValueError(f"fold_out must be one of {FOLD_OUT_LEVELS} (or None for FOLD_OUT_DEFAULT), got {fold_out!r}")
+    applies = rc_dtype is not None and rc_lean and not (mma_fold or rec_split or late_coef or self_pre)
+    return {"FOLD_OUT": on} if on and applies else {}
+
+
 def env_pre_early() -> int:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
     fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
@@ -650,7 +676,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None, pre_pf=0, rec_split=False, vec_u=None, tile_early=None) -> dict:
+            pre_early=None, pre_pf=0, rec_split=False, vec_u=None, tile_early=None, fold_out=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -672,7 +698,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     records at one position as one vector load (VEC_U, session 52; None: vec_u_default, on for GDN's bf16 records
     since session 54; vec_u_defines says where).
     tile_early: under PDL the XL tile's words are plain loads, which the PDL wait cannot pass (TILE_EARLY, session 54;
-    None: TILE_EARLY_DEFAULT; tile_early_defines says where)."""
+    None: TILE_EARLY_DEFAULT; tile_early_defines says where). fold_out: a flushing block of the copy-sized shapes takes
+    its outputs from its fold (FOLD_OUT, session 57; None: FOLD_OUT_DEFAULT; fold_out_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -690,6 +717,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"REC_SPLIT": 1} if rec_split else {}
     rc |= vec_u_defines(vec_u, xl, rpw, u_dtype, kind, rec_split)
     rc |= tile_early_defines(tile_early, xl, bool(pdl) and not self_pre)
+    rc |= fold_out_defines(fold_out, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -703,7 +731,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 
 def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
-                   rc_dtype=None, rec_split=False, vec_u=None, tile_early=None) -> dict:
+                   rc_dtype=None, rec_split=False, vec_u=None, tile_early=None, fold_out=None) -> dict:
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type (rec_split: fp32 records split in two planes, REC_SPLIT; rec_dtype is then
@@ -719,7 +747,8 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    has_ring_idx=True, pdl=True, x_dtype=bf16, a_dtype=bf16, b_dtype=bf16, alog_dtype=f32,
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
-                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u, tile_early=tile_early)
+                   rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u, tile_early=tile_early,
+                   fold_out=fold_out)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -1196,10 +1225,11 @@ def _obtainable() -> bool:
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0,
-                   vec_u=None, tile_early=None) -> dict:
+                   vec_u=None, tile_early=None, fold_out=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
-    vec_u_default) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says."""
+    vec_u_default) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says;
+    fold_out (None: FOLD_OUT_DEFAULT) where fold_out_defines says."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,
@@ -1213,7 +1243,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
                    pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records, vec_u=vec_u,
-                   tile_early=tile_early)
+                   tile_early=tile_early, fold_out=fold_out)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)

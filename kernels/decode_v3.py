@@ -1026,7 +1026,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
            pre_impl=None, post_trigger=None, lead_pdl=None, pre_early=None, pre_pf=None, vec_u=None,
-           tile_early=None):
+           tile_early=None, fold_out=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1131,7 +1131,10 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     load (gdn_main.cu's VEC_U; the XL shapes).
     tile_early (None: REPLAYSSM_TILE_EARLY, cuda_main.env_tile_early; session 54): under PDL the CUDA main launch loads
     its tile with plain loads, which ptxas keeps above the PDL wait, so that a block that starts while the pre launch
-    runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes)."""
+    runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes).
+    fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.FOLD_OUT_DEFAULT; session 57): a block
+    of the copy-sized CUDA shapes whose rows flush from the checkpoint takes its outputs from its fold, reading the
+    checkpoint once (gdn_main.cu's FOLD_OUT)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1251,6 +1254,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pf = cuda_main.env_pre_pf() if pre_pf is None else int(pre_pf)
     vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)  # (None: cuda_main.vec_u_default for the build)
     te = cuda_main.env_tile_early() if tile_early is None else int(tile_early)
+    fo = cuda_main.env_fold_out() if fold_out is None else int(fold_out)  # (None: cuda_main.FOLD_OUT_DEFAULT)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(
@@ -1258,7 +1262,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
             self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead, pre_early=early, pre_pf=pf, vec_u=vu,
-            tile_early=te)
+            tile_early=te, fold_out=fo)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":

@@ -169,6 +169,17 @@
 #if MMA_FOLD && (!XL || RPW != 16 || CAP_ > 16 || SELF_PRE == 1 || K_ != 128)
 #error "MMA_FOLD: the XL layout, 16 rows per warp, a ring capacity of at most 16, no SELF_PRE 1, K = 128"
 #endif
+#ifndef FOLD_OUT
+#define FOLD_OUT 0  // RC_LEAN (session 57): a block whose rows flush from the checkpoint (the token folded in) takes
+#endif              // its outputs from the fold: each batch of a warp's rows is folded first, then dotted with q~, k~
+                    // as it stands in registers (P = S' q~, Q = S' k~ of the folded S' without the token), then
+                    // u_t = beta (v - Q) and o = P + u_t <k~, q~> and the token's u_t k~ added before the stores. So
+                    // the checkpoint is read once, by the fold, where the copy-sized registers otherwise read it twice:
+                    // word by word for the dots (NACC serial round trips), then again to fold. FOLD_OUT 2: such a
+                    // block folds 8 rows at a time, not 4 (twice the checkpoint's loads in flight)
+#if FOLD_OUT && (!RC_LEAN || MMA_FOLD || REC_SPLIT || LATE_COEF || SELF_PRE)
+#error "FOLD_OUT: RC_LEAN (a read copy), the CUDA-core fold (no MMA_FOLD), whole records (no REC_SPLIT), the coefficients before the dots (no LATE_COEF, no SELF_PRE)"
+#endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
 #ifndef RC_T
@@ -1807,11 +1818,19 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     load_tile(0);
 #endif
 #endif
+#if FOLD_OUT
+    // a block that flushes from the checkpoint takes its outputs from the fold, not from the tile's dots (KDA: the
+    // flags are final here, after the pre launch's overflow flags; a row the flags turned into a flush after its
+    // copy's tile was loaded, or a rebase, keeps the dots)
+    const bool fold_out = fold && flush && !from_rc;
+#else
+    constexpr bool fold_out = false;
+#endif
 #if IS_KDA
     // the tile's dots take q e^{G_t} and k e^{G_t} per column, G_t from the pre launch (the norms came from the raw q,
-    // k; the tensor cores' operand has it already)
+    // k; the tensor cores' operand has it already). FOLD_OUT's dots take the raw q~ and k~ of the decayed fold
     __syncwarp();  // (every lane's reads of the raw values for the norms are done)
-    if (qk_staged) {
+    if (qk_staged && !fold_out) {
 #pragma unroll
         for (int t = lane; t < K_; t += 32) {
             const float e = __expf(gts[nh * K_ + t]);
@@ -1898,7 +1917,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
             for (int i = 0; i < RPL; ++i) aq[i] = ak[i] = 0.0f;
 #pragma unroll 1
-            for (int t = 0; t < NACC; ++t) {
+            for (int t = 0; t < (fold_out ? 0 : NACC); ++t) {  // (FOLD_OUT: the fold makes the outputs)
                 uint4 w[RPL];
 #pragma unroll
                 for (int i = 0; i < RPL; ++i)
@@ -1964,7 +1983,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
         if (finisher) from_f(out + nh * V_ + vrow, P + Q);
         continue;
 #endif
-        if (finisher) {
+        if (finisher && !fold_out) {  // (FOLD_OUT: a flush, whose output the fold writes and which stores no record)
             from_f(out + nh * V_ + vrow, o);
 #if REC_SPLIT
             // (a pre-folding row's record goes to position 0, whose low half its fold reads: stored after the fold)
@@ -2009,7 +2028,7 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
                 for (int t = 0; t < JX; ++t)
                     wsm[(lrow + i) * BC_ + j0 + t] = j0 + t < h_old ? ru_of(i, t) * expf(G_f - base_g[j0 + t]) : 0.0f;
 #endif
-            if (finisher) uasm[frow] = tok ? u_t : 0.0f;
+            if (finisher) uasm[frow] = tok && !fold_out ? u_t : 0.0f;  // (FOLD_OUT: u_t is the fold's, below)
             __syncwarp();
             // the fold itself in the other layout (lane l on columns 4l .. 4l + 3 of every row of the warp, 8 rows at a
             // time): its decayed records and this token's u_t are in shared memory, so any lane can take any row, and
@@ -2055,16 +2074,47 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #else
             const ST_T* fsrc = src + wrow * K_ + 4 * lane;
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
-            constexpr int FR = (RC_LEAN || ST_MMA) ? 4 : 8;  // rows folded at a time (RC_LEAN, ST_MMA: half the registers)
+            // rows folded at a time (RC_LEAN, ST_MMA: half the registers; FOLD_OUT 2: 8)
+            constexpr int FR = FOLD_OUT == 2 ? 8 : (RC_LEAN || ST_MMA) ? 4 : 8;
 #pragma unroll
             for (int r0 = 0; r0 < RPW; r0 += FR) {
                 float4 cf[FR];
 #pragma unroll
                 for (int i = 0; i < FR; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
+#if FOLD_OUT
+                // (the rows' v: lane i < FR holds row r0 + i's, handed round after the dots)
+                const float xv = fold_out && lane < FR ? to_f(pv[wrow + r0 + lane]) : 0.0f;
+#endif
                 float4 rk[KB];
 #pragma unroll
                 for (int t = 0; t < KB; ++t) rk[t] = t < h_old ? load4(base_k + t * K_) : make_float4(0.f, 0.f, 0.f, 0.f);
                 fold_rows<FR>(cf, rk, wsm, uasm, warp * RPW + r0, eG, eh, kn, base_k, h_old);
+#if FOLD_OUT
+                if (fold_out) {
+                    // the folded rows (the token not yet in: uasm is 0) dotted with q~ and k~, summed over the warp
+                    // (an xor butterfly: every lane ends with the same sums), then each row's u_t and output, and the
+                    // token's u_t k~ into the rows before they are stored
+                    const float* qr = qk_sm + qk_at(4 * lane);  // (this lane's 4 columns of q; k~ is kn)
+                    const float4 q4 = make_float4(qr[0] * s_q, qr[1] * s_q, qr[2] * s_q, qr[3] * s_q);
+                    float d[2 * FR];
+#pragma unroll
+                    for (int i = 0; i < FR; ++i) {
+                        d[2 * i] = cf[i].x * q4.x + cf[i].y * q4.y + cf[i].z * q4.z + cf[i].w * q4.w;
+                        d[2 * i + 1] = cf[i].x * kn.x + cf[i].y * kn.y + cf[i].z * kn.z + cf[i].w * kn.w;
+                    }
+#pragma unroll
+                    for (int m = 16; m >= 1; m >>= 1)
+#pragma unroll
+                        for (int e = 0; e < 2 * FR; ++e) d[e] += __shfl_xor_sync(0xffffffffu, d[e], m);
+#pragma unroll
+                    for (int i = 0; i < FR; ++i) {
+                        const float ui = beta * (__shfl_sync(0xffffffffu, xv, i) - d[2 * i + 1]);
+                        if (lane == i) from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);
+                        cf[i] = make_float4(cf[i].x + ui * kn.x, cf[i].y + ui * kn.y, cf[i].z + ui * kn.z,
+                                            cf[i].w + ui * kn.w);
+                    }
+                }
+#endif
 #pragma unroll
                 for (int i = 0; i < FR; ++i) st_state4(fdst + (r0 + i) * K_, cf[i]);
 #if HAS_RC

@@ -99,6 +99,11 @@ Arms (per layer kind, state dtype and batch size B):
   v3_te0_<shape>, v3_te1_<shape> (--variants te) the server's step at this GPU's default shapes without and with the
               main launch's tile loaded by plain loads under PDL (gdn_main.cu's TILE_EARLY, session 54: ptxas moved
               KDA's __ldg tile loads below the PDL wait); fp32 states also with the fp8 copy (_fp8); _rr
+  v3_fo{0,1,2}_rc_<copy>_<shape>[_aligned], v3_fo_rc_<copy>_<shape>_nofold (--variants fo,
+              fp32 states, B >= 32) the read copies' default shapes (both kinds' fp8 copy, GDN's bf16 copy) without
+              and with FOLD_OUT (session 57: a flushing block takes its outputs from its fold and reads the
+              checkpoint once), staggered and with every row on one cursor (_aligned: the folds all in one step of
+              the window), and the step without folds (a diagnostic, wrong results); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1568,6 +1573,33 @@ def main():
                     arms.update(t_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in t_arms.items()}, f"{kind} {sdt} te", meta,
                                         "te_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "fo" in variants and sdt == "float32" and B >= 32:
+                    # FOLD_OUT (session 57): the read copies' default shapes without (fo0) and with (fo1; fo2: 8
+                    # rows folded at a time) the fold making a flushing block's outputs, staggered and aligned (every fold in one step of the
+                    # window, where the all-fold step streamed at ~65% of the copy peak, session 56), and the step
+                    # without folds; the server's arguments, round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_f
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    f_arms = {}
+                    for rd, rc in (("fp8_e4m3", torch.float8_e4m3fn), ("bf16", torch.bfloat16)):
+                        name = _cm_f.config_name(_cm_f.default_config(DT[sdt], kind, rc,
+                                                                      device_name=torch.cuda.get_device_name()))
+                        fc = _cm_f.full_config(_cm_f.CUDA_CONFIGS[name])  # (late_coef 4, rc_lean 8, mma_fold 9,
+                        if not _cm_f.fold_out_defines(1, rc, fc[8], fc[9], False, fc[4], fc[10]):  # self_pre 10)
+                            continue  # (a shape FOLD_OUT does not apply to: KDA's bf16 copy)
+                        rtag = "rc_fp8" if rd == "fp8_e4m3" else "rc_bf16"  # (target_bounds.read_copy_of's names)
+                        base = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
+                        for on in _cm_f.FOLD_OUT_LEVELS:
+                            for al in (False, True):
+                                f_arms[f"v3_fo{on}_{rtag}_{name}" + ("_aligned" if al else "")] = arm_ours(
+                                    c, DT[sdt], impl="v3", **srv, read_dtype=rd, aligned=al,
+                                    v3_opts=dict(base, fold_out=on))
+                        f_arms[f"v3_fo_{rtag}_{name}_nofold"] = arm_ours(
+                            c, DT[sdt], impl="v3", **srv, read_dtype=rd, v3_opts=dict(base, _diag_parts="nofold"))
+                    arms.update(f_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} fo", meta,
+                                        "fo_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

@@ -130,11 +130,11 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None, pf=0, split=False, vu=None, te=None):
+                 lead=False, early=None, pf=0, split=False, vu=None, te=None, fo=None):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
         # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
         # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16); vu: VEC_U (None: its default);
-        # te: TILE_EARLY (None: its default)
+        # te: TILE_EARLY (None: its default); fo: FOLD_OUT (None: its default)
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -143,7 +143,7 @@ def combos():
                           u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu, tile_early=te)
+                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu, tile_early=te, fold_out=fo)
 
     def gpu_default(kind, sdt, rd, g):  # the default shape's name on GPU g (a DEVICE_DEFAULTS name; None: the rest)
         return cm.config_name(cm.default_config(sdt, kind, RC.get(rd), device_name=g))
@@ -255,6 +255,16 @@ def combos():
     out += [rc_build(kind, gpu_default(kind, getattr(torch, sdt), rd, g),
                      RC.get(rd), F32, I32, getattr(torch, sdt), rec=getattr(torch, sdt), trig=True, lead=True)
             for kind, sdt, rd in POST_TRIGGER_CASES for g in (None, *cm.DEVICE_DEFAULTS)]
+    # bench --variants fo (session 57): the read copies' default shapes (both kinds' fp8 copy, GDN's bf16 copy) without
+    # and with FOLD_OUT, the server's records, with and without the trigger, and the step without folds (diag 2);
+    # test_gpu_real_shapes_fold_out: the harness's arguments, each GPU's default copy shape, TRIGGER_POST, FOLD_OUT
+    from test_decode_kernels import FOLD_OUT_GPU_CASES
+
+    fo_shapes = {(kind, gpu_default(kind, F32, rd, g), rd) for kind, rd in FOLD_OUT_GPU_CASES
+                 for g in (None, *cm.DEVICE_DEFAULTS)}
+    out += [rc_build(kind, n, RC[rd], BF16, I64, trig=trig, fo=fo, diag=diag) for kind, n, rd in sorted(fo_shapes)
+            for trig in (False, True) for fo, diag in ((0, 0), (1, 0), (2, 0), (0, 2))]
+    out += [rc_build(kind, n, RC[rd], F32, I32, trig=True, fo=fo) for kind, n, rd in sorted(fo_shapes) for fo in (1, 2)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST; GRAPH_LEAD_CASES with it and LEAD_PDL)
     graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),

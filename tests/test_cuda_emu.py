@@ -1033,3 +1033,49 @@ def test_vec_u_refuses_a_misaligned_ring():
         cuda_main.check_vec_u(d, ring)
     assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["x16w4c1_m5"], vec_u=0)
     assert "VEC_U" not in cuda_main.server_defines(cuda_main.CUDA_CONFIGS["g8w4"], vec_u=1)  # (not the XL layout)
+
+
+# FOLD_OUT (session 57): in the copy-sized registers (RC_LEAN) a block whose rows flush from the checkpoint folds
+# first and takes its outputs from the folded rows, instead of dotting the checkpoint word by word and reading it
+# again to fold. The shapes it applies to: both kinds' fp8 copy defaults and GDN's bf16 copy default
+FOLD_OUT_CASES = [("gdn", "x16w4c1_m7_lean", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
+                  ("gdn", "x16w4c1_m6_lean", "fast", dict(read_dtype="bf16", H=2, HV=4, V=128)),
+                  ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128))]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("kind,cfg,decay,shape", FOLD_OUT_CASES, ids=str)
+def test_fold_out_emulated(kind, cfg, decay, shape, level, monkeypatch):
+    """REPLAYSSM_FOLD_OUT=<level> (2: 8 rows folded at a time): every build is a FOLD_OUT build at that level and the
+    step matches float64 over 14 steps (window switching, forced flushes, pre-folds, padded rows, staggered cursors,
+    stale copies after the window-1 steps)."""
+    builds = _spy_builds(monkeypatch)
+    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", str(level))
+    hz, calls, _ = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=37, **shape)
+    st = hz.run(14)
+    assert st["flushes"] > 0 and st["prefolds"] > 0 and st["staggered"] > 0 and st["padded"] > 0, st
+    assert len(calls) == 14
+    assert builds and all(d.get("FOLD_OUT") == level for d in builds)
+
+
+@pytest.mark.parametrize("old,new", [
+    # the token's u_t k~ left out of the stored rows
+    ("                        cf[i] = make_float4(cf[i].x + ui * kn.x, cf[i].y + ui * kn.y, cf[i].z + ui * kn.z,\n"
+     "                                            cf[i].w + ui * kn.w);", ""),
+    # the output without the token's u_t <k~, q~>
+    ("from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);", "from_f(out + nh * V_ + wrow + r0 + i, d[2 * i]);"),
+    # each output written to its neighbour's row
+    ("from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);",
+     "from_f(out + nh * V_ + wrow + r0 + (i ^ 1), d[2 * i] + ui * kq);"),
+    # the dots summed over half the warp
+    ("for (int m = 16; m >= 1; m >>= 1)\n#pragma unroll\n                        for (int e = 0; e < 2 * FR; ++e)",
+     "for (int m = 8; m >= 1; m >>= 1)\n#pragma unroll\n                        for (int e = 0; e < 2 * FR; ++e)")],
+    ids=["no-token-term", "no-kq", "rows-swapped", "half-warp"])
+def test_fold_out_check_can_fail(old, new, monkeypatch, tmp_path):
+    """The FOLD_OUT cases fail on a kernel whose fold-made outputs or stored rows are wrong."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", "1")
+    kind, cfg, decay, shape = FOLD_OUT_CASES[0]
+    hz, _, _ = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=37, **shape)
+    with pytest.raises(AssertionError, match="rms ratio|non-finite"):
+        hz.run(14)

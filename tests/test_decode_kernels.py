@@ -1532,7 +1532,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
     pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early",
-                                          "pre_pf", "vec_u", "tile_early")
+                                          "pre_pf", "vec_u", "tile_early", "fold_out")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -2122,6 +2122,32 @@ def test_gpu_real_shapes_tile_early(kind, state_dtype, read_dtype, monkeypatch):
     _run_cuda_main_case(monkeypatch, cfg, state_dtype, "bfloat16", True, False, sdt, seed=43, kind=kind,
                         decay="slow", pdl=True, post_trigger=True, tile_early=1, **extra)
     assert built and all(d.get("TILE_EARLY") == 1 for d in built)
+
+
+# FOLD_OUT (session 57): a flushing block of the copy-sized shapes takes its outputs from its fold; both kinds' fp8
+# copies (the shapes it is meant for) and GDN's bf16 copy, at the real head sizes with PDL and the trigger
+FOLD_OUT_GPU_CASES = [("gdn", "fp8_e4m3"), ("kda", "fp8_e4m3"), ("gdn", "bf16")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("kind,read_dtype", FOLD_OUT_GPU_CASES, ids=str)
+def test_gpu_real_shapes_fold_out(kind, read_dtype, level, monkeypatch):
+    """The read copies' default shapes with FOLD_OUT at `level` (2: 8 rows folded at a time), as PDL dependents with
+    the trigger, against float64 over 26 steps, slow decays (forced flushes, pre-folds, window switches among them):
+    every main launch's build FOLD_OUT at that level."""
+    from replayssm_sglang.kernels import cuda_main
+
+    rc = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}[read_dtype]
+    cfg = cuda_main.config_name(cuda_main.default_config(torch.float32, kind, rc, 16, torch.cuda.get_device_name()))
+    built = []
+    real = cuda_main.launch
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=47, kind=kind,
+                             decay="slow", pdl=True, post_trigger=True, fold_out=level, read_dtype=read_dtype)
+    assert st["flushes"] > 0, st
+    assert built and all(d.get("FOLD_OUT") == level for d in built)
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:
