@@ -570,16 +570,16 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
 
 # FOLD_OUT (session 57): in the copy-sized registers (RC_LEAN) a block whose rows flush from the checkpoint read it
 # twice, word by word for the tile's dots (NACC serial round trips) and again for the fold; with FOLD_OUT it folds
-# first and takes its outputs from the folded rows (gdn_main.cu); level 2 folds 8 rows at a time, not 4. To be
-# measured (bench --variants fo): opt-in until then.
+# first and takes its outputs from the folded rows (gdn_main.cu); level 2 folds 8 rows at a time, not 4; level 3 4 at
+# a time with the next 4 rows' loads issued first. To be measured (bench --variants fo): opt-in until then.
 FOLD_OUT_DEFAULT = 0
-FOLD_OUT_LEVELS = (0, 1, 2)
+FOLD_OUT_LEVELS = (0, 1, 2, 3)
 
 
 def env_fold_out() -> int | None:
     """REPLAYSSM_FOLD_OUT: "1" a flushing block of the copy-sized CUDA shapes takes its outputs from its fold
-    (gdn_main.cu's FOLD_OUT), "2" the same folding 8 rows at a time, "0" from the tile's dots; unset or empty: None
-    (FOLD_OUT_DEFAULT)."""
+    (gdn_main.cu's FOLD_OUT), "2" the same folding 8 rows at a time, "3" 4 at a time with the next 4 loaded first,
+    "0" from the tile's dots; unset or empty: None (FOLD_OUT_DEFAULT)."""
     return env_level("REPLAYSSM_FOLD_OUT", FOLD_OUT_LEVELS)
 
 

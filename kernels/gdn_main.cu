@@ -176,7 +176,8 @@
                     // u_t = beta (v - Q) and o = P + u_t <k~, q~> and the token's u_t k~ added before the stores. So
                     // the checkpoint is read once, by the fold, where the copy-sized registers otherwise read it twice:
                     // word by word for the dots (NACC serial round trips), then again to fold. FOLD_OUT 2: such a
-                    // block folds 8 rows at a time, not 4 (twice the checkpoint's loads in flight)
+                    // block folds 8 rows at a time, not 4 (twice the checkpoint's loads in flight); 3: 4 at a time,
+                    // the next 4 rows' loads issued before these are folded
 #if FOLD_OUT && (!RC_LEAN || MMA_FOLD || REC_SPLIT || LATE_COEF || SELF_PRE)
 #error "FOLD_OUT: RC_LEAN (a read copy), the CUDA-core fold (no MMA_FOLD), whole records (no REC_SPLIT), the coefficients before the dots (no LATE_COEF, no SELF_PRE)"
 #endif
@@ -2076,11 +2077,20 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
             ST_T* fdst = state + slot * stride_slot + static_cast<long long>(hv) * V_ * K_ + wrow * K_ + 4 * lane;
             // rows folded at a time (RC_LEAN, ST_MMA: half the registers; FOLD_OUT 2: 8)
             constexpr int FR = FOLD_OUT == 2 ? 8 : (RC_LEAN || ST_MMA) ? 4 : 8;
+            constexpr bool FPF = FOLD_OUT == 3;  // (FOLD_OUT 3: the next FR rows loaded before these are folded)
+            float4 cf[FR], cn[FR];
+#pragma unroll
+            for (int i = 0; i < FR; ++i) cf[i] = ld_state4(fsrc + i * K_);
 #pragma unroll
             for (int r0 = 0; r0 < RPW; r0 += FR) {
-                float4 cf[FR];
+                if (r0 > 0 && !FPF) {
 #pragma unroll
-                for (int i = 0; i < FR; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
+                    for (int i = 0; i < FR; ++i) cf[i] = ld_state4(fsrc + (r0 + i) * K_);
+                }
+                if (FPF && r0 + FR < RPW) {
+#pragma unroll
+                    for (int i = 0; i < FR; ++i) cn[i] = ld_state4(fsrc + (r0 + FR + i) * K_);
+                }
 #if FOLD_OUT
                 // (the rows' v: lane i < FR holds row r0 + i's, handed round after the dots)
                 const float xv = fold_out && lane < FR ? to_f(pv[wrow + r0 + lane]) : 0.0f;
@@ -2124,6 +2134,10 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
 #pragma unroll
                 for (int i = 0; i < FR; ++i) rc_store_row(rdst + (r0 + i) * K_, sdst + r0 + i, cf[i], lane);
 #endif
+                if (FPF) {
+#pragma unroll
+                    for (int i = 0; i < FR; ++i) cf[i] = cn[i];
+                }
             }
 #endif  // MMA_FOLD
             __syncwarp();  // (wsm and uasm are taken again by the next tile)

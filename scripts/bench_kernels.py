@@ -99,7 +99,7 @@ Arms (per layer kind, state dtype and batch size B):
   v3_te0_<shape>, v3_te1_<shape> (--variants te) the server's step at this GPU's default shapes without and with the
               main launch's tile loaded by plain loads under PDL (gdn_main.cu's TILE_EARLY, session 54: ptxas moved
               KDA's __ldg tile loads below the PDL wait); fp32 states also with the fp8 copy (_fp8); _rr
-  v3_fo{0,1,2}_rc_<copy>_<shape>[_aligned], v3_fo_rc_<copy>_<shape>_nofold (--variants fo,
+  v3_fo{0,1,2,3}_rc_<copy>_<shape>[_aligned], v3_fo_rc_<copy>_<shape>_nofold (--variants fo,
               fp32 states, B >= 32) the read copies' default shapes (both kinds' fp8 copy, GDN's bf16 copy) without
               and with FOLD_OUT (session 57: a flushing block takes its outputs from its fold and reads the
               checkpoint once), staggered and with every row on one cursor (_aligned: the folds all in one step of
@@ -1575,7 +1575,7 @@ def main():
                                         "te_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "fo" in variants and sdt == "float32" and B >= 32:
                     # FOLD_OUT (session 57): the read copies' default shapes without (fo0) and with (fo1; fo2: 8
-                    # rows folded at a time) the fold making a flushing block's outputs, staggered and aligned (every fold in one step of the
+                    # rows folded at a time; fo3: the next rows loaded first) the fold making a flushing block's outputs, staggered and aligned (every fold in one step of the
                     # window, where the all-fold step streamed at ~65% of the copy peak, session 56), and the step
                     # without folds; the server's arguments, round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm_f

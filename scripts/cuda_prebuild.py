@@ -263,8 +263,9 @@ def combos():
     fo_shapes = {(kind, gpu_default(kind, F32, rd, g), rd) for kind, rd in FOLD_OUT_GPU_CASES
                  for g in (None, *cm.DEVICE_DEFAULTS)}
     out += [rc_build(kind, n, RC[rd], BF16, I64, trig=trig, fo=fo, diag=diag) for kind, n, rd in sorted(fo_shapes)
-            for trig in (False, True) for fo, diag in ((0, 0), (1, 0), (2, 0), (0, 2))]
-    out += [rc_build(kind, n, RC[rd], F32, I32, trig=True, fo=fo) for kind, n, rd in sorted(fo_shapes) for fo in (1, 2)]
+            for trig in (False, True) for fo, diag in ((0, 0), (1, 0), (2, 0), (3, 0), (0, 2))]
+    out += [rc_build(kind, n, RC[rd], F32, I32, trig=True, fo=fo) for kind, n, rd in sorted(fo_shapes)
+            for fo in (1, 2, 3)]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST; GRAPH_LEAD_CASES with it and LEAD_PDL)
     graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),

@@ -1043,10 +1043,10 @@ FOLD_OUT_CASES = [("gdn", "x16w4c1_m7_lean", "slow", dict(read_dtype="fp8_e4m3",
                   ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128))]
 
 
-@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("level", [1, 2, 3])
 @pytest.mark.parametrize("kind,cfg,decay,shape", FOLD_OUT_CASES, ids=str)
 def test_fold_out_emulated(kind, cfg, decay, shape, level, monkeypatch):
-    """REPLAYSSM_FOLD_OUT=<level> (2: 8 rows folded at a time): every build is a FOLD_OUT build at that level and the
+    """REPLAYSSM_FOLD_OUT=<level> (2: 8 rows folded at a time; 3: the next rows loaded first): every build is a FOLD_OUT build at that level and the
     step matches float64 over 14 steps (window switching, forced flushes, pre-folds, padded rows, staggered cursors,
     stale copies after the window-1 steps)."""
     builds = _spy_builds(monkeypatch)
