@@ -1575,9 +1575,10 @@ def main():
                                         "te_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "fo" in variants and sdt == "float32" and B >= 32:
                     # FOLD_OUT (session 57): the read copies' default shapes without (fo0) and with (fo1; fo2: 8
-                    # rows folded at a time; fo3: the next rows loaded first) the fold making a flushing block's outputs, staggered and aligned (every fold in one step of the
-                    # window, where the all-fold step streamed at ~65% of the copy peak, session 56), and the step
-                    # without folds; the server's arguments, round-robin
+                    # rows folded at a time; fo3: the next rows loaded first) the fold making a flushing block's
+                    # outputs, staggered and aligned (every fold in one step of the window, where the all-fold step
+                    # streamed at ~65% of the copy peak, session 56), and the step without folds; the server's
+                    # arguments, round-robin
                     from replayssm_sglang.kernels import cuda_main as _cm_f
 
                     srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")

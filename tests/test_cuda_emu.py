@@ -1046,9 +1046,9 @@ FOLD_OUT_CASES = [("gdn", "x16w4c1_m7_lean", "slow", dict(read_dtype="fp8_e4m3",
 @pytest.mark.parametrize("level", [1, 2, 3])
 @pytest.mark.parametrize("kind,cfg,decay,shape", FOLD_OUT_CASES, ids=str)
 def test_fold_out_emulated(kind, cfg, decay, shape, level, monkeypatch):
-    """REPLAYSSM_FOLD_OUT=<level> (2: 8 rows folded at a time; 3: the next rows loaded first): every build is a FOLD_OUT build at that level and the
-    step matches float64 over 14 steps (window switching, forced flushes, pre-folds, padded rows, staggered cursors,
-    stale copies after the window-1 steps)."""
+    """REPLAYSSM_FOLD_OUT=<level> (2: 8 rows folded at a time; 3: the next rows loaded first): every build is a
+    FOLD_OUT build at that level and the step matches float64 over 14 steps (window switching, forced flushes,
+    pre-folds, padded rows, staggered cursors, stale copies after the window-1 steps)."""
     builds = _spy_builds(monkeypatch)
     monkeypatch.setenv("REPLAYSSM_FOLD_OUT", str(level))
     hz, calls, _ = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=37, **shape)
@@ -1058,24 +1058,52 @@ def test_fold_out_emulated(kind, cfg, decay, shape, level, monkeypatch):
     assert builds and all(d.get("FOLD_OUT") == level for d in builds)
 
 
-@pytest.mark.parametrize("old,new", [
+@pytest.mark.parametrize("old,new,level", [
     # the token's u_t k~ left out of the stored rows
     ("                        cf[i] = make_float4(cf[i].x + ui * kn.x, cf[i].y + ui * kn.y, cf[i].z + ui * kn.z,\n"
-     "                                            cf[i].w + ui * kn.w);", ""),
+     "                                            cf[i].w + ui * kn.w);", "", 1),
     # the output without the token's u_t <k~, q~>
-    ("from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);", "from_f(out + nh * V_ + wrow + r0 + i, d[2 * i]);"),
+    ("from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);", "from_f(out + nh * V_ + wrow + r0 + i, d[2 * i]);",
+     1),
     # each output written to its neighbour's row
     ("from_f(out + nh * V_ + wrow + r0 + i, d[2 * i] + ui * kq);",
-     "from_f(out + nh * V_ + wrow + r0 + (i ^ 1), d[2 * i] + ui * kq);"),
+     "from_f(out + nh * V_ + wrow + r0 + (i ^ 1), d[2 * i] + ui * kq);", 1),
     # the dots summed over half the warp
     ("for (int m = 16; m >= 1; m >>= 1)\n#pragma unroll\n                        for (int e = 0; e < 2 * FR; ++e)",
-     "for (int m = 8; m >= 1; m >>= 1)\n#pragma unroll\n                        for (int e = 0; e < 2 * FR; ++e)")],
-    ids=["no-token-term", "no-kq", "rows-swapped", "half-warp"])
-def test_fold_out_check_can_fail(old, new, monkeypatch, tmp_path):
+     "for (int m = 8; m >= 1; m >>= 1)\n#pragma unroll\n                        for (int e = 0; e < 2 * FR; ++e)", 1),
+    # level 3: the next rows loaded but not taken (each batch after the first folds the first batch's rows again)
+    ("                    for (int i = 0; i < FR; ++i) cf[i] = cn[i];", "", 3)],
+    ids=["no-token-term", "no-kq", "rows-swapped", "half-warp", "l3-next-rows-dropped"])
+def test_fold_out_check_can_fail(old, new, level, monkeypatch, tmp_path):
     """The FOLD_OUT cases fail on a kernel whose fold-made outputs or stored rows are wrong."""
     _emulate_mutated(monkeypatch, tmp_path, old, new)
-    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", "1")
+    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", str(level))
     kind, cfg, decay, shape = FOLD_OUT_CASES[0]
     hz, _, _ = _emu_harness(kind, cfg, "float32", decay, monkeypatch, pre_impl="cuda", seed=37, **shape)
     with pytest.raises(AssertionError, match="rms ratio|non-finite"):
         hz.run(14)
+
+
+def test_fold_out_defines_where_it_applies(monkeypatch):
+    """FOLD_OUT's -D parameter is set only for the copy-sized shapes with a read copy (not a plain state's shape, not
+    the tensor-core fold, not split records), level 0 sets none, and a level it does not have is refused by the
+    argument and by REPLAYSSM_FOLD_OUT, with the levels named."""
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    cfgs = cuda_main.CUDA_CONFIGS
+    for lv in (1, 2, 3):
+        assert cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, fold_out=lv)["FOLD_OUT"] == lv
+        assert cuda_main.server_defines(cfgs["x16w4c1_m7_gp_lean_mma"], kind="kda", rc_dtype=fp8,
+                                        fold_out=lv)["FOLD_OUT"] == lv
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, fold_out=0)
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8)  # (the default: off)
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m5"], state_dtype=f32, fold_out=1)  # (no copy)
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m8_lean_mma_mf"], rc_dtype=fp8, fold_out=1)
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, rec_split=True,
+                                                      fold_out=1)
+    with pytest.raises(ValueError, match="fold_out must be one of"):
+        cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, fold_out=4)
+    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", "4")
+    with pytest.raises(ValueError, match="REPLAYSSM_FOLD_OUT must be 0, 1, 2 or 3"):
+        cuda_main.env_fold_out()
+    monkeypatch.setenv("REPLAYSSM_FOLD_OUT", "")
+    assert cuda_main.env_fold_out() is None

@@ -2135,9 +2135,8 @@ FOLD_OUT_GPU_CASES = [("gdn", "fp8_e4m3"), ("kda", "fp8_e4m3"), ("gdn", "bf16")]
 @pytest.mark.parametrize("kind,read_dtype", FOLD_OUT_GPU_CASES, ids=str)
 def test_gpu_real_shapes_fold_out(kind, read_dtype, level, monkeypatch):
     """The read copies' default shapes with FOLD_OUT at `level` (2: 8 rows folded at a time; 3: the next 4 rows loaded
-    first), as PDL dependents with
-    the trigger, against float64 over 26 steps, slow decays (forced flushes, pre-folds, window switches among them):
-    every main launch's build FOLD_OUT at that level."""
+    first), as PDL dependents with the trigger, against float64 over 26 steps, slow decays (forced flushes, pre-folds,
+    window switches among them): every main launch's build FOLD_OUT at that level."""
     from replayssm_sglang.kernels import cuda_main
 
     rc = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}[read_dtype]
