@@ -1586,8 +1586,8 @@ def main():
                     for rd, rc in (("fp8_e4m3", torch.float8_e4m3fn), ("bf16", torch.bfloat16)):
                         name = _cm_f.config_name(_cm_f.default_config(DT[sdt], kind, rc,
                                                                       device_name=torch.cuda.get_device_name()))
-                        fc = _cm_f.full_config(_cm_f.CUDA_CONFIGS[name])  # (late_coef 4, rc_lean 8, mma_fold 9,
-                        if not _cm_f.fold_out_defines(1, rc, fc[8], fc[9], False, fc[4], fc[10]):  # self_pre 10)
+                        if "FOLD_OUT" not in _cm_f.server_defines(_cm_f.CUDA_CONFIGS[name], kind=kind, rc_dtype=rc,
+                                                                  fold_out=1):
                             continue  # (a shape FOLD_OUT does not apply to: KDA's bf16 copy)
                         rtag = "rc_fp8" if rd == "fp8_e4m3" else "rc_bf16"  # (target_bounds.read_copy_of's names)
                         base = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
