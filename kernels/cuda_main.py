@@ -574,6 +574,9 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
 # a time with the next 4 rows' loads issued first. To be measured (bench --variants fo): opt-in until then.
 FOLD_OUT_DEFAULT = 0
 FOLD_OUT_LEVELS = (0, 1, 2, 3)
+# bench --variants fox (session 58): GDN's fp8 copy shapes FOLD_OUT is timed in, the default first, then its
+# neighbours: 80 registers (no spills; the default spills 16-36 bytes), the tile's dots on the tensor cores
+FOX_SHAPES = ("x16w4c1_m7_lean", "x16w4c1_m6_lean", "x16w4c1_m7_lean_mma")
 
 
 def env_fold_out() -> int | None:

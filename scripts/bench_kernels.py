@@ -104,6 +104,10 @@ Arms (per layer kind, state dtype and batch size B):
               and with FOLD_OUT (session 57: a flushing block takes its outputs from its fold and reads the
               checkpoint once), staggered and with every row on one cursor (_aligned: the folds all in one step of
               the window), and the step without folds (a diagnostic, wrong results); _rr
+  v3_fox_fo{0,1,2}_<shape>, v3_fox_fo2_lead_<shape> (--variants fox, GDN, fp32 state, B >= 32) FOLD_OUT's levels
+              in GDN's fp8 copy shapes (cuda_main.FOX_SHAPES: the default x16w4c1_m7_lean and its neighbours, 80
+              registers without spills, the tile's dots on the tensor cores) and, in the default shape, level 2 with
+              the step's first launch a programmatic dependent (LEAD_PDL); staggered, the server's arguments, _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1601,6 +1605,28 @@ def main():
                     arms.update(f_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in f_arms.items()}, f"{kind} {sdt} fo", meta,
                                         "fo_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "fox" in variants and kind == "gdn" and sdt == "float32" and B >= 32:
+                    # FOLD_OUT's levels across GDN's fp8 copy shapes (session 58: level 2 put the default shape at
+                    # 2.99x conventional at B = 256, 0.4 us from issue 7's 3x): the neighbours of the default and, in
+                    # the default, level 2 with LEAD_PDL; staggered, the server's arguments, round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_x
+
+                    srv = dict(server_like=True, kda_keys="raw")
+                    x_arms = {}
+                    for name in _cm_x.FOX_SHAPES:
+                        base = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
+                        for on in (0, 1, 2):
+                            x_arms[f"v3_fox_fo{on}_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,
+                                                                       read_dtype="fp8_e4m3",
+                                                                       v3_opts=dict(base, fold_out=on))
+                    name = _cm_x.FOX_SHAPES[0]
+                    x_arms[f"v3_fox_fo2_lead_{name}"] = arm_ours(
+                        c, DT[sdt], impl="v3", **srv, read_dtype="fp8_e4m3",
+                        v3_opts=dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name),
+                                     fold_out=2, pdl=True, lead_pdl=True))
+                    arms.update(x_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fox", meta,
+                                        "fox_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments
