@@ -1132,7 +1132,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     tile_early (None: REPLAYSSM_TILE_EARLY, cuda_main.env_tile_early; session 54): under PDL the CUDA main launch loads
     its tile with plain loads, which ptxas keeps above the PDL wait, so that a block that starts while the pre launch
     runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes).
-    fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.FOLD_OUT_DEFAULT; session 57): a block
+    fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.FOLD_OUT_DEFAULT[kind]; session 57): a block
     of the copy-sized CUDA shapes whose rows flush from the checkpoint takes its outputs from its fold, reading the
     checkpoint once (gdn_main.cu's FOLD_OUT)."""
     has_rc = ring.rc is not None

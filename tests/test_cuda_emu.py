@@ -1095,7 +1095,10 @@ def test_fold_out_defines_where_it_applies(monkeypatch):
         assert cuda_main.server_defines(cfgs["x16w4c1_m7_gp_lean_mma"], kind="kda", rc_dtype=fp8,
                                         fold_out=lv)["FOLD_OUT"] == lv
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, fold_out=0)
-    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8)  # (the default: off)
+    # the defaults (session 58): GDN's copies level 2 (fp8 and bf16), KDA's off
+    assert cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8)["FOLD_OUT"] == 2
+    assert cuda_main.server_defines(cfgs["x16w4c1_m6_lean"], rc_dtype=torch.bfloat16)["FOLD_OUT"] == 2
+    assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_gp_lean_mma"], kind="kda", rc_dtype=fp8)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m5"], state_dtype=f32, fold_out=1)  # (no copy)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m8_lean_mma_mf"], rc_dtype=fp8, fold_out=1)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, rec_split=True,
