@@ -81,8 +81,9 @@ def is_diagnostic(arm: str) -> bool:
     return bool(DIAG_TOKENS & set(arm.split("_")))
 
 
-# arms of session 48's first runs (kernels-20261206-1004) that timed the fp8 copy without "_fp8" in their names
-_FP8_COPY_PREFIXES = ("v3_rcd_", "v3_rcsp2_")
+# arms that timed the fp8 copy without "_fp8" in their names: session 48's first runs (kernels-20261206-1004) and
+# session 58's --variants fox (kernels-20261207-1557)
+_FP8_COPY_PREFIXES = ("v3_rcd_", "v3_rcsp2_", "v3_fox_")
 
 
 def read_copy_of(arm: str) -> str | None:

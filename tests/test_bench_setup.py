@@ -320,8 +320,8 @@ def test_read_copy_arms_and_rebytes(tmp_path):
     leaves the others and the times alone, and notes it in the meta."""
     import json
 
-    assert [bk.read_copy_of(a) for a in ("v3_rc_bf16", "v3_rc_fp8_sl", "v3_tg1_fp8_pdl_x", "v3_rcd_x", "v3_tg1_x",
-                                         "conv")] == ["bf16", "fp8", "fp8", "fp8", None, None]
+    assert [bk.read_copy_of(a) for a in ("v3_rc_bf16", "v3_rc_fp8_sl", "v3_tg1_fp8_pdl_x", "v3_rcd_x", "v3_fox_fo2_x",
+                                         "v3_tg1_x", "conv")] == ["bf16", "fp8", "fp8", "fp8", "fp8", None, None]
     fp8 = bk.bytes_model("gdn", 256, "float32", "v3_tg1_fp8_x", rec_es=4)
     plain = bk.bytes_model("gdn", 256, "float32", "v3_tg1_fp8_x", rec_es=4, copy=None)
     assert fp8 == bk.bytes_model("gdn", 256, "float32", "v3_rc_fp8", rec_es=4) and fp8 < 0.6 * plain
