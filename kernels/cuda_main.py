@@ -89,6 +89,9 @@ CUDA_CONFIGS = {"r16w4": (16, 4, 0, 0),
                 "x16w4c1_m5_lean": (16, 4, 1, 5, 0, 0, 1, 1, 1), "x16w4c1_m6_lean": (16, 4, 1, 6, 0, 0, 1, 1, 1),
                 "x16w4c1_m7_lean": (16, 4, 1, 7, 0, 0, 1, 1, 1), "x16w4c1_m8_lean": (16, 4, 1, 8, 0, 0, 1, 1, 1),
                 "x16w4c1_m5_gp_lean": (16, 4, 1, 5, 0, 1, 1, 1, 1), "x16w4c1_m6_gp_lean": (16, 4, 1, 6, 0, 1, 1, 1, 1),
+                # two warps per block (session 58): a block of half the V-rows, so a flushing block's tail at the
+                # step's end is half as long; the same registers per thread as the four-warp m7 / m6 shapes
+                "x16w2c1_m14_lean": (16, 2, 1, 14, 0, 0, 1, 1, 1), "x16w2c1_m12_lean": (16, 2, 1, 12, 0, 0, 1, 1, 1),
                 # rc_lean 2 (session 41, gdn_main.cu's RC_MMA; GDN's copies, the CUDA pre launch): as rc_lean 1, and
                 # a copy block takes its tile's dots on the tensor cores (e4m3 -> f16 codes, or bf16 values since
                 # session 42, times the pre launch's split operand of q / |q| and k / |k|) and skips the q, k staging
@@ -578,8 +581,9 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
 FOLD_OUT_DEFAULT = {"gdn": 2, "kda": 0}
 FOLD_OUT_LEVELS = (0, 1, 2, 3)
 # bench --variants fox (session 58): GDN's fp8 copy shapes FOLD_OUT is timed in, the default first, then its
-# neighbours: 80 registers (no spills; the default spills 16-36 bytes), the tile's dots on the tensor cores
-FOX_SHAPES = ("x16w4c1_m7_lean", "x16w4c1_m6_lean", "x16w4c1_m7_lean_mma")
+# neighbours: 80 registers (no spills; the default spills 16-36 bytes), the tile's dots on the tensor cores, and two
+# warps per block at the same registers (half the V-rows per block)
+FOX_SHAPES = ("x16w4c1_m7_lean", "x16w4c1_m6_lean", "x16w4c1_m7_lean_mma", "x16w2c1_m14_lean", "x16w2c1_m12_lean")
 
 
 def env_fold_out() -> int | None:

@@ -1040,7 +1040,8 @@ def test_vec_u_refuses_a_misaligned_ring():
 # again to fold. The shapes it applies to: both kinds' fp8 copy defaults and GDN's bf16 copy default
 FOLD_OUT_CASES = [("gdn", "x16w4c1_m7_lean", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
                   ("gdn", "x16w4c1_m6_lean", "fast", dict(read_dtype="bf16", H=2, HV=4, V=128)),
-                  ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128))]
+                  ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128)),
+                  ("gdn", "x16w2c1_m14_lean", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128))]
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
