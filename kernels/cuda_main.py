@@ -574,11 +574,24 @@ def tile_early_defines(tile_early, xl, pdl) -> dict:
 # FOLD_OUT (session 57): in the copy-sized registers (RC_LEAN) a block whose rows flush from the checkpoint read it
 # twice, word by word for the tile's dots (NACC serial round trips) and again for the fold; with FOLD_OUT it folds
 # first and takes its outputs from the folded rows (gdn_main.cu); level 2 folds 8 rows at a time, not 4; level 3 4 at
-# a time with the next 4 rows' loads issued first. The default per kind (session 58, bench --variants fo on two
-# H100s, runs kernels-20261207-1551 / -1553 / -1557): GDN level 2, faster than level 0 in every round at B = 128, 256
-# and 512 for both copies (fp8 at B = 256: 122.0 against 126.1 us); KDA off, where every level was slower (fp8 at
-# B = 256: 141.6-149.2 against 140.2-141.2 us).
+# a time with the next 4 rows' loads issued first. The default per kind (session 58, bench --variants fo / fox on two
+# H100s, runs kernels-20261207-1551 / -1553 / -1557 / -1618): GDN level 2, faster than level 0 in every round at
+# B = 128, 256 and 512 for both copies (fp8 at B = 256: 122.0 against 126.1 us) and in the two-warp and 80-register
+# neighbours; KDA off, where every level was slower (fp8 at B = 256: 141.6-149.2 against 140.2-141.2 us). Only in the
+# shapes fold_out_default names (the CUDA-core copy shapes at 72 registers or more, GDN's copy defaults among them).
+# Not in the tensor-core copy shapes (rc_lean 2, no default of GDN's): there level 2 spills 16 / 28 bytes where level
+# 0 spills none (ptxas sm_90) and gained 0-1.3 us in GDN's x16w4c1_m7_lean_mma (faster in 3 of 6 rounds in run 1557,
+# 6 of 6 in run 1618). Not at 64 registers, where it spills 96 / 356 bytes (untimed).
 FOLD_OUT_DEFAULT = {"gdn": 2, "kda": 0}
+FOLD_OUT_MIN_REGISTERS = 72
+
+
+def fold_out_default(kind: str, rc_lean: int, registers: int) -> int:
+    """FOLD_OUT's level where none is asked: FOLD_OUT_DEFAULT[kind] in the copy-sized CUDA-core shapes (rc_lean 1)
+    whose register cap (registers per thread) is at least FOLD_OUT_MIN_REGISTERS, 0 elsewhere."""
+    return FOLD_OUT_DEFAULT[kind] if rc_lean == 1 and registers >= FOLD_OUT_MIN_REGISTERS else 0
+
+
 FOLD_OUT_LEVELS = (0, 1, 2, 3)
 # bench --variants fox (session 58): GDN's fp8 copy shapes FOLD_OUT is timed in, the default first, then its
 # neighbours: 80 registers (no spills; the default spills 16-36 bytes), the tile's dots on the tensor cores, and two
@@ -589,17 +602,18 @@ FOX_SHAPES = ("x16w4c1_m7_lean", "x16w4c1_m6_lean", "x16w4c1_m7_lean_mma", "x16w
 def env_fold_out() -> int | None:
     """REPLAYSSM_FOLD_OUT: "1" a flushing block of the copy-sized CUDA shapes takes its outputs from its fold
     (gdn_main.cu's FOLD_OUT), "2" the same folding 8 rows at a time, "3" 4 at a time with the next 4 loaded first,
-    "0" from the tile's dots; unset or empty: None (FOLD_OUT_DEFAULT, the kind's level)."""
+    "0" from the tile's dots; unset or empty: None (fold_out_default: by the kind and shape)."""
     return env_level("REPLAYSSM_FOLD_OUT", FOLD_OUT_LEVELS)
 
 
-def fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre) -> dict:
-    """FOLD_OUT's -D parameter (fold_out None: FOLD_OUT_DEFAULT[kind]) where gdn_main.cu takes it: a read copy in the
-    copy-sized registers (RC_LEAN), the CUDA-core fold, whole records, the coefficients before the dots (only where
-    set, so that the other builds keep their cubin keys)."""
-    on = int(FOLD_OUT_DEFAULT[kind] if fold_out is None else fold_out)
+def fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre,
+                     registers=FOLD_OUT_MIN_REGISTERS) -> dict:
+    """FOLD_OUT's -D parameter (fold_out None: fold_out_default, by the kind, rc_lean and the shape's register cap)
+    where gdn_main.cu takes it: a read copy in the copy-sized registers (RC_LEAN), the CUDA-core fold, whole records,
+    the coefficients before the dots (only where set, so that the other builds keep their cubin keys)."""
+    on = int(fold_out_default(kind, rc_lean, registers) if fold_out is None else fold_out)
     if on not in FOLD_OUT_LEVELS:
-        raise ValueError(f"fold_out must be one of {FOLD_OUT_LEVELS} (or None for FOLD_OUT_DEFAULT), got {fold_out!r}")
+        raise ValueError(f"fold_out must be one of {FOLD_OUT_LEVELS} (or None for its default), got {fold_out!r}")
     applies = rc_dtype is not None and rc_lean and not (mma_fold or rec_split or late_coef or self_pre)
     return {"FOLD_OUT": on} if on and applies else {}
 
@@ -709,8 +723,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     since session 54; vec_u_defines says where).
     tile_early: under PDL the XL tile's words are plain loads, which the PDL wait cannot pass (TILE_EARLY, session 54;
     None: TILE_EARLY_DEFAULT; tile_early_defines says where). fold_out: a flushing block of the copy-sized shapes takes
-    its outputs from its fold (FOLD_OUT, session 57; None: FOLD_OUT_DEFAULT, GDN's level 2 since session 58;
-    fold_out_defines says where)."""
+    its outputs from its fold (FOLD_OUT, session 57; None: fold_out_default, GDN's level 2 in its CUDA-core copy
+    shapes since session 58; fold_out_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -728,7 +742,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= {"REC_SPLIT": 1} if rec_split else {}
     rc |= vec_u_defines(vec_u, xl, rpw, u_dtype, kind, rec_split)
     rc |= tile_early_defines(tile_early, xl, bool(pdl) and not self_pre)
-    rc |= fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre)
+    rc |= fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre,
+                           registers=65536 // (32 * nwarps * max(1, int(min_blocks))))
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -1240,7 +1255,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
     vec_u_default) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says;
-    fold_out (None: FOLD_OUT_DEFAULT[kind]) where fold_out_defines says."""
+    fold_out (None: fold_out_default) where fold_out_defines says."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, mma_fold, sp = full_config(
         config or launch_default_config(state, ring, kind))
     return defines(H=H, HV=HV, V=V, cap=cap, BC=BC, rpw=rpw, nwarps=nwarps, load_reg=load_reg, min_blocks=min_blocks,

@@ -1132,7 +1132,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     tile_early (None: REPLAYSSM_TILE_EARLY, cuda_main.env_tile_early; session 54): under PDL the CUDA main launch loads
     its tile with plain loads, which ptxas keeps above the PDL wait, so that a block that starts while the pre launch
     runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes).
-    fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.FOLD_OUT_DEFAULT[kind]; session 57): a block
+    fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.fold_out_default; session 57): a block
     of the copy-sized CUDA shapes whose rows flush from the checkpoint takes its outputs from its fold, reading the
     checkpoint once (gdn_main.cu's FOLD_OUT)."""
     has_rc = ring.rc is not None
@@ -1254,7 +1254,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     pf = cuda_main.env_pre_pf() if pre_pf is None else int(pre_pf)
     vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)  # (None: cuda_main.vec_u_default for the build)
     te = cuda_main.env_tile_early() if tile_early is None else int(tile_early)
-    fo = cuda_main.env_fold_out() if fold_out is None else int(fold_out)  # (None: cuda_main.FOLD_OUT_DEFAULT)
+    fo = cuda_main.env_fold_out() if fold_out is None else int(fold_out)  # (None: cuda_main.fold_out_default)
 
     def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
         return cuda_main.launch_defines(

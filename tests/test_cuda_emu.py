@@ -1102,9 +1102,13 @@ def test_fold_out_defines_where_it_applies(monkeypatch):
         assert cuda_main.server_defines(cfgs["x16w4c1_m7_gp_lean_mma"], kind="kda", rc_dtype=fp8,
                                         fold_out=lv)["FOLD_OUT"] == lv
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, fold_out=0)
-    # the defaults (session 58): GDN's copies level 2 (fp8 and bf16), KDA's off
-    assert cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8)["FOLD_OUT"] == 2
-    assert cuda_main.server_defines(cfgs["x16w4c1_m6_lean"], rc_dtype=torch.bfloat16)["FOLD_OUT"] == 2
+    # the defaults (session 58): level 2 in GDN's CUDA-core copy shapes at 72 registers or more (its fp8 and bf16
+    # copies' defaults, the two-warp shapes), not in its tensor-core copy shapes nor at 64 registers; KDA's off
+    for name, rc in (("x16w4c1_m7_lean", fp8), ("x16w4c1_m6_lean", torch.bfloat16), ("x16w2c1_m14_lean", fp8)):
+        assert cuda_main.server_defines(cfgs[name], rc_dtype=rc)["FOLD_OUT"] == 2, name
+    for name in ("x16w4c1_m7_lean_mma", "x16w4c1_m8_lean"):
+        assert "FOLD_OUT" not in cuda_main.server_defines(cfgs[name], rc_dtype=fp8), name
+    assert cuda_main.server_defines(cfgs["x16w4c1_m8_lean"], rc_dtype=fp8, fold_out=2)["FOLD_OUT"] == 2  # (asked)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m7_gp_lean_mma"], kind="kda", rc_dtype=fp8)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m5"], state_dtype=f32, fold_out=1)  # (no copy)
     assert "FOLD_OUT" not in cuda_main.server_defines(cfgs["x16w4c1_m8_lean_mma_mf"], rc_dtype=fp8, fold_out=1)

@@ -202,7 +202,7 @@ def test_read_copy_lean_builds_compile(name, rc_dtype):
     nothing up to 8 blocks per SM with an fp8 copy, at most 64 bytes with a bf16 one."""
     kind = "kda" if name in cuda_main.KDA_ONLY else "gdn"
     res = cuda_main.resources(_server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=rc_dtype))
-    cap = 65536 // (128 * cuda_main.CUDA_CONFIGS[name][3])
+    cap = 65536 // (32 * cuda_main.CUDA_CONFIGS[name][1] * cuda_main.CUDA_CONFIGS[name][3])  # (warps x blocks per SM)
     assert res["registers"] is not None and res["registers"] <= min(cap, 128), res
     mma = cuda_main.tensor_core_shape(cuda_main.CUDA_CONFIGS[name])
     # (a bf16 copy's tensor-core shapes below 80 registers spill a little: its 8 tile words per lane; ptxas sm_90,
