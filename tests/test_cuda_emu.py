@@ -1043,7 +1043,8 @@ def test_vec_u_refuses_a_misaligned_ring():
 
 # FOLD_OUT (session 57): in the copy-sized registers (RC_LEAN) a block whose rows flush from the checkpoint folds
 # first and takes its outputs from the folded rows, instead of dotting the checkpoint word by word and reading it
-# again to fold. The shapes it applies to: both kinds' fp8 copy defaults and GDN's bf16 copy default
+# again to fold. The shapes it applies to: both kinds' fp8 copy defaults and GDN's bf16 copy default; and a two-warp
+# copy shape (session 58's bench --variants fox), whose warps' rows sit at other offsets in the block
 FOLD_OUT_CASES = [("gdn", "x16w4c1_m7_lean", "slow", dict(read_dtype="fp8_e4m3", H=2, HV=4, V=128)),
                   ("gdn", "x16w4c1_m6_lean", "fast", dict(read_dtype="bf16", H=2, HV=4, V=128)),
                   ("kda", "x16w4c1_m7_gp_lean_mma", "slow", dict(read_dtype="fp8_e4m3", V=128)),
