@@ -599,6 +599,12 @@ FOLD_OUT_LEVELS = (0, 1, 2, 3)
 FOX_SHAPES = ("x16w4c1_m7_lean", "x16w4c1_m6_lean", "x16w4c1_m7_lean_mma", "x16w2c1_m14_lean", "x16w2c1_m12_lean")
 
 
+def fox_levels(name: str) -> tuple:
+    """The FOLD_OUT levels bench --variants fox times FOX_SHAPES' shape `name` at (and cuda_prebuild builds): the
+    default shape at 0-2, its neighbours at 0 and 2."""
+    return (0, 1, 2) if name == FOX_SHAPES[0] else (0, 2)
+
+
 def env_fold_out() -> int | None:
     """REPLAYSSM_FOLD_OUT: "1" a flushing block of the copy-sized CUDA shapes takes its outputs from its fold
     (gdn_main.cu's FOLD_OUT), "2" the same folding 8 rows at a time, "3" 4 at a time with the next 4 loaded first,

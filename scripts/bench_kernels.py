@@ -1616,7 +1616,7 @@ def main():
                     x_arms = {}
                     for name in _cm_x.FOX_SHAPES:
                         base = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
-                        for on in (0, 2) if name != _cm_x.FOX_SHAPES[0] else (0, 1, 2):
+                        for on in _cm_x.fox_levels(name):
                             x_arms[f"v3_fox_fo{on}_{name}"] = arm_ours(c, DT[sdt], impl="v3", **srv,
                                                                        read_dtype="fp8_e4m3",
                                                                        v3_opts=dict(base, fold_out=on))

@@ -266,10 +266,10 @@ def combos():
             for trig in (False, True) for fo, diag in ((0, 0), (1, 0), (2, 0), (3, 0), (0, 2))]
     out += [rc_build(kind, n, RC[rd], F32, I32, trig=True, fo=fo) for kind, n, rd in sorted(fo_shapes)
             for fo in (1, 2, 3)]
-    # bench --variants fox (session 58): GDN's fp8 copy shapes (cuda_main.FOX_SHAPES) at FOLD_OUT 0-2, with and
-    # without the trigger; the default shape at level 2 with LEAD_PDL
+    # bench --variants fox (session 58): GDN's fp8 copy shapes (cuda_main.FOX_SHAPES) at their levels
+    # (cuda_main.fox_levels), with and without the trigger; the default shape at level 2 with LEAD_PDL
     out += [rc_build("gdn", n, RC["fp8_e4m3"], BF16, I64, trig=trig, fo=fo) for n in cm.FOX_SHAPES
-            for trig in (False, True) for fo in (0, 1, 2)]
+            for trig in (False, True) for fo in cm.fox_levels(n)]
     out.append(rc_build("gdn", cm.FOX_SHAPES[0], RC["fp8_e4m3"], BF16, I64, trig=True, lead=True, fo=2))
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST; GRAPH_LEAD_CASES with it and LEAD_PDL)
