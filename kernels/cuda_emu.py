@@ -34,16 +34,18 @@ _MAIN_PARAMS = ("const X_T*", "const A_T*", "const B_T*", "const ALOG_T*", "cons
                 "const RIDX_T*", "const float*", "const float*", "const int*", "const float*", "float", "float", "int",
                 "long long", "long long", "long long", "long long", "RC_T*", "float*", "const int*",
                 "const unsigned int*",  # (rc_lean 2's operand, qk_frag)
-                "unsigned short*", "SP_CONST unsigned short*")  # (REC_SPLIT's low planes: ring_u_lo, ring_k_lo)
+                "unsigned short*", "SP_CONST unsigned short*",  # (REC_SPLIT's low planes: ring_u_lo, ring_k_lo)
+                "const int*")  # (FLUSH_FIRST's row order)
 
 # the pre launches' parameters (replay_gdn_pre; replay_kda_pre has gts, ovf and min_g besides)
 _PRE_HEAD = ("const X_T*", "const A_T*", "const ALOG_T*", "const DTB_T*", "KR_T*", "float*", "const int*", "const int*",
              "const SLOT_T*", "const FORCED_T*", "const RIDX_T*", "float*", "float*")
 _PRE_PARAMS = {0: _PRE_HEAD + ("float", "float", "int", "long long", "long long", "const int*",
-                                "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*"),
+                                "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*", "int*", "int"),
                1: _PRE_HEAD + ("float*", "int*", "float", "float", "float", "int", "long long", "long long", "const int*",
-                               "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*")}
-# (the tail: rc_lean 2's operand, qk_frag; PRE_PF's tiles, state and rc; REC_SPLIT's low plane of the keys, ring_k_lo)
+                               "unsigned int*", "const ST_T*", "const RC_T*", "unsigned short*", "int*", "int")}
+# (the tail: rc_lean 2's operand, qk_frag; PRE_PF's tiles, state and rc; REC_SPLIT's low plane of the keys, ring_k_lo;
+# FLUSH_FIRST's row order and the batch's rows)
 
 _RUNNER = r"""
 #include "cuda_emu.h"

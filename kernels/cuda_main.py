@@ -624,6 +624,27 @@ def fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, lat
     return {"FOLD_OUT": on} if on and applies else {}
 
 
+FF_FROM_DEFAULT = 16  # FLUSH_FIRST's rows that keep their place (gdn_main.cu's FF_FROM)
+
+
+def env_flush_first() -> bool:
+    """REPLAYSSM_FLUSH_FIRST: "1" the CUDA main launch takes the rows that fold this step first, in the order its CUDA
+    pre launch writes (gdn_main.cu's FLUSH_FIRST, session 59), "0" or unset in batch order."""
+    return bool(env_level("REPLAYSSM_FLUSH_FIRST", (0, 1), 0))
+
+
+def flush_first_defines(flush_first, ff_from, xl, self_pre) -> dict:
+    """FLUSH_FIRST's -D parameters (ff_from None: FF_FROM_DEFAULT) where gdn_main.cu takes it: the XL layout with a
+    pre launch (not under SELF_PRE); only where set, so that the other builds keep their cubin keys. The launch that
+    runs such a build must run the CUDA pre launch of the same build (decode_v3.launch sees to it)."""
+    if not flush_first or not xl or self_pre:
+        return {}
+    ff = FF_FROM_DEFAULT if ff_from is None else int(ff_from)
+    if ff < 0:
+        raise ValueError(f"ff_from (the rows that keep their place) must be >= 0, got {ff_from!r}")
+    return {"FLUSH_FIRST": 1, "FF_FROM": ff}
+
+
 def env_pre_early() -> int:
     """REPLAYSSM_PRE_EARLY: "1" the CUDA pre launches issue their loads early (gdn_main.cu's PRE_EARLY), "2" and with
     fp32 key records the first PRE_EARLY_F32_RECORDS of them too, "0" neither; unset or empty: PRE_EARLY_DEFAULT."""
@@ -706,7 +727,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
             has_forced, has_ring_idx, pdl, x_dtype, a_dtype, b_dtype, alog_dtype, dtb_dtype, out_dtype, u_dtype,
             k_dtype, slot_dtype, forced_dtype, ridx_dtype, state_dtype=torch.float32, kind="gdn",
             lower_bound=False, rc_dtype=None, self_pre=False, trigger_post=False, lead_pdl=False,
-            pre_early=None, pre_pf=0, rec_split=False, vec_u=None, tile_early=None, fold_out=None) -> dict:
+            pre_early=None, pre_pf=0, rec_split=False, vec_u=None, tile_early=None, fold_out=None,
+            flush_first=False, ff_from=None) -> dict:
     """The compile-time parameters of one build of gdn_main.cu (its -D macros). kind "kda": KDA with predecayed key
     records; lower_bound: KDA's safe gate (its value is a launch argument); rc_dtype: the read copy's element type
     (issue 7: bf16, or fp8 e4m3 codes with per-V-row scales; the XL layout only), None without one (the builds
@@ -730,7 +752,9 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     tile_early: under PDL the XL tile's words are plain loads, which the PDL wait cannot pass (TILE_EARLY, session 54;
     None: TILE_EARLY_DEFAULT; tile_early_defines says where). fold_out: a flushing block of the copy-sized shapes takes
     its outputs from its fold (FOLD_OUT, session 57; None: fold_out_default, GDN's level 2 in its CUDA-core copy
-    shapes since session 58; fold_out_defines says where)."""
+    shapes since session 58; fold_out_defines says where). flush_first: the main launch takes the rows that fold
+    this step first, past the first ff_from (None: FF_FROM_DEFAULT), in the order its CUDA pre launch writes
+    (FLUSH_FIRST, session 59; flush_first_defines says where)."""
     rc = {} if rc_dtype is None else {"HAS_RC": 1, "RC_FP8": int(rc_dtype == torch.float8_e4m3fn),
                                       "RC_T": "unsigned char" if rc_dtype == torch.float8_e4m3fn else ctype(rc_dtype)}
     rc |= {"SELF_PRE": int(self_pre)} if self_pre else {}
@@ -750,6 +774,7 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
     rc |= tile_early_defines(tile_early, xl, bool(pdl) and not self_pre)
     rc |= fold_out_defines(fold_out, kind, rc_dtype, rc_lean, mma_fold, rec_split, late_coef, self_pre,
                            registers=65536 // (32 * nwarps * max(1, int(min_blocks))))
+    rc |= flush_first_defines(flush_first, ff_from, xl, self_pre)
     return rc | {"H_": H, "HV_": HV, "V_": V, "CAP_": cap, "BC_": BC, "RPW": rpw, "NWARPS": nwarps,
             "IS_KDA": int(kind == "kda"), "USE_LOWER_BOUND": int(bool(lower_bound)), "GT_PRE": int(gt_pre),
             "LOAD_REG": int(load_reg), "MINB": max(1, int(min_blocks)), "LATE_COEF": int(late_coef),
@@ -763,7 +788,8 @@ def defines(*, H, HV, V, cap, BC, rpw, nwarps, load_reg=0, min_blocks=0, late_co
 
 
 def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32, kind: str = "gdn",
-                   rc_dtype=None, rec_split=False, vec_u=None, tile_early=None, fold_out=None) -> dict:
+                   rc_dtype=None, rec_split=False, vec_u=None, tile_early=None, fold_out=None,
+                   flush_first=False) -> dict:
     """The build the server's launch of a block shape compiles, at the real head sizes (GDN: Qwen3-Next's H 16, HV 32;
     KDA: Kimi-Linear's 32, 32; K = V = 128, L = 16): bf16 inputs and output, int32 slots and flags, int64 ring rows,
     PDL; rec_dtype the records' type (rec_split: fp32 records split in two planes, REC_SPLIT; rec_dtype is then
@@ -780,7 +806,7 @@ def server_defines(config, *, rec_dtype=torch.float32, state_dtype=torch.float32
                    dtb_dtype=f32, out_dtype=bf16, u_dtype=rec_dtype, k_dtype=rec_dtype, slot_dtype=torch.int32,
                    forced_dtype=torch.int32, ridx_dtype=torch.int64, state_dtype=state_dtype, kind=kind,
                    rc_dtype=rc_dtype, self_pre=sp, rec_split=rec_split, vec_u=vec_u, tile_early=tile_early,
-                   fold_out=fold_out)
+                   fold_out=fold_out, flush_first=flush_first)
 
 
 def smem_bytes(defs: dict) -> int:
@@ -885,9 +911,9 @@ def find_nvdisasm() -> str | None:
 
 
 # the main launch's parameters that the pre launch writes (coef, scal, ovf, gts: parameters 15-18, at 0x210 + 8 i in
-# the constant bank; qk_frag, the last, at 0x2f0; a change of the kernel's parameter list moves them, and
+# the constant bank; qk_frag at 0x2f0; FLUSH_FIRST's order, the last, at 0x308; a change of the kernel's parameter list moves them, and
 # test_pdl_hazards_finds_the_session_35_bug then fails), and SASS operands: registers (R, UR; a ".64" operand is a pair)
-_PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0|2f0)\]")
+_PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0|2f0|308)\]")
 _REG = re.compile(r"\b(U?R)(\d+)(\.64)?\b")
 
 
@@ -1257,7 +1283,7 @@ def _obtainable() -> bool:
 def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, H, HV,
                    V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None,
                    self_pre=False, trigger_post=False, lead_pdl=False, pre_early=None, pre_pf=0,
-                   vec_u=None, tile_early=None, fold_out=None) -> dict:
+                   vec_u=None, tile_early=None, fold_out=None, flush_first=False, ff_from=None) -> dict:
     """The compile-time parameters (defines) of the build a launch with these arguments runs (launch's arguments).
     pre_early (None: PRE_EARLY_DEFAULT) applies where the build has a pre launch (not under SELF_PRE); vec_u (None:
     vec_u_default) where vec_u_defines says; tile_early (None: TILE_EARLY_DEFAULT) where tile_early_defines says;
@@ -1275,7 +1301,7 @@ def launch_defines(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_row
                    kind=kind, lower_bound=lower_bound is not None,
                    rc_dtype=rc_dtype_of(ring), self_pre=self_pre or sp, trigger_post=trigger_post, lead_pdl=lead_pdl,
                    pre_early=pre_early, pre_pf=pre_pf, rec_split=ring.split_records, vec_u=vec_u,
-                   tile_early=tile_early, fold_out=fold_out)
+                   tile_early=tile_early, fold_out=fold_out, flush_first=flush_first, ff_from=ff_from)
 
 
 _FAILED: dict = {}  # defines key -> why its kernel could not be built or loaded (warned once)
@@ -1364,14 +1390,16 @@ def check_frag(frag, B: int, H: int) -> None:
 
 
 def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-               lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None) -> None:
+               lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None, order=None) -> None:
     """One pre launch on the current stream, from the build ``defs`` (launch_defines of the main launch it feeds: the
     same module), writing what decode_v3's Triton pre launch writes: coef, scal, the token's record; for KDA also G_t
     per column into gts where given (the main launch's gt_pre shapes) and the overflow flags (ring.ovf, below min_g).
     Grid (key heads, B): the build's H for GDN, HV for KDA (one key head per value head). A build with rc_lean 2
     (RC_MMA, ST_MMA) also writes the main launch's tensor-core operand into frag (frag_scratch(B, key heads)).
     lead: launched as a programmatic dependent of the stream's previous kernel (a LEAD_PDL build waits for it).
-    state: the checkpoint pool, whose first rows' tiles (or their read copy's) a PRE_PF build prefetches into L2."""
+    state: the checkpoint pool, whose first rows' tiles (or their read copy's) a PRE_PF build prefetches into L2.
+    order: where a FLUSH_FIRST build writes the main launch's row order (check_order); its grid then has one more row
+    of blocks, the first, whose first block writes it."""
     if lead and not defs.get("LEAD_PDL"):
         raise ValueError("a pre launch made a programmatic dependent must wait first: a LEAD_PDL build")
     if ring.k.stride(-1) != 1 or not coef.is_contiguous() or not scal.is_contiguous():
@@ -1401,19 +1429,36 @@ def pre_launch(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, f
              ptr(ring.rc_valid if ring.rc is not None else None),
              ptr(frag if mma else None),  # (rc_lean 2's operand, null in the other builds)
              ptr(state), ptr(ring.rc if ring.rc is not None else None),  # (PRE_PF's tiles)
-             ptr(ring.k_lo)]  # (REC_SPLIT's low plane of the keys)
+             ptr(ring.k_lo),  # (REC_SPLIT's low plane of the keys)
+             ptr(order), ctypes.c_int(int(B))]  # (FLUSH_FIRST's row order and the batch's rows)
+    check_order(defs, order, B)
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     heads = defs["HV_"] if defs["IS_KDA"] else defs["H_"]
+    ff = int(bool(defs.get("FLUSH_FIRST")))  # (the grid's first row orders the main launch's rows)
     if emulated(mixed_qkv.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)
 
-        cuda_emu.run_pre(defs, (heads, B), params)
+        cuda_emu.run_pre(defs, (heads, B + ff), params)
         return
     f = function(defs, mixed_qkv.device, name)
     attrs, n_attrs = _pdl_attrs(lead)
-    cfg = _LaunchConfig(heads, B, 1, 32, 1, 1, 0,
+    cfg = _LaunchConfig(heads, B + ff, 1, 32, 1, 1, 0,
                         ctypes.c_void_p(torch.cuda.current_stream(mixed_qkv.device).cuda_stream), attrs, n_attrs)
     _check(_cuda().cuLaunchKernelEx(ctypes.byref(cfg), f, params, None), f"cuLaunchKernelEx({name})")
+
+
+def order_scratch(B: int, device) -> torch.Tensor:
+    """FLUSH_FIRST's row order: the pre launch writes it, the main launch reads it (int32, one per batch row)."""
+    return torch.empty(max(1, B), dtype=torch.int32, device=device)
+
+
+def check_order(defs: dict, order, B: int) -> None:
+    """A FLUSH_FIRST build's launches take the row order (order_scratch of the batch); the others take none."""
+    if not defs.get("FLUSH_FIRST"):
+        return
+    if order is None or order.dtype != torch.int32 or not order.is_contiguous() or order.numel() < B:
+        raise ValueError("a FLUSH_FIRST build's pre and main launches share the row order: an int32 tensor of at "
+                         "least B elements (cuda_main.order_scratch)")
 
 
 def check_split(defs: dict, ring) -> None:
@@ -1465,7 +1510,7 @@ def check_vec_u(defs: dict, ring, coef=None) -> None:
 
 def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_idx, forced, ring_idx, coef, scal,
            scale, L, H, HV, V, cap, BC, pdl, config=None, diag_stream=False, kind="gdn", lower_bound=None, gts=None,
-           defs=None, frag=None):
+           defs=None, frag=None, order=None):
     """One main launch on the current stream (arguments as decode_v3.launch passes its Triton main launch; kind "kda"
     reads the ring's overflow flags, ring.ovf, which its pre launch raised, and with gt_pre the pre launch's G_t per
     column, gts [B, HV, K]).
@@ -1473,7 +1518,8 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
     self_pre]]]]]]])
     (CONFIG_FIELDS; None: launch_default_config(state, ring, kind)); diag_stream: the benchmark's diagnostic; defs:
     launch_defines of these arguments where the caller has them already (decode_v3.launch makes them once per step);
-    frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA, ST_MMA), the last parameter."""
+    frag: the pre launch's tensor-core operand (frag_scratch) for rc_lean 2 (RC_MMA, ST_MMA); order: the row order
+    the CUDA pre launch of a FLUSH_FIRST build wrote this step (order_scratch), the last parameter."""
     rpw, nwarps, load_reg, min_blocks, late_coef, gt_pre, xl, nch, rc_lean, *_ = full_config(
         config or launch_default_config(state, ring, kind))
     if gt_pre and (gts is None or gts.dtype != torch.float32 or not gts.is_contiguous()):
@@ -1492,6 +1538,7 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
         raise ValueError("the CUDA main launch for KDA reads the ring's int32 overflow flags (predecayed keys)")
     check_split(defs, ring)
     check_vec_u(defs, ring, coef)
+    check_order(defs, order, B)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
     args = [ptr(mixed_qkv), ptr(a2), ptr(b2), ptr(A_log), ptr(dt_bias), ptr(out), ptr(state), ptr(ring.u),
             ptr(ring.k), ptr(ring.g), ptr(ring.h), ptr(h_rows), ptr(slot_idx), ptr(forced), ptr(ring_idx),
@@ -1501,7 +1548,8 @@ def launch(*, mixed_qkv, a2, b2, A_log, dt_bias, out, state, ring, h_rows, slot_
             ctypes.c_float(float(lower_bound) if lower_bound is not None else 0.0), ctypes.c_int(int(L)),
             ctypes.c_longlong(mixed_qkv.stride(0)), ctypes.c_longlong(a2.stride(0)), ctypes.c_longlong(b2.stride(0)),
             ctypes.c_longlong(state.stride(0)), ptr(ring.rc), ptr(ring.rc_scale), ptr(ring.rc_valid),
-            ptr(frag if rc_lean == 2 else None), ptr(ring.u_lo), ptr(ring.k_lo)]
+            ptr(frag if rc_lean == 2 else None), ptr(ring.u_lo), ptr(ring.k_lo),
+            ptr(order if defs.get("FLUSH_FIRST") else None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in args])
     if emulated(state.device):
         from . import cuda_emu  # (the CPU emulation, for tests: kernels/cuda_emu.py)

@@ -1026,7 +1026,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
            ring_idx=None, pre_maxnreg=None, heads_per_program=None, fold_pipe_stages=None, main_maxnreg=None,
            tile_mma=None, row_order=None, pre_order=None, main_impl=None, cuda_config=None, self_pre=None,
            pre_impl=None, post_trigger=None, lead_pdl=None, pre_early=None, pre_pf=None, vec_u=None,
-           tile_early=None, fold_out=None):
+           tile_early=None, fold_out=None, flush_first=None, ff_from=None):
     """chunk_bytes: the width in bytes of one K chunk of a checkpoint row as the main launch reads it (of the read
     copy where the row reads it). _diag_parts (benchmark diagnostics only, results are wrong otherwise): "pre",
     "main" or "post" runs that launch alone, "pre+main" / "main+post" those two, so a benchmark can split a step's
@@ -1134,7 +1134,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     runs holds its tile (gdn_main.cu's TILE_EARLY; the XL shapes).
     fold_out (None: REPLAYSSM_FOLD_OUT, cuda_main.env_fold_out, else cuda_main.fold_out_default; session 57): a block
     of the copy-sized CUDA shapes whose rows flush from the checkpoint takes its outputs from its fold, reading the
-    checkpoint once (gdn_main.cu's FOLD_OUT)."""
+    checkpoint once (gdn_main.cu's FOLD_OUT).
+    flush_first (None: REPLAYSSM_FLUSH_FIRST, cuda_main.env_flush_first; session 59): the CUDA main launch's blocks of
+    the batch rows past the first ff_from (None: cuda_main.FF_FROM_DEFAULT) take the rows that fold this step first,
+    in the order the CUDA pre launch writes (gdn_main.cu's FLUSH_FIRST; the XL shapes with the CUDA pre launch:
+    elsewhere it does not apply and the launch keeps batch order)."""
     has_rc = ring.rc is not None
     # unset options: the measured choice for this (layer kind, state element size, read copy), V3_TUNED
     tuned = V3_TUNED.get((kind, state.element_size(), ring.rc.dtype if has_rc else None), {})
@@ -1255,14 +1259,15 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
     vu = cuda_main.env_vec_u() if vec_u is None else int(vec_u)  # (None: cuda_main.vec_u_default for the build)
     te = cuda_main.env_tile_early() if tile_early is None else int(tile_early)
     fo = cuda_main.env_fold_out() if fold_out is None else int(fold_out)  # (None: cuda_main.fold_out_default)
+    ff = cuda_main.env_flush_first() if flush_first is None else bool(flush_first)
 
-    def cuda_defines(config, diag, trigger_post=False):  # the build (gdn_main.cu's -D parameters) of a CUDA launch
+    def cuda_defines(config, diag, trigger_post=False, ff=False):  # the build (gdn_main.cu's -D parameters)
         return cuda_main.launch_defines(
             mixed_qkv=mixed_qkv, a2=a2, b2=b2, A_log=A_log, dt_bias=dt_bias, out=out, state=state, ring=ring,
             h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, H=lay.H, HV=HV, V=V, cap=lay.cap,
             BC=BC, pdl=pdl and not cuda_sp, config=config, diag_stream=diag, kind=kind, lower_bound=lower_bound,
             self_pre=cuda_sp, trigger_post=trigger_post, lead_pdl=lead, pre_early=early, pre_pf=pf, vec_u=vu,
-            tile_early=te, fold_out=fo)
+            tile_early=te, fold_out=fo, flush_first=ff, ff_from=ff_from)
 
     main_defs = None  # the CUDA main launch's build, made once: its load check, the pre launch and the launch take it
     if impl_main == "cuda":
@@ -1276,7 +1281,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         why = cuda_main.unavailable_reason(kind, state, ring, lower_bound, K, V, *cuda_cfg[:10], self_pre=cuda_sp)
         if why:
             raise ValueError(f"main_impl='cuda' cannot run this launch: {why} (main_impl='triton' can)")
-        main_defs = cuda_defines(cuda_cfg, diag_stream, trigger)
+        main_defs = cuda_defines(cuda_cfg, diag_stream, trigger, ff)
         if main_impl is None and cuda_main.load_failure(main_defs, state.device):
             impl_main = "triton"  # (its kernel did not build or load here: warned once, Triton's main launch runs)
             main_defs = None
@@ -1323,6 +1328,11 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                          "or none (self_pre): main_impl='cuda', pre_impl='cuda' (REPLAYSSM_MAIN_IMPL / "
                          f"REPLAYSSM_PRE_IMPL not 'triton'; in the server, or unset REPLAYSSM_SPLIT_RECORDS); this "
                          f"launch has main {impl_main}, pre {pre_impl}")
+    if main_defs is not None and main_defs.get("FLUSH_FIRST") and not (
+            pre_defs is main_defs and diag_runs(_diag_parts, "pre")):
+        # (FLUSH_FIRST's order is written by this build's own CUDA pre launch: without it, batch order)
+        main_defs = cuda_defines(cuda_cfg, diag_stream, trigger)
+    ff_order = cuda_main.order_scratch(B, dev) if main_defs is not None and main_defs.get("FLUSH_FIRST") else None
     # KDA's gt_pre shapes: the pre launch hands the main launch G_t per column
     gts = _gts_scratch(B, HV, K, dev) if impl_main == "cuda" and cuda_cfg[5] else None
     frag = cuda_main.frag_scratch(B, lay.H, dev) if mma else None  # (rc_lean 2: the pre launch's operand for the main)
@@ -1373,7 +1383,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
         cuda_main.pre_launch(defs=pre_defs, mixed_qkv=mixed_qkv, a2=a2, A_log=A_log, dt_bias=dt_bias, ring=ring,
                              h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef, scal=scal,
                              scale=float(scale), lower_bound=lower_bound, L=L, B=B, gts=gts,
-                             min_g=PREDECAYED_MIN_G, frag=frag, lead=lead, state=state)
+                             min_g=PREDECAYED_MIN_G, frag=frag, lead=lead, state=state, order=ff_order)
     elif run_pre:
         replay_decode_v3_pre_kernel[dispatch_grid(triton.cdiv(B, pre_rows), lay.HK, pre_ord == 1)](
             mixed_qkv, a2, A_log, dt_bias, ring.k, ring.g, ring.h, hr, slot_idx, f, ri, coef, scal,
@@ -1388,7 +1398,7 @@ def launch(kind, mixed_qkv, a2, b2, A_log, dt_bias, state, ring, slot_idx, out, 
                          ring=ring, h_rows=h_rows, slot_idx=slot_idx, forced=forced, ring_idx=ring_idx, coef=coef,
                          scal=scal, scale=float(scale), L=L, H=lay.H, HV=HV, V=V, cap=lay.cap, BC=BC,
                          pdl=pdl and not cuda_sp, config=cuda_cfg, diag_stream=diag_stream, kind=kind,
-                         lower_bound=lower_bound, gts=gts, defs=main_defs, frag=frag)
+                         lower_bound=lower_bound, gts=gts, defs=main_defs, frag=frag, order=ff_order)
     elif run_main:
         grid = dispatch_grid(B, HV // hpp, order != 0, triton.cdiv(V, BV))
         _LAST["kernel"] = replay_decode_v3_kernel[grid](

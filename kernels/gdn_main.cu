@@ -181,6 +181,20 @@
 #if FOLD_OUT && (!RC_LEAN || MMA_FOLD || REC_SPLIT || LATE_COEF || SELF_PRE)
 #error "FOLD_OUT: RC_LEAN (a read copy), the CUDA-core fold (no MMA_FOLD), whole records (no REC_SPLIT), the coefficients before the dots (no LATE_COEF, no SELF_PRE)"
 #endif
+#ifndef FLUSH_FIRST
+#define FLUSH_FIRST 0  // 1 (session 59): the main launch's blocks of batch rows FF_FROM .. B - 1 take their row from the
+#endif                 // order the CUDA pre launch writes (order_rows): the rows that fold this step first, so that
+                       // their long blocks start early and the launch ends on short ones. Rows below FF_FROM keep their
+                       // place: those blocks start while the pre launch runs and load their tiles ahead of its wait
+#ifndef FF_FROM
+#define FF_FROM 16  // FLUSH_FIRST: the batch rows that keep their place (the first blocks dispatched)
+#endif
+#ifndef FF_RPL
+#define FF_RPL 8  // FLUSH_FIRST: batch rows per lane whose flags order_rows loads at once (32 FF_RPL rows a round)
+#endif
+#if FLUSH_FIRST && (!XL || SELF_PRE || CAP_ > 16 || BC_ > 16 || FF_FROM < 0)
+#error "FLUSH_FIRST: the XL layout with the CUDA pre launch (no SELF_PRE; ring capacity at most 16), FF_FROM >= 0"
+#endif
 #define TC_DOTS (RC_MMA || ST_MMA)               // the tile's dots on the tensor cores (either form)
 #define MMA_BF16 (ST_MMA || (RC_MMA && !RC_FP8))  // their A is bf16 values (else e4m3 codes widened to f16)
 #ifndef RC_T
@@ -672,7 +686,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo,
+    const int* order) {  // (FLUSH_FIRST's, from the pre launch: no __restrict__, as coef)
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
 #if LOAD_REG
@@ -1415,7 +1430,8 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const float* coef, const float* scal, const int* ovf,
     const float* gts, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     long long stride_b, long long stride_slot, RC_T* rc, float* rc_scale, const int* rc_valid,
-    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo) {
+    const unsigned int* qk_frag, unsigned short* __restrict__ ring_u_lo, SP_CONST unsigned short* __restrict__ ring_k_lo,
+    const int* order) {  // (FLUSH_FIRST's, from the pre launch: no __restrict__, as coef)
     extern __shared__ __align__(128) unsigned char smem_raw[];
     main_prologue();
     float* wsm = reinterpret_cast<float*>(smem_raw);  // [VT, BC]: the fold's decayed records u_j e^{G_f - G_j}
@@ -1424,7 +1440,20 @@ extern "C" __global__ void __launch_bounds__(NWARPS * 32, MINB) replay_gdn_main(
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 3, s = lane & 7;
-    const int i_v = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;  // rows outermost: a row's blocks together
+    const int i_v = blockIdx.x, hv = blockIdx.y;  // rows outermost: a row's blocks together
+#if FLUSH_FIRST
+    // past the first FF_FROM rows, the row comes from the pre launch's order (folding rows first): read after the
+    // wait, so these blocks load nothing early (they are dispatched after the first ones, mostly once it has ended)
+    int n = blockIdx.z;
+    if (n >= FF_FROM) {
+#if USE_PDL
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        n = order[n - FF_FROM];
+    }
+#else
+    const int n = blockIdx.z;
+#endif
     const int i_h = hv / (HV_ / H_);
     const int row0 = i_v * VT * NCH;  // the block's first V-row; tile ch: rows row0 + ch VT .. + VT - 1
     const long long nh = static_cast<long long>(n) * HV_ + hv;
@@ -2212,6 +2241,56 @@ __device__ __forceinline__ PreRule pre_rule(const int* __restrict__ ring_h, cons
     return r;
 }
 
+#if FLUSH_FIRST
+// FLUSH_FIRST: the main launch's row order, written by one warp of the pre launch (its grid's first block, so that it
+// runs beside the rest): order[i] is the batch row that the main launch's blocks of row FF_FROM + i take. The rows
+// from FF_FROM on that fold this step (a flush or a pre-fold by the decode rule, pre_rule: what makes a main block read
+// and write its fp32 checkpoint, several times a plain block's time) come first in batch order, the others after
+// them (in reverse batch order: each lane places them from the back). Padded rows count as plain. The flags of
+// 32 FF_RPL rows are loaded at once (two round trips: the slots, then h and the flags).
+__device__ __forceinline__ void order_rows(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+                                           const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced,
+                                           const RIDX_T* __restrict__ ring_idx, const int* __restrict__ rc_valid,
+                                           int L, int B, int* __restrict__ order, int lane) {
+    const int m = B - FF_FROM;  // the rows ordered
+    const unsigned below = (1u << lane) - 1u;
+    int nf = 0, np = 0;  // folding rows placed from the front, the others from the back
+    for (int base = FF_FROM; base < B; base += 32 * FF_RPL) {
+        long long slot[FF_RPL], rrow[FF_RPL];
+#pragma unroll
+        for (int i = 0; i < FF_RPL; ++i) {
+            const int n = base + 32 * i + lane;
+            slot[i] = rrow[i] = -1;
+            if (n < B) slot_and_ring_row(slot_idx, ring_idx, n, slot[i], rrow[i]);
+        }
+        bool fold[FF_RPL];
+#pragma unroll
+        for (int i = 0; i < FF_RPL; ++i) {
+            const int n = base + 32 * i + lane;
+            fold[i] = false;
+            if (n < B && slot[i] >= 0) {
+                const PreRule r = pre_rule(ring_h, h_rows, forced, rc_valid, n, rrow[i], L);
+                fold[i] = r.flush || r.prefold;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < FF_RPL; ++i) {
+            const int n = base + 32 * i + lane;
+            const unsigned mf = __ballot_sync(0xffffffffu, n < B && fold[i]);
+            const unsigned mp = __ballot_sync(0xffffffffu, n < B && !fold[i]);
+            if (n < B) {
+                if (fold[i])
+                    order[nf + __popc(mf & below)] = n;
+                else
+                    order[m - 1 - np - __popc(mp & below)] = n;
+            }
+            nf += __popc(mf);
+            np += __popc(mp);
+        }
+    }
+}
+#endif
+
 // q~ = scale q / |q| and k~ = k / |k| of this lane's 4 columns, as _pre_row makes them (a division by the norm, then
 // the scale), and <k~, q~>; the norms |q|, |k| into nq, nk
 __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale, float& nq, float& nk) {
@@ -2369,10 +2448,20 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const FORCED_T* __restrict__ forced, const RIDX_T* __restrict__ ring_idx, float* __restrict__ coef,
     float* __restrict__ scal, float scale, float lower_bound, int L, long long stride_qkv, long long stride_a,
     const int* __restrict__ rc_valid, unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state,
-    const RC_T* __restrict__ pf_rc, unsigned short* __restrict__ ring_k_lo) {
+    const RC_T* __restrict__ pf_rc, unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
+#if FLUSH_FIRST
+    // grid (H, B + 1): row 0 of the grid orders the main launch's rows (its first block; the others there do nothing)
+    if (blockIdx.y == 0) {
+        if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
+        return;
+    }
+    const int i_h = blockIdx.x, n = blockIdx.y - 1;
+#else
+    (void)order, (void)n_rows;
     const int i_h = blockIdx.x, n = blockIdx.y;
+#endif
     constexpr int R = HV_ / H_;  // value heads per key head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY
@@ -2495,10 +2584,20 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     float* __restrict__ scal, float* __restrict__ gts, int* __restrict__ ovf, float scale, float lower_bound,
     float min_g, int L, long long stride_qkv, long long stride_a, const int* __restrict__ rc_valid,
     unsigned int* __restrict__ qk_frag, const ST_T* __restrict__ pf_state, const RC_T* __restrict__ pf_rc,
-    unsigned short* __restrict__ ring_k_lo) {
+    unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
+#if FLUSH_FIRST
+    // grid (HV, B + 1): row 0 of the grid orders the main launch's rows (as GDN's)
+    if (blockIdx.y == 0) {
+        if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
+        return;
+    }
+    const int hv = blockIdx.x, n = blockIdx.y - 1;
+#else
+    (void)order, (void)n_rows;
     const int hv = blockIdx.x, n = blockIdx.y;
+#endif
     const int i_h = hv / (HV_ / H_);  // the value head's query head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY

@@ -109,6 +109,10 @@ Arms (per layer kind, state dtype and batch size B):
               neighbours at 0 and 2: 80 registers without spills, the tile's dots on the tensor cores, two warps per
               block) and, in the default shape, level 2 with the step's first launch a programmatic dependent
               (LEAD_PDL); staggered, the server's arguments, _rr
+  v3_ff_{off,from0,from16,from64}_rc_fp8_<shape>[_aligned] (--variants ff, fp32 states, B >= 32) the fp8 copy's
+              default shape without and with FLUSH_FIRST (session 59: the main launch's blocks past the first FF_FROM
+              rows take the rows that fold this step first, in the order the CUDA pre launch writes), staggered and
+              aligned (off and from16: where the order changes nothing, what reading it costs); _rr
   v3_rc_fp8_d_<shape>, v3_rc_fp8_sp2_<shape> (--variants rcsp2, GDN, fp32 state; v3_rcd_ / v3_rcsp2_ in run 1004)
               the fp8 copy's step in its default shape (with its pre launch) and in cuda_main.RC_SELF_PRE2_CONFIGS
               (lean registers, no pre launch: SELF_PRE 2); _rr
@@ -1628,6 +1632,30 @@ def main():
                     arms.update(x_arms)
                     round_robin_medians(c, {f"{n}_rr": a for n, a in x_arms.items()}, f"{kind} {sdt} fox", meta,
                                         "fox_rounds", f"{kind}/{sdt}/B{B}", timed)
+                if v3 and "ff" in variants and sdt == "float32" and B >= 32:
+                    # FLUSH_FIRST (session 59): the fp8 copy's default shape with the main launch's blocks past the
+                    # first FF_FROM rows taking the folding rows first (the order its CUDA pre launch writes), at
+                    # FF_FROM 0, 16 and 64, beside batch order; staggered, and aligned (where no order changes
+                    # anything: what reading the order costs); the server's arguments, round-robin
+                    from replayssm_sglang.kernels import cuda_main as _cm_ff
+
+                    srv = dict(server_like=True, kda_keys="predecayed" if kind == "kda" else "raw")
+                    name = _cm_ff.config_name(_cm_ff.default_config(DT[sdt], kind, torch.float8_e4m3fn,
+                                                                    device_name=torch.cuda.get_device_name()))
+                    base = dict(main_impl="cuda", cuda_config=name, pre_impl=server_pre_impl(kind, name))
+                    ff_arms = {}
+                    for al in (False, True):
+                        tail = "_aligned" if al else ""
+                        ff_arms[f"v3_ff_off_rc_fp8_{name}{tail}"] = arm_ours(
+                            c, DT[sdt], impl="v3", **srv, read_dtype="fp8_e4m3", aligned=al,
+                            v3_opts=dict(base, flush_first=False))
+                        for frm in ((0, 16, 64) if not al else (16,)):
+                            ff_arms[f"v3_ff_from{frm}_rc_fp8_{name}{tail}"] = arm_ours(
+                                c, DT[sdt], impl="v3", **srv, read_dtype="fp8_e4m3", aligned=al,
+                                v3_opts=dict(base, flush_first=True, ff_from=frm))
+                    arms.update(ff_arms)
+                    round_robin_medians(c, {f"{n}_rr": a for n, a in ff_arms.items()}, f"{kind} {sdt} ff", meta,
+                                        "ff_rounds", f"{kind}/{sdt}/B{B}", timed)
                 if v3 and "rcsp2" in variants and kind == "gdn" and sdt == "float32":
                     # the fp8 copy's lean registers without a pre launch (SELF_PRE 2 beside RC_LEAN, session 48)
                     # beside the copy's default shape with its pre launch, round-robin, the server's arguments

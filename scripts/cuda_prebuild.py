@@ -130,11 +130,11 @@ def combos():
     RC = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": BF16}
 
     def rc_build(kind, name, rc_dtype, io, ridx, sdt=F32, self_pre=False, diag=0, rec=F32, trig=False, pdl=None,
-                 lead=False, early=None, pf=0, split=False, vu=None, te=None, fo=None):
+                 lead=False, early=None, pf=0, split=False, vu=None, te=None, fo=None, ff=False, ff_from=None):
         # io: a's, b's and the output's type; ridx: the ring rows'; trig: TRIGGER_POST; pdl: None for PDL where there
         # is no self_pre; lead: LEAD_PDL; early: PRE_EARLY (None: its default; only where the shape has a pre launch);
         # pf: PRE_PF; split: REC_SPLIT (rec is then the high plane's type, bf16); vu: VEC_U (None: its default);
-        # te: TILE_EARLY (None: its default); fo: FOLD_OUT (None: its default)
+        # te: TILE_EARLY (None: its default); fo: FOLD_OUT (None: its default); ff, ff_from: FLUSH_FIRST
         rpw, nw, lr, mb, late, gt, xl, nch, lean, mf, sp = cm.full_config(cm.CUDA_CONFIGS[name])
         return cm.defines(**(GDN if kind == "gdn" else KDA), rpw=rpw, nwarps=nw, load_reg=lr, min_blocks=mb,
                           late_coef=late, gt_pre=gt, xl=xl, nch=nch, diag_stream=diag, has_h_rows=False,
@@ -143,7 +143,8 @@ def combos():
                           u_dtype=rec, k_dtype=rec, slot_dtype=I32,
                           forced_dtype=I32, ridx_dtype=ridx, state_dtype=sdt, kind=kind, rc_dtype=rc_dtype,
                           self_pre=self_pre or sp, rc_lean=lean, mma_fold=mf, trigger_post=trig, lead_pdl=lead,
-                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu, tile_early=te, fold_out=fo)
+                          pre_early=early, pre_pf=pf, rec_split=split, vec_u=vu, tile_early=te, fold_out=fo,
+                          flush_first=ff, ff_from=ff_from)
 
     def gpu_default(kind, sdt, rd, g):  # the default shape's name on GPU g (a DEVICE_DEFAULTS name; None: the rest)
         return cm.config_name(cm.default_config(sdt, kind, RC.get(rd), device_name=g))
@@ -271,6 +272,16 @@ def combos():
     out += [rc_build("gdn", n, RC["fp8_e4m3"], BF16, I64, trig=trig, fo=fo) for n in cm.FOX_SHAPES
             for trig in (False, True) for fo in cm.fox_levels(n)]
     out.append(rc_build("gdn", cm.FOX_SHAPES[0], RC["fp8_e4m3"], BF16, I64, trig=True, lead=True, fo=2))
+    # bench --variants ff (session 59): the fp8 copies' default shapes with FLUSH_FIRST at the benchmark's FF_FROM,
+    # with and without the trigger; test_gpu_real_shapes_flush_first: the harness's arguments, TRIGGER_POST
+    from test_decode_kernels import FLUSH_FIRST_GPU_CASES
+
+    ff_shapes = {(kind, gpu_default(kind, F32, "fp8_e4m3", g)) for kind in ("gdn", "kda")
+                 for g in (None, *cm.DEVICE_DEFAULTS)}
+    out += [rc_build(kind, n, RC["fp8_e4m3"], BF16, I64, trig=trig, ff=True, ff_from=frm)
+            for kind, n in sorted(ff_shapes) for trig in (False, True) for frm in (0, 16, 64)]
+    out += [rc_build(kind, n, RC["fp8_e4m3"], F32, I32, trig=True, ff=True, ff_from=frm)
+            for kind, n in sorted(ff_shapes) for k2, frm in FLUSH_FIRST_GPU_CASES if k2 == kind]
     # test_gpu_cuda_main_graph_matches_eager: replay_decode with a bf16 output, fp32 gates, no forced mask, the ring
     # keyed by int32 rows (without and with TRIGGER_POST; GRAPH_LEAD_CASES with it and LEAD_PDL)
     graph_cases = [(*x, None) for x in CUDA_MAIN_SLOW_CASES] + [("gdn", "x16w4c1_m7_lean", "float32", RC["fp8_e4m3"]),

@@ -951,10 +951,12 @@ def test_vec_u_check_can_fail(old, new, cfg, shape, monkeypatch, tmp_path):
         hz.run(6)
 
 
-def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64, B=5, level=1, monkeypatch):
+def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64, B=5, level=1, monkeypatch,
+                opts=None):
     """One emulated decode step without and with VEC_U (at `level`) on copies of one ring (random records, the value
     records at and past each slot's cursor NaN: no build may take them into a row; cursors 0 .. L: appends, flushes,
-    pre-folds; forced flushes, stale copies, a padded row), checkpoint and inputs. Returns both (state, ring, out)."""
+    pre-folds; forced flushes, stale copies, a padded row), checkpoint and inputs. Returns both (state, ring, out).
+    opts: the two arms' decode_v3 options instead (the same ring, another pair of builds)."""
     monkeypatch.setenv("REPLAYSSM_CUDA_EMULATE", "1")
     g = torch.Generator().manual_seed(seed)
     H = H or (1 if kind == "gdn" else HV)
@@ -982,7 +984,8 @@ def _vec_u_pair(kind, cfg, read_dtype, state_dtype, *, seed, H=None, HV=2, V=64,
         if getattr(r0, f) is not None:
             getattr(r1, f).copy_(getattr(r0, f))
     forced = (torch.rand(B, generator=g) < 0.25).to(torch.int32)
-    return _step_each(kind, cfg, [(r0, dict(vec_u=0)), (r1, dict(vec_u=level))], g, forced=forced, padded=True, H=H,
+    o0, o1 = opts or (dict(vec_u=0), dict(vec_u=level))
+    return _step_each(kind, cfg, [(r0, o0), (r1, o1)], g, forced=forced, padded=True, H=H,
                       HV=HV, V=V, L=L, K=K, state_dtype=sdt)
 
 
@@ -1122,3 +1125,117 @@ def test_fold_out_defines_where_it_applies(monkeypatch):
         cuda_main.env_fold_out()
     monkeypatch.setenv("REPLAYSSM_FOLD_OUT", "")
     assert cuda_main.env_fold_out() is None
+
+
+# FLUSH_FIRST (session 59): the main launch's blocks of the batch rows past the first FF_FROM take their rows from the
+# order the CUDA pre launch writes, the rows that fold this step first. What each block computes does not change: the
+# step is the same bit for bit, and the order is a permutation of those rows, folding ones first, as the rule says.
+FF_CASES = [("gdn", "x16w4c1_m7_lean", "fp8_e4m3", "float32", dict(H=2, HV=4, V=128)),
+            ("kda", "x16w4c1_m7_gp_lean_mma", "fp8_e4m3", "float32", dict(V=128)),
+            ("gdn", "x16w4c1_m5", "same", "float32", {}), ("gdn", "x16w4c1_m7_mma_mf", "same", "bfloat16", {})]
+
+
+def _spy_orders(monkeypatch) -> list:
+    """A list that gets, for each CUDA pre launch of a FLUSH_FIRST build, (the order it wrote, the order the decode
+    rule gives): the rule's inputs are copied before the launch, the order read after it."""
+    seen = []
+    real = cuda_main.pre_launch
+
+    def spy(**a):
+        d = a["defs"]
+        if not d.get("FLUSH_FIRST"):
+            return real(**a)
+        ring, B, L = a["ring"], a["B"], a["L"]
+        slot = a["slot_idx"][:B].long()
+        rrow = a["ring_idx"][:B].long() if a["ring_idx"] is not None else slot.clone()
+        pad = (slot < 0) | (rrow < 0)
+        h = a["h_rows"][:B].long() if a["h_rows"] is not None else ring.h.long()[rrow.clamp(min=0)]
+        forced = (a["forced"][:B] != 0) if a["forced"] is not None else torch.zeros(B, dtype=torch.bool)
+        if ring.rc is not None:
+            forced = forced | (ring.rc_valid[rrow.clamp(min=0)] == 0)
+        prefold = h >= L
+        fold = (prefold | (torch.where(prefold, 0, h) + 1 >= L) | forced) & ~pad
+        ff = d["FF_FROM"]
+        rows = list(range(ff, B))
+        want = [n for n in rows if fold[n]] + [n for n in reversed(rows) if not fold[n]]
+        real(**a)
+        seen.append((a["order"][:len(rows)].tolist(), want))
+
+    monkeypatch.setattr(cuda_main, "pre_launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("ff_from", [0, 2])
+@pytest.mark.parametrize("kind,cfg,read_dtype,state_dtype,shape", FF_CASES, ids=str)
+def test_flush_first_same_bits_emulated(kind, cfg, read_dtype, state_dtype, shape, ff_from, monkeypatch):
+    """FLUSH_FIRST (past the first ff_from rows) moves no bit: one step over every kind of row (appends, flushes,
+    pre-folds, forced flushes, stale copies, a padded row) leaves outputs, checkpoints, read copies and records the same
+    without and with it, and the order its pre launch wrote is the rule's: the folding rows first in batch order, then
+    the others from the back."""
+    builds = _spy_builds(monkeypatch)
+    orders = _spy_orders(monkeypatch)
+    (s0, r0, o0), (s1, r1, o1) = _vec_u_pair(kind, cfg, read_dtype, state_dtype, seed=8, B=7, monkeypatch=monkeypatch,
+                                             opts=(dict(flush_first=False), dict(flush_first=True, ff_from=ff_from)),
+                                             **shape)
+    assert {d.get("FLUSH_FIRST", 0) for d in builds} == {0, 1}
+    assert len(orders) == 1 and orders[0][0] == orders[0][1], orders
+    got, _ = orders[0]
+    assert got != list(range(ff_from, 7)), "no row moved: the case orders nothing"
+    assert bool(torch.isfinite(o1[:-1]).all()), "a real row's output is not finite"
+    _assert_same_bits(o0.float(), o1.float(), "outputs differ")
+    _assert_same_bits(s0.float(), s1.float(), "checkpoints differ")
+    if r0.rc is not None:
+        assert torch.equal(r0.rc.view(torch.uint8), r1.rc.view(torch.uint8)), "read copies differ"
+    _assert_same_bits(r0.u.float(), r1.u.float(), "value records differ")
+    _assert_same_bits(r0.k.float(), r1.k.float(), "key records differ")
+    assert torch.equal(r0.h, r1.h)
+
+
+def test_flush_first_orders_a_large_batch_emulated(monkeypatch):
+    """300 rows (past FF_FROM 16: two rounds of the pre launch's 256 rows a round): the order is the rule's and the
+    step the same bit for bit as in batch order."""
+    orders = _spy_orders(monkeypatch)
+    (s0, r0, o0), (s1, r1, o1) = _vec_u_pair("gdn", "x16w4c1_m5", "same", "float32", seed=9, B=300, V=64,
+                                             monkeypatch=monkeypatch,
+                                             opts=(dict(flush_first=False), dict(flush_first=True)))
+    assert len(orders) == 1 and orders[0][0] == orders[0][1]
+    assert len(orders[0][0]) == 300 - cuda_main.FF_FROM_DEFAULT
+    _assert_same_bits(o0.float(), o1.float(), "outputs differ")
+    _assert_same_bits(s0.float(), s1.float(), "checkpoints differ")
+
+
+@pytest.mark.parametrize("old,new", [
+    # each plain row's place given its neighbour's row (one row run twice, one never)
+    ("order[m - 1 - np - __popc(mp & below)] = n;", "order[m - 1 - np - __popc(mp & below)] = n > 0 ? n - 1 : n;"),
+    # the main launch reading the order one place off
+    ("n = order[n - FF_FROM];", "n = order[n - FF_FROM > 0 ? n - FF_FROM - 1 : 0];")],
+    ids=["plain-row-repeated", "order-off-by-one"])
+def test_flush_first_check_can_fail(old, new, monkeypatch, tmp_path):
+    """Those checks fail on a pre launch that writes a wrong order, or a main launch that reads it wrong."""
+    _emulate_mutated(monkeypatch, tmp_path, old, new)
+    with pytest.raises(AssertionError, match="differ|not finite|\\["):
+        test_flush_first_same_bits_emulated(*FF_CASES[0], 0, monkeypatch)
+
+
+def test_flush_first_defines_where_it_applies(monkeypatch):
+    """FLUSH_FIRST's -D parameters are set only for the XL shapes with a pre launch (not SELF_PRE's, not the others),
+    with FF_FROM's default or the one asked; REPLAYSSM_FLUSH_FIRST is 0 or 1; a launch whose pre launch is not the
+    CUDA one keeps batch order (its main build has no FLUSH_FIRST)."""
+    fp8, cfgs = torch.float8_e4m3fn, cuda_main.CUDA_CONFIGS
+    d = cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8, flush_first=True)
+    assert d["FLUSH_FIRST"] == 1 and d["FF_FROM"] == cuda_main.FF_FROM_DEFAULT
+    assert "FLUSH_FIRST" not in cuda_main.server_defines(cfgs["x16w4c1_m7_lean"], rc_dtype=fp8)
+    assert "FLUSH_FIRST" not in cuda_main.server_defines(cfgs["x16w4c1_m4_sp2"], flush_first=True)  # (SELF_PRE)
+    assert "FLUSH_FIRST" not in cuda_main.server_defines(cfgs["g8w4"], flush_first=True)  # (not XL)
+    with pytest.raises(ValueError, match="ff_from"):
+        cuda_main.flush_first_defines(True, -1, 1, False)
+    monkeypatch.setenv("REPLAYSSM_FLUSH_FIRST", "2")
+    with pytest.raises(ValueError, match="REPLAYSSM_FLUSH_FIRST must be 0 or 1"):
+        cuda_main.env_flush_first()
+    monkeypatch.setenv("REPLAYSSM_FLUSH_FIRST", "1")
+    assert cuda_main.env_flush_first() is True
+    # beside Triton's pre launch (which writes no order) the CUDA main launch's build has no FLUSH_FIRST
+    builds = _spy_builds(monkeypatch)
+    hz, calls, pres = _emu_harness("gdn", "x16w4c1_m5", "float32", "slow", monkeypatch, B=3, pre_impl="triton")
+    hz.run(2)
+    assert builds and not any(b.get("FLUSH_FIRST") for b in builds) and not pres

@@ -1532,7 +1532,7 @@ def _run_cuda_main_case(monkeypatch, cfg, rec_dtype, qkv_dtype, ring_idx, h_rows
         harness_kw.setdefault("kda_keys", "predecayed")
     steps = harness_kw.pop("steps", 26)
     pre = {k: harness_kw.pop(k) for k in ("pre_impl", "self_pre", "post_trigger", "pdl", "lead_pdl", "pre_early",
-                                          "pre_pf", "vec_u", "tile_early", "fold_out")
+                                          "pre_pf", "vec_u", "tile_early", "fold_out", "flush_first", "ff_from")
            if k in harness_kw}  # (decode_v3's options)
     hz = _real_harness(kind, state_dtype=state_dtype, rec_dtype=DTYPES[rec_dtype], qkv_dtype=DTYPES[qkv_dtype],
                        seed=seed, impl="v3", ring_idx=ring_idx, h_rows=h_rows,
@@ -2148,6 +2148,42 @@ def test_gpu_real_shapes_fold_out(kind, read_dtype, level, monkeypatch):
                              decay="slow", pdl=True, post_trigger=True, fold_out=level, read_dtype=read_dtype)
     assert st["flushes"] > 0, st
     assert built and all(d.get("FOLD_OUT") == level for d in built)
+
+
+# FLUSH_FIRST (session 59): the fp8 copies' default shapes with the main launch's rows taken in the order the CUDA
+# pre launch writes (the folding rows first), past the first ff_from rows (0: all of them; 4: the first four in batch
+# order, the rest ordered, as the server's FF_FROM 16 does at its batches)
+FLUSH_FIRST_GPU_CASES = [("gdn", 0), ("gdn", 4), ("kda", 0), ("kda", 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,ff_from", FLUSH_FIRST_GPU_CASES, ids=str)
+def test_gpu_real_shapes_flush_first(kind, ff_from, monkeypatch):
+    """The fp8 copies' default shapes with FLUSH_FIRST, as PDL dependents with the trigger, against float64 over 26
+    steps, slow decays (forced flushes, pre-folds, window switches among them): every main launch's build
+    FLUSH_FIRST, and every pre launch's order a permutation of the rows past ff_from, folding rows first."""
+    from replayssm_sglang.kernels import cuda_main
+
+    cfg = cuda_main.config_name(cuda_main.default_config(torch.float32, kind, torch.float8_e4m3fn, 16,
+                                                         torch.cuda.get_device_name()))
+    built, orders = [], []
+    real, real_pre = cuda_main.launch, cuda_main.pre_launch
+
+    def pre(**a):
+        real_pre(**a)
+        if a["defs"].get("FLUSH_FIRST"):
+            orders.append((a["order"][:a["B"] - ff_from].tolist(), a["B"]))
+
+    monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
+    monkeypatch.setattr(cuda_main, "pre_launch", pre)
+    st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=53, kind=kind,
+                             decay="slow", pdl=True, post_trigger=True, flush_first=True, ff_from=ff_from,
+                             read_dtype="fp8_e4m3")
+    assert st["flushes"] > 0, st
+    assert built and all(d.get("FLUSH_FIRST") == 1 and d.get("FF_FROM") == ff_from for d in built)
+    assert orders and all(sorted(o) == list(range(ff_from, B)) for o, B in orders)
+    assert any(o != list(range(ff_from, B)) for o, B in orders), "no step ordered its rows"
 
 
 def pe_level(rec_dtype: torch.dtype) -> int:

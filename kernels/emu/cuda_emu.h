@@ -137,6 +137,16 @@ inline void emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
     }
     w.bar.arrive_and_wait();
 }
+inline unsigned __ballot_sync(unsigned, int pred) {  // (every lane takes part, as the kernels call it)
+    EmuWarp& w = emu_warps[threadIdx.x / 32];
+    w.v[threadIdx.x % 32] = pred != 0;
+    w.bar.arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= static_cast<unsigned>(w.v[i] != 0) << i;
+    w.bar.arrive_and_wait();
+    return r;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T x, int m) { return emu_shfl(x, static_cast<int>(threadIdx.x % 32) ^ m); }
 template <typename T>
