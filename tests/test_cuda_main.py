@@ -948,6 +948,18 @@ def test_pre_outputs_read_after_the_wait_read_copy(name, kind, rc_dtype):
 
 @pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
                     reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
+@pytest.mark.parametrize("name,kind", [("x16w4c1_m7_lean", "gdn"), ("x16w4c1_m7_gp_lean_mma", "kda")])
+def test_flush_first_order_read_after_the_wait(name, kind):
+    """FLUSH_FIRST (session 59): the fp8 copies' defaults read the pre launch's row order only after the PDL wait
+    (its parameter, the last, is in pdl_hazards' list), and read it at all (the parameter is in the SASS)."""
+    d = _server_defs(*cuda_main.CUDA_CONFIGS[name], torch.float32, kind=kind, rc_dtype=torch.float8_e4m3fn)
+    d = dict(d, FLUSH_FIRST=1, FF_FROM=16)
+    assert cuda_main.pdl_hazards(d) == []
+    assert any("c[0x0][0x308]" in ln for ln in cuda_main.main_sass(dict(d, USE_PDL=1)))
+
+
+@pytest.mark.skipif(cuda_main.find_nvcc() is None or cuda_main.find_nvdisasm() is None,
+                    reason="no nvcc / nvdisasm (scripts/setup-nvcc; Triton's wheel carries nvdisasm)")
 def test_pdl_hazards_finds_the_session_35_bug(monkeypatch, tmp_path):
     """The check can fail: with the pre launch's outputs taken __restrict__ again (as before the fix), KDA's XL build
     loads G_t (gts) and the row's overflow flag before the wait, and pdl_hazards names those loads."""
