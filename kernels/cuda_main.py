@@ -911,8 +911,9 @@ def find_nvdisasm() -> str | None:
 
 
 # the main launch's parameters that the pre launch writes (coef, scal, ovf, gts: parameters 15-18, at 0x210 + 8 i in
-# the constant bank; qk_frag at 0x2f0; FLUSH_FIRST's order, the last, at 0x308; a change of the kernel's parameter list moves them, and
-# test_pdl_hazards_finds_the_session_35_bug then fails), and SASS operands: registers (R, UR; a ".64" operand is a pair)
+# the constant bank; qk_frag at 0x2f0; FLUSH_FIRST's order, the last, at 0x308; a change of the kernel's parameter
+# list moves them, and test_pdl_hazards_finds_the_session_35_bug then fails), and SASS operands: registers (R, UR; a
+# ".64" operand is a pair)
 _PRE_PARAMS = re.compile(r"c\[0x0\]\[0x(288|290|298|2a0|2f0|308)\]")
 _REG = re.compile(r"\b(U?R)(\d+)(\.64)?\b")
 
