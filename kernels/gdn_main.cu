@@ -182,10 +182,11 @@
 #error "FOLD_OUT: RC_LEAN (a read copy), the CUDA-core fold (no MMA_FOLD), whole records (no REC_SPLIT), the coefficients before the dots (no LATE_COEF, no SELF_PRE)"
 #endif
 #ifndef FLUSH_FIRST
-#define FLUSH_FIRST 0  // 1 (session 59): the main launch's blocks of batch rows FF_FROM .. B - 1 take their row from the
-#endif                 // order the CUDA pre launch writes (order_rows): the rows that fold this step first, so that
-                       // their long blocks start early and the launch ends on short ones. Rows below FF_FROM keep their
-                       // place: those blocks start while the pre launch runs and load their tiles ahead of its wait
+#define FLUSH_FIRST 0  // 1 (session 59): the main launch's blocks of batch rows FF_FROM .. B - 1 take their row from
+#endif                 // the order the CUDA pre launch writes (order_rows): the rows that fold this step first, so
+                       // that their long blocks start early and the launch ends on short ones. Rows below FF_FROM
+                       // keep their place: those blocks start while the pre launch runs and load their tiles ahead
+                       // of its wait
 #ifndef FF_FROM
 #define FF_FROM 16  // FLUSH_FIRST: the batch rows that keep their place (the first blocks dispatched)
 #endif
@@ -2291,6 +2292,23 @@ __device__ __forceinline__ void order_rows(const int* __restrict__ ring_h, const
 }
 #endif
 
+// A pre block's batch row (grid (key heads, B), y the row). Under FLUSH_FIRST the grid is (key heads, B + 1) and its
+// first row of blocks orders the main launch's rows: its first block calls order_rows, and those blocks get -1.
+__device__ __forceinline__ int pre_batch_row(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+                                             const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced,
+                                             const RIDX_T* __restrict__ ring_idx, const int* __restrict__ rc_valid,
+                                             int L, int n_rows, int* __restrict__ order, int lane) {
+#if FLUSH_FIRST
+    if (blockIdx.y > 0) return static_cast<int>(blockIdx.y) - 1;
+    if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
+    return -1;
+#else
+    (void)ring_h, (void)h_rows, (void)slot_idx, (void)forced, (void)ring_idx, (void)rc_valid, (void)L, (void)n_rows;
+    (void)order, (void)lane;
+    return static_cast<int>(blockIdx.y);
+#endif
+}
+
 // q~ = scale q / |q| and k~ = k / |k| of this lane's 4 columns, as _pre_row makes them (a division by the norm, then
 // the scale), and <k~, q~>; the norms |q|, |k| into nq, nk
 __device__ __forceinline__ float pre_qk(float4& q, float4& k, float scale, float& nq, float& nk) {
@@ -2451,17 +2469,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const RC_T* __restrict__ pf_rc, unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
-#if FLUSH_FIRST
-    // grid (H, B + 1): row 0 of the grid orders the main launch's rows (its first block; the others there do nothing)
-    if (blockIdx.y == 0) {
-        if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
-        return;
-    }
-    const int i_h = blockIdx.x, n = blockIdx.y - 1;
-#else
-    (void)order, (void)n_rows;
-    const int i_h = blockIdx.x, n = blockIdx.y;
-#endif
+    const int i_h = blockIdx.x, n = pre_batch_row(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows,
+                                                  order, lane);
+    if (n < 0) return;  // (FLUSH_FIRST's ordering row)
     constexpr int R = HV_ / H_;  // value heads per key head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY
@@ -2587,17 +2597,9 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
-#if FLUSH_FIRST
-    // grid (HV, B + 1): row 0 of the grid orders the main launch's rows (as GDN's)
-    if (blockIdx.y == 0) {
-        if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
-        return;
-    }
-    const int hv = blockIdx.x, n = blockIdx.y - 1;
-#else
-    (void)order, (void)n_rows;
-    const int hv = blockIdx.x, n = blockIdx.y;
-#endif
+    const int hv = blockIdx.x, n = pre_batch_row(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows,
+                                                 order, lane);
+    if (n < 0) return;  // (FLUSH_FIRST's ordering row)
     const int i_h = hv / (HV_ / H_);  // the value head's query head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY
