@@ -2292,20 +2292,20 @@ __device__ __forceinline__ void order_rows(const int* __restrict__ ring_h, const
 }
 #endif
 
-// A pre block's batch row (grid (key heads, B), y the row). Under FLUSH_FIRST the grid is (key heads, B + 1) and its
-// first row of blocks orders the main launch's rows: its first block calls order_rows, and those blocks get -1.
-__device__ __forceinline__ int pre_batch_row(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
-                                             const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced,
-                                             const RIDX_T* __restrict__ ring_idx, const int* __restrict__ rc_valid,
-                                             int L, int n_rows, int* __restrict__ order, int lane) {
+// FLUSH_FIRST's pre grid is (key heads, B + 1): its first row of blocks orders the main launch's rows (the row's
+// first block calls order_rows) and computes nothing else. True for those blocks (never without FLUSH_FIRST).
+__device__ __forceinline__ bool ordering_block(const int* __restrict__ ring_h, const int* __restrict__ h_rows,
+                                               const SLOT_T* __restrict__ slot_idx, const FORCED_T* __restrict__ forced,
+                                               const RIDX_T* __restrict__ ring_idx, const int* __restrict__ rc_valid,
+                                               int L, int n_rows, int* __restrict__ order, int lane) {
 #if FLUSH_FIRST
-    if (blockIdx.y > 0) return static_cast<int>(blockIdx.y) - 1;
+    if (blockIdx.y != 0) return false;
     if (blockIdx.x == 0) order_rows(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane);
-    return -1;
+    return true;
 #else
     (void)ring_h, (void)h_rows, (void)slot_idx, (void)forced, (void)ring_idx, (void)rc_valid, (void)L, (void)n_rows;
     (void)order, (void)lane;
-    return static_cast<int>(blockIdx.y);
+    return false;
 #endif
 }
 
@@ -2469,9 +2469,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_gdn_pre(
     const RC_T* __restrict__ pf_rc, unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
-    const int i_h = blockIdx.x, n = pre_batch_row(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows,
-                                                  order, lane);
-    if (n < 0) return;  // (FLUSH_FIRST's ordering row)
+    if (ordering_block(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane)) return;
+    const int i_h = blockIdx.x, n = blockIdx.y - FLUSH_FIRST;  // (FLUSH_FIRST: the grid's first row orders)
     constexpr int R = HV_ / H_;  // value heads per key head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY
@@ -2597,9 +2596,8 @@ extern "C" __global__ void __launch_bounds__(32, PRE_MINB) replay_kda_pre(
     unsigned short* __restrict__ ring_k_lo, int* __restrict__ order, int n_rows) {
     pre_prologue();
     const int lane = threadIdx.x;
-    const int hv = blockIdx.x, n = pre_batch_row(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows,
-                                                 order, lane);
-    if (n < 0) return;  // (FLUSH_FIRST's ordering row)
+    if (ordering_block(ring_h, h_rows, slot_idx, forced, ring_idx, rc_valid, L, n_rows, order, lane)) return;
+    const int hv = blockIdx.x, n = blockIdx.y - FLUSH_FIRST;  // (FLUSH_FIRST: the grid's first row orders)
     const int i_h = hv / (HV_ / H_);  // the value head's query head
     const X_T* px = mixed_qkv + static_cast<long long>(n) * stride_qkv;
 #if PRE_EARLY
