@@ -1718,8 +1718,9 @@ def test_cuda_pre_plumbing(kind, monkeypatch):
     seen = []
 
     def stand_in(*, defs, mixed_qkv, a2, A_log, dt_bias, ring, h_rows, slot_idx, forced, ring_idx, coef, scal, scale,
-                 lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None):
+                 lower_bound, L, B, gts=None, min_g=0.0, frag=None, lead=False, state=None, order=None):
         assert frag is None  # (only RC_MMA's builds take the tensor-core operand)
+        assert order is None  # (only FLUSH_FIRST's builds, opt-in, take the row order)
         assert state is not None  # (PRE_PF's tiles: the launch passes the checkpoint)
         assert not lead  # (LEAD_PDL wants PDL, which the CPU has not)
         seen.append((defs, min_g))
