@@ -113,6 +113,8 @@ def main() -> None:
                     help="leave out the padded row's branch (counted by default, as in the counts up to session 45)")
     ap.add_argument("--fold-out", default="0", help="comma-separated FOLD_OUT levels to count each shape at (session "
                     "57; 0: without; a level applies to the copy-sized shapes only, cuda_main.fold_out_defines)")
+    ap.add_argument("--flush-first", default="0", help="comma-separated FLUSH_FIRST settings to count each shape at "
+                    "(session 59; 1: the main launch takes rows past FF_FROM from the pre launch's order)")
     ap.add_argument("--study-arm", default="cutile_bv64", help="also count the plain-step study's CUDA kernel "
                     "(scripts/stream_persist.cu, an arm of stream_floor_study.py, tiles of --rc's type; '' skips it)")
     args = ap.parse_args()
@@ -123,21 +125,22 @@ def main() -> None:
         path = "fold path" if args.path == "fold" else "plain step" if args.rc == "none" else "copy path"
         print(f"| shape | registers (spill bytes) | SASS per warp, whole kernel | {path} | {path}'s top opcodes |")
         print("|---|---|---|---|---|")
-        for name, fo in ((n, int(f)) for n in args.shapes.split(",") for f in args.fold_out.split(",")):
+        for name, fo, ff in ((n, int(f), int(x)) for n in args.shapes.split(",") for f in args.fold_out.split(",")
+                             for x in args.flush_first.split(",")):
             state_dtype = ({"fp32": torch.float32, "bf16": torch.bfloat16}[args.state] if args.state != "auto"
                            else torch.bfloat16 if args.rc == "none" else torch.float32)
             rec = state_dtype if args.rec == "server" else getattr(torch, {"fp32": "float32"}.get(args.rec, "bfloat16"))
             d = cm.server_defines(cm.CUDA_CONFIGS[name], rc_dtype=RC[args.rc], kind=args.kind,
-                                  state_dtype=state_dtype, rec_dtype=rec, fold_out=fo)
-            if fo and d.get("FOLD_OUT") != fo:
-                continue  # (a shape FOLD_OUT does not apply to)
+                                  state_dtype=state_dtype, rec_dtype=rec, fold_out=fo, flush_first=bool(ff))
+            if fo and d.get("FOLD_OUT") != fo or ff and not d.get("FLUSH_FIRST"):
+                continue  # (a shape FOLD_OUT / FLUSH_FIRST does not apply to)
             res = cm.resources(d)
             whole, _ = main_count(cm.build(d))
             path, ops = main_count(cm.build(d, src=copy_src))
             top = sorted(ops.items(), key=lambda x: -x[1])[:6]
             top += [(k, ops[k]) for k in ("LDG", "LDL", "STL") if k in ops and k not in dict(top)]  # (memory, always)
             top = ", ".join(f"{k} {v}" for k, v in top)
-            label = f"`{name}`" + (f" `FOLD_OUT` {fo}" if fo else "")
+            label = f"`{name}`" + (f" `FOLD_OUT` {fo}" if fo else "") + (" `FLUSH_FIRST`" if ff else "")
             print(f"| {label} | {res['registers']} ({res['spill_stores']}) | {whole} | {path} | {top} |")
     if args.study_arm:
         sys.path.insert(0, str(ROOT / "scripts"))
