@@ -2178,9 +2178,11 @@ def test_gpu_real_shapes_flush_first(kind, ff_from, monkeypatch):
 
     monkeypatch.setattr(cuda_main, "launch", lambda **a: built.append(a["defs"]) or real(**a))
     monkeypatch.setattr(cuda_main, "pre_launch", pre)
+    # (pre_impl "cuda": FLUSH_FIRST's order comes from the CUDA pre launch, and conftest asks for Triton's by default;
+    # without it every build drops FLUSH_FIRST, as the first GPU run of this test found, 2026-12-08 00:15)
     st = _run_cuda_main_case(monkeypatch, cfg, "float32", "bfloat16", True, False, torch.float32, seed=53, kind=kind,
                              decay="slow", pdl=True, post_trigger=True, flush_first=True, ff_from=ff_from,
-                             read_dtype="fp8_e4m3")
+                             read_dtype="fp8_e4m3", pre_impl="cuda")
     assert st["flushes"] > 0, st
     assert built and all(d.get("FLUSH_FIRST") == 1 and d.get("FF_FROM") == ff_from for d in built)
     assert orders and all(sorted(o) == list(range(ff_from, B)) for o, B in orders)
